@@ -1,0 +1,206 @@
+"""Command line and YAML config -> a RunConfig plus the Beam pipeline arguments.
+
+Precedence: command-line flags > --config YAML > defaults. Anything that is not a Rescore flag
+must be a Beam pipeline option; a typo fails instead of being dropped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+from transforms.strategies import ConfigError, names
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RUNNER = "FnApiRunner"
+DEFAULT_BUCKETS = 64
+DEFAULT_SHARD_ROWS = 65536
+
+CONFIG_KEYS = {
+    "input": "input path or glob (or a list of them)",
+    "output": "output directory",
+    "strategy": "strategy registry name",
+    "params": "mapping of strategy parameters",
+    "buckets": "number of shuffle buckets",
+    "shard_rows": "rows per read unit / output file",
+    "overwrite": "replace a finished run in the output directory",
+    "pipeline_options": "mapping of Beam pipeline options",
+}
+
+
+@dataclass
+class RunConfig:
+    inputs: list[str]
+    output: str
+    strategy: str
+    params: dict[str, Any]
+    buckets: int = DEFAULT_BUCKETS
+    shard_rows: int = DEFAULT_SHARD_ROWS
+    overwrite: bool = False
+    quiet: bool = False
+    log_level: str = "WARNING"
+    beam_args: list[str] = field(default_factory=list)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would exit; a ConfigError keeps the one-line contract
+        raise ConfigError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="rescore",
+        description="Rescore logged RL experience: Parquet in, scored Parquet out.",
+        epilog="Any other --option is passed to Beam (e.g. --runner, --direct_num_workers).",
+        allow_abbrev=False,
+    )
+    p.add_argument("--input", action="append", help="input Parquet path, directory or glob (repeatable)")
+    p.add_argument("--output", help="output directory")
+    p.add_argument("--strategy", help=f"strategy name: {', '.join(names())}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter (JSON value)")
+    p.add_argument("--config", help="YAML run config (see run_configs/)")
+    p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS})")
+    p.add_argument("--shard-rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
+    p.add_argument("--overwrite", action="store_true", default=None, help="replace a finished run in --output")
+    p.add_argument("--quiet", action="store_true", help="no summary on stderr")
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def parse_value(text: str) -> Any:
+    """JSON where it parses ('1e-7', 'null', 'true'), else the string itself ('batch')."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping of keys to values")
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(f"config {path}: unknown key {unknown[0]!r}; valid keys: {', '.join(CONFIG_KEYS)}")
+    for key in ("params", "pipeline_options"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise ConfigError(f"config {path}: {key!r} must be a mapping")
+    return data
+
+
+def _option_flags(options: dict[str, Any]) -> list[str]:
+    """YAML pipeline_options -> Beam command-line flags."""
+    flags = []
+    for key, value in options.items():
+        name = f"--{key}"
+        if value is True:
+            flags.append(name)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            flags += [f"{name}={v}" for v in value]
+        elif isinstance(value, dict):
+            flags.append(f"{name}={json.dumps(value)}")
+        else:
+            flags.append(f"{name}={value}")
+    return flags
+
+
+def _check_beam_args(args: list[str]) -> None:
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # the same parser Beam builds in get_all_options
+    try:
+        _, unknown = parser.parse_known_args(args)
+    except SystemExit:
+        raise ConfigError(f"invalid Beam pipeline options: {' '.join(args)}") from None
+    if unknown:
+        first = unknown[0]
+        if not first.startswith("-"):
+            raise ConfigError(f"unexpected argument {first!r}")
+        raise ConfigError(f"unknown option {first!r}: not a Rescore flag nor a Beam pipeline option (see rescore --help)")
+
+
+def _with_default_runner(args: list[str]) -> list[str]:
+    """Pin a local runner that never downloads anything.
+
+    Beam 2.77's DirectRunner first fetches the Prism binary; Rescore runs its in-process
+    FnApiRunner instead, the runner DirectRunner itself falls back to for batch jobs.
+    """
+    runner = None
+    for i, a in enumerate(args):
+        if a == "--runner" and i + 1 < len(args):
+            runner = args[i + 1]
+        elif a.startswith("--runner="):
+            runner = a.split("=", 1)[1]
+    if runner is None:
+        return [*args, f"--runner={DEFAULT_RUNNER}"]
+    if runner in ("DirectRunner", "SwitchingDirectRunner"):
+        log.info("running %s as the in-process FnApiRunner (no Prism download)", runner)
+        return [*args, f"--runner={DEFAULT_RUNNER}"]
+    return args
+
+
+def _with_worker_log_level(args: list[str], level: str) -> list[str]:
+    """SDK workers (multi-process, portable) log at INFO by default; follow --log-level."""
+    if any(a.startswith("--default_sdk_harness_log_level") for a in args):
+        return args
+    return [*args, f"--default_sdk_harness_log_level={level}"]
+
+
+def parse_args(argv: list[str]) -> RunConfig:
+    args, rest = _parser().parse_known_args(argv)
+    config = _load_yaml(args.config) if args.config else {}
+
+    params = dict(config.get("params") or {})
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        params[key.strip()] = parse_value(value)
+
+    inputs = args.input or config.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    output = args.output or config.get("output")
+    strategy = args.strategy or config.get("strategy")
+    if not inputs:
+        raise ConfigError("no input: pass --input PATH_OR_GLOB (or 'input:' in --config)")
+    if not output:
+        raise ConfigError("no output: pass --output DIR (or 'output:' in --config)")
+    if not strategy:
+        raise ConfigError(f"no strategy: pass --strategy NAME; valid strategies: {', '.join(names())}")
+
+    buckets = args.buckets if args.buckets is not None else config.get("buckets", DEFAULT_BUCKETS)
+    shard_rows = args.shard_rows if args.shard_rows is not None else config.get("shard_rows", DEFAULT_SHARD_ROWS)
+    for name, value in (("buckets", buckets), ("shard-rows", shard_rows)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+
+    beam_args = _option_flags(config.get("pipeline_options") or {}) + rest
+    _check_beam_args(beam_args)
+    return RunConfig(
+        inputs=[str(i) for i in inputs],
+        output=str(output),
+        strategy=str(strategy),
+        params=params,
+        buckets=buckets,
+        shard_rows=shard_rows,
+        overwrite=bool(args.overwrite if args.overwrite is not None else config.get("overwrite", False)),
+        quiet=args.quiet,
+        log_level=args.log_level,
+        beam_args=_with_worker_log_level(_with_default_runner(beam_args), args.log_level),
+    )

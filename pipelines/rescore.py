@@ -1,0 +1,141 @@
+"""`rescore`: read experience Parquet, score task groups, write scored Parquet.
+
+    rescore --input 'PATH_OR_GLOB' --output DIR --strategy NAME [--set key=value ...]
+            [--config FILE.yaml] [beam options...]
+    rescore sample --output DIR [--rows N]      # write sample experience to try it on
+
+The flow, one step per line of `build`:
+    plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
+    (GroupByKey on a bucket of (batch, task)) -> WriteScored (GroupByKey on read unit, rows
+    read back where they are) -> finalize (metrics.json, then _SUCCESS).
+Exit status: 0 success, 1 the pipeline failed, 2 bad configuration or input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import __version__
+from pipelines.config import RunConfig, parse_args
+from schemas import SchemaError
+from transforms import storage
+from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
+from transforms.score import ScoreGroups
+from transforms.strategies import ConfigError, Strategy, create
+from transforms.write import METRICS, STAGING, SUCCESS, WriteScored, finalize
+
+log = logging.getLogger("rescore")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+USER_ERRORS = (ConfigError, SchemaError, InputError)
+
+
+def build(p: beam.Pipeline, plan: InputPlan, strategy: Strategy, cfg: RunConfig, run_info: dict) -> None:
+    light = p | "ReadExperiences" >> ReadExperiences(
+        plan, with_logprobs="logprobs" in strategy.needs, buckets=cfg.buckets
+    )
+    records, group_metrics = light.rows | "ScoreGroups" >> ScoreGroups(strategy)
+    outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
+    files, row_metrics = outcomes | "WriteScored" >> WriteScored(plan, cfg.output)
+    metrics = (group_metrics, row_metrics) | "AllMetrics" >> beam.Flatten()
+    finalize(p, plan, cfg.output, run_info, files, metrics)
+
+
+def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
+    """Refuse to clobber a finished run; clear what a failed run left behind."""
+    out_dir = os.path.abspath(output) if storage.is_local(output) else output.rstrip("/")
+    for path in plan.files:
+        parent = os.path.dirname(os.path.abspath(path)) if storage.is_local(path) else path.rsplit("/", 1)[0]
+        if parent == out_dir:
+            raise ConfigError(f"--output {output} holds input file {path}; write to a directory of its own")
+    if storage.exists(storage.join(output, SUCCESS)):
+        if not overwrite:
+            raise ConfigError(f"{output} already holds a finished run (_SUCCESS); pass --overwrite to replace it")
+        # _SUCCESS goes first, so no reader takes a half-replaced directory for finished.
+        storage.delete([storage.join(output, SUCCESS)])
+    stale = storage.list_dir(output, "scored-*.parquet") + storage.list_dir(output, "rejected-*.parquet")
+    stale += [p for p in (storage.join(output, METRICS), storage.join(output, STAGING)) if storage.exists(p)]
+    if stale:
+        log.info("removing %d files of an earlier run from %s", len(stale), output)
+        storage.delete(stale)
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the job; returns the metrics.json document. Raises on failure."""
+    cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.getLogger().setLevel(cfg.log_level)
+    strategy = create(cfg.strategy, cfg.params)
+    plan = plan_input(cfg.inputs, needs=strategy.needs, shard_rows=cfg.shard_rows)
+    for warning in plan.warnings:
+        log.warning(warning)
+    prepare_output(cfg.output, plan, cfg.overwrite)
+    run_info = {
+        "rescore_version": __version__,
+        "strategy": strategy.name,
+        "params": dict(strategy.params),
+        "input": cfg.inputs,
+        "output": cfg.output,
+        "buckets": cfg.buckets,
+        "shard_rows": cfg.shard_rows,
+    }
+    options = PipelineOptions(cfg.beam_args)
+    with beam.Pipeline(options=options) as p:
+        build(p, plan, strategy, cfg, run_info)
+    success = storage.join(cfg.output, SUCCESS)
+    if not storage.exists(success):
+        raise RuntimeError(f"the pipeline finished but {success} was not written")
+    return json.loads(storage.read_text(storage.join(cfg.output, METRICS)))
+
+
+def _summary(doc: dict[str, Any], seconds: float) -> str:
+    t = doc["totals"]
+    rate = t["rows_read"] / seconds if seconds > 0 else 0.0
+    lines = [
+        f"rescore: {doc['strategy']} done in {seconds:.1f} s ({rate:,.0f} rows/s) -> {doc['output']}",
+        f"  rows read      {t['rows_read']:>12,}",
+        f"  rows written   {t['rows_written']:>12,}",
+        f"  rows filtered  {t['rows_filtered']:>12,}",
+        f"  rows rejected  {t['rows_rejected']:>12,}" + (f"  {t['reject_reasons']}" if t["reject_reasons"] else ""),
+        f"  groups         {t['groups']:>12,}  ({t['groups_filtered']:,} filtered)",
+        f"  batches        {len(doc['batches']):>12,}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    if argv[:1] == ["sample"]:
+        from pipelines import sample
+
+        return sample.main(argv[1:])
+    quiet = "--quiet" in argv
+    started = time.monotonic()
+    try:
+        doc = run(argv)
+    except USER_ERRORS as e:
+        print(f"rescore: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("rescore: interrupted; the output directory has no _SUCCESS", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:  # a pipeline failure: one line here, the traceback at DEBUG
+        log.debug("pipeline failed", exc_info=True)
+        last = [line for line in str(e).strip().splitlines() if line.strip()]
+        print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
+        return EXIT_FAILED
+    if not quiet:
+        print(_summary(doc, time.monotonic() - started), file=sys.stderr)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The Arrow schemas of the input/output contract (see docs/output.md).
+
+Input: one row per experience, Trinity-RFT `Experience`/`EID` column names. Output: every input
+column unchanged plus `advantages`, `returns` and `score`; rejected rows plus `reject_reason`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.types as pat
+
+ID_COLUMNS = ("batch", "task", "run", "step")
+"""The experience id. `step` is optional and defaults to 0."""
+
+SCORE_COLUMNS = ("advantages", "returns", "score")
+REJECT_REASON = "reject_reason"
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pat.is_integer(t)
+
+
+def _is_float(t: pa.DataType) -> bool:
+    return pat.is_floating(t)
+
+
+def _is_reward(t: pa.DataType) -> bool:
+    # Integer rewards (0/1 correctness) are common and convert to float64 exactly.
+    return pat.is_floating(t) or pat.is_integer(t)
+
+
+def _is_task(t: pa.DataType) -> bool:
+    return pat.is_integer(t) or pat.is_string(t) or pat.is_large_string(t)
+
+
+def _list_of(pred: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
+    def check(t: pa.DataType) -> bool:
+        return (pat.is_list(t) or pat.is_large_list(t)) and pred(t.value_type)
+
+    return check
+
+
+def _is_mask_value(t: pa.DataType) -> bool:
+    return pat.is_boolean(t) or pat.is_integer(t)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    required: bool
+    accepts: Callable[[pa.DataType], bool]
+    expected: str
+    """What the contract allows, in words, for error messages."""
+
+
+INPUT_COLUMNS: tuple[Column, ...] = (
+    Column("batch", True, _is_int, "an integer"),
+    Column("task", True, _is_task, "an integer or a string"),
+    Column("run", True, _is_int, "an integer"),
+    Column("step", False, _is_int, "an integer"),
+    Column("reward", True, _is_reward, "a float (or integer)"),
+    Column("tokens", False, _list_of(_is_int), "a list of integers"),
+    Column("prompt_length", False, _is_int, "an integer"),
+    Column("logprobs", False, _list_of(_is_float), "a list of floats"),
+    Column("action_mask", False, _list_of(_is_mask_value), "a list of bools or integers"),
+)
+INPUT_BY_NAME = {c.name: c for c in INPUT_COLUMNS}
+LIST_COLUMNS = ("tokens", "logprobs", "action_mask")
+
+INPUT_SCHEMA = pa.schema(
+    [
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("task", pa.int64(), nullable=False),  # or pa.string()
+        pa.field("run", pa.int64(), nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("reward", pa.float64(), nullable=False),  # or float32
+        pa.field("tokens", pa.list_(pa.int64())),
+        pa.field("prompt_length", pa.int64()),
+        pa.field("logprobs", pa.list_(pa.float32())),
+        pa.field("action_mask", pa.list_(pa.bool_())),
+    ]
+)
+"""The canonical input schema. Compatible types are accepted too (see INPUT_COLUMNS)."""
+
+SCORE_FIELDS = (
+    pa.field("advantages", pa.list_(pa.float32())),
+    pa.field("returns", pa.list_(pa.float32())),
+    pa.field("score", pa.float32()),
+)
+
+
+class SchemaError(ValueError):
+    """A file whose columns break the input contract. The message is one line."""
+
+
+def validate_file_schema(
+    path: str, schema: pa.Schema, *, needs: tuple[str, ...] = ()
+) -> list[str]:
+    """Check one file's schema against the contract.
+
+    Raises SchemaError naming the file and the first offending column. `needs` lists optional
+    columns the chosen strategy cannot work without (e.g. `logprobs` for rank correction).
+    Returns the warnings (non-fatal) as one-line strings.
+    """
+    names = schema.names
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SchemaError(f"{path}: column {duplicates[0]!r} appears more than once")
+    for col in INPUT_COLUMNS:
+        if col.name not in names:
+            if col.required:
+                raise SchemaError(f"{path}: missing required column {col.name!r}")
+            continue
+        t = schema.field(col.name).type
+        if not col.accepts(t):
+            raise SchemaError(f"{path}: column {col.name!r} has type {t}, expected {col.expected}")
+    for name in needs:
+        if name not in names:
+            raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs")
+    if "tokens" in names and "prompt_length" not in names:
+        raise SchemaError(f"{path}: column 'tokens' needs 'prompt_length' to find the response")
+    warnings = []
+    replaced = [n for n in (*SCORE_COLUMNS, REJECT_REASON) if n in names]
+    if replaced:
+        warnings.append(f"{path}: input columns {replaced} will be replaced by this run's values")
+    return warnings
+
+
+def task_kind(schema: pa.Schema) -> str:
+    """'int' or 'string': how the file stores task ids."""
+    return "int" if pat.is_integer(schema.field("task").type) else "string"
+
+
+def output_schema(input_schema: pa.Schema) -> pa.Schema:
+    """The scored-*.parquet schema for an input schema: inputs unchanged, score columns added."""
+    base = _without(input_schema, (*SCORE_COLUMNS, REJECT_REASON))
+    for f in SCORE_FIELDS:
+        base = base.append(f)
+    return base
+
+
+def rejected_schema(input_schema: pa.Schema) -> pa.Schema:
+    """The rejected-*.parquet schema: inputs unchanged plus `reject_reason`."""
+    base = _without(input_schema, (*SCORE_COLUMNS, REJECT_REASON))
+    return base.append(pa.field(REJECT_REASON, pa.string()))
+
+
+def _without(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
+    for n in names:
+        i = schema.get_field_index(n)
+        if i >= 0:
+            schema = schema.remove(i)
+    return schema
+
+
+def unify(paths_and_schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
+    """One schema for all input files: extra columns are kept (null where a file lacks them),
+    integer widths are widened. Raises SchemaError where two files disagree."""
+    kinds = {}
+    for path, schema in paths_and_schemas:
+        kinds.setdefault(task_kind(schema), path)
+    if len(kinds) > 1:
+        raise SchemaError(
+            f"column 'task' is an integer in {kinds['int']} but a string in {kinds['string']};"
+            " use one type for task ids across all input files"
+        )
+    try:
+        return pa.unify_schemas([s for _, s in paths_and_schemas], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        first = paths_and_schemas[0][0]
+        raise SchemaError(
+            f"input files have incompatible schemas (first file {first}): "
+            + str(e).splitlines()[0]
+        ) from None

@@ -1,0 +1,133 @@
+"""Row-level validation: which rows of a table break the contract, and why.
+
+A bad row is never fatal and never silent: it goes to `rejected-*.parquet` with a reason of the
+form `category: detail` (the category is what metrics.json counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.lists import FlatList, flat_list, row_of_value
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    ok: np.ndarray
+    """(n,) bool: the row may be scored."""
+    reasons: np.ndarray
+    """(n,) object: None for good rows, else 'category: detail[; category: detail...]'."""
+    response_length: np.ndarray
+    """(n,) int64: response tokens of the row (0 where the row is bad or has no lists)."""
+    lists: dict[str, FlatList]
+    """The flat views of the list columns present, for callers that need the values."""
+
+
+class _Reasons:
+    def __init__(self, n: int):
+        self.reasons = np.full(n, None, dtype=object)
+        self.bad = np.zeros(n, dtype=bool)
+
+    def add(self, bad: np.ndarray, make) -> None:
+        """Record a reason for every row where `bad` is set; `make(i)` builds its text."""
+        self.bad |= bad
+        for i in np.flatnonzero(bad):
+            text = make(int(i))
+            prev = self.reasons[i]
+            self.reasons[i] = text if prev is None else f"{prev}; {text}"
+
+
+def _np(col) -> np.ndarray:
+    return col.to_numpy(zero_copy_only=False)
+
+
+def check_rows(table: pa.Table, *, needs_logprobs: bool = False) -> RowCheck:
+    """Validate every row of `table` (whose schema already passed validate_file_schema)."""
+    n = table.num_rows
+    names = table.column_names
+    out = _Reasons(n)
+
+    for name in ("batch", "task", "run", "step", "reward"):
+        if name in names:
+            nulls = _np(table[name].is_null())
+            out.add(nulls, lambda i, name=name: f"null_value: {name} is null")
+
+    if "reward" in names:
+        reward = _np(pc.cast(table["reward"], pa.float64()).fill_null(0.0))
+        out.add(np.isnan(reward), lambda i: "bad_reward: reward is NaN")
+        out.add(np.isposinf(reward), lambda i: "bad_reward: reward is +inf")
+        out.add(np.isneginf(reward), lambda i: "bad_reward: reward is -inf")
+
+    lists = {name: flat_list(table[name]) for name in ("action_mask", "logprobs", "tokens") if name in names}
+    for name, fl in lists.items():
+        out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
+
+    # Each present list gives the response length; all of them must agree.
+    lengths: dict[str, np.ndarray] = {}
+    for name in ("action_mask", "logprobs"):
+        if name in lists:
+            lengths[name] = np.where(lists[name].valid, lists[name].lengths, -1)
+    if "tokens" in lists:
+        prompt = table["prompt_length"]
+        prompt_valid = _np(prompt.is_valid())
+        prompt = np.asarray(_np(pc.cast(prompt, pa.int64()).fill_null(0)), dtype=np.int64)
+        out.add(~prompt_valid, lambda i: "null_value: prompt_length is null")
+        tok = lists["tokens"]
+        bad_prompt = prompt_valid & tok.valid & ((prompt < 0) | (prompt > tok.lengths))
+        out.add(
+            bad_prompt,
+            lambda i: f"bad_prompt_length: prompt_length {prompt[i]} outside 0..{tok.lengths[i]} (tokens)",
+        )
+        usable = tok.valid & prompt_valid & ~bad_prompt
+        lengths["tokens - prompt_length"] = np.where(usable, tok.lengths - prompt, -1)
+
+    response_length = np.zeros(n, dtype=np.int64)
+    if lengths:
+        names_in_order = list(lengths)
+        ref_name = names_in_order[0]
+        ref = lengths[ref_name]
+        for other in names_in_order[1:]:
+            val = lengths[other]
+            mismatch = (ref >= 0) & (val >= 0) & (ref != val)
+            out.add(
+                mismatch,
+                lambda i, other=other, val=val: (
+                    f"length_mismatch: {ref_name} has {ref[i]} tokens but {other} has {val[i]}"
+                ),
+            )
+        stacked = np.stack([lengths[k] for k in names_in_order])
+        response_length = np.maximum(stacked.max(axis=0), 0)
+
+    if "action_mask" in lists:
+        fl = lists["action_mask"]
+        values = _np(fl.values)
+        if values.dtype != np.bool_:
+            bad_values = (values != 0) & (values != 1)
+            if bad_values.any():
+                bad_rows = np.zeros(n, dtype=bool)
+                bad_rows[row_of_value(fl.offsets)[bad_values]] = True
+                out.add(bad_rows, lambda i: "bad_action_mask: action_mask values must be 0 or 1")
+
+    if needs_logprobs:
+        if "logprobs" not in lists:  # pragma: no cover - the file check refuses this first
+            raise ValueError("the strategy needs logprobs but the table has none")
+        fl = lists["logprobs"]
+        values = np.asarray(_np(fl.values), dtype=np.float64)
+        nan = np.isnan(values)
+        if nan.any():
+            bad_rows = np.zeros(n, dtype=bool)
+            bad_rows[row_of_value(fl.offsets)[nan]] = True
+            out.add(bad_rows, lambda i: "bad_logprobs: logprobs contain NaN")
+
+    ok = ~out.bad
+    response_length = np.where(ok, response_length, 0)
+    return RowCheck(ok=ok, reasons=out.reasons, response_length=response_length, lists=lists)
+
+
+def reason_category(reason: str) -> str:
+    """'length_mismatch' for 'length_mismatch: logprobs has 5 ...' (first reason of a row)."""
+    return reason.split(":", 1)[0]

@@ -1,0 +1,115 @@
+"""The light rows that cross the shuffle: ids, reward and a few per-row features.
+
+Token columns never cross the shuffle. Each valid row is reduced to a handful of scalars and a
+locator (read unit, row); after scoring, the locator brings the score back to the row where the
+row already is (WriteScored).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.lists import flat_list, segment_sum
+from schemas.validation import RowCheck
+
+ID_KEYS = ("batch", "task", "run", "step")
+SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
+
+
+def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, with_logprobs: bool) -> pa.Table:
+    """One light row per valid row of `table` (a read unit's rows, in file order).
+
+    Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
+    (int64), and mean_logprob (float64, mean over action tokens, -inf without any) when
+    `with_logprobs`.
+    """
+    ok_rows = np.flatnonzero(check.ok)
+    all_ok = len(ok_rows) == table.num_rows
+    valid = table if all_ok else table.take(pa.array(ok_rows))
+    n = valid.num_rows
+
+    def ints(name: str) -> pa.Array:
+        if name not in valid.column_names:
+            return pa.array(np.zeros(n, dtype=np.int64))
+        return pc.cast(valid[name], pa.int64()).combine_chunks()
+
+    names = valid.column_names
+    mask = flat_list(valid["action_mask"]) if "action_mask" in names else None
+    mask_values = np.asarray(mask.values.to_numpy(zero_copy_only=False), dtype=np.float64) if mask else None
+    response_length = check.response_length[ok_rows]
+    action_tokens = segment_sum(mask_values, mask.offsets).astype(np.int64) if mask else response_length
+
+    columns = {
+        "unit": pa.array(np.full(n, unit, dtype=np.int32)),
+        "row": pa.array(ok_rows.astype(np.int32)),
+        "batch": ints("batch"),
+        "task": pc.cast(valid["task"], task_type).combine_chunks(),
+        "run": ints("run"),
+        "step": ints("step"),
+        "reward": pc.cast(valid["reward"], pa.float64()).combine_chunks(),
+        "action_tokens": pa.array(action_tokens),
+    }
+    if with_logprobs:
+        lp = flat_list(valid["logprobs"])
+        lp_values = np.asarray(lp.values.to_numpy(zero_copy_only=False), dtype=np.float64)
+        weights = mask_values if mask is not None else np.ones_like(lp_values)
+        # Rows are valid here, so the mask and logprobs line up value for value.
+        sums = segment_sum(lp_values * weights, lp.offsets)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(action_tokens > 0, sums / np.maximum(action_tokens, 1), -np.inf)
+        columns["mean_logprob"] = pa.array(mean)
+    return pa.table(columns)
+
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a fixed, platform-independent 64-bit hash of uint64 values."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= _MIX1
+        x ^= x >> np.uint64(27)
+        x *= _MIX2
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def task_hash(task: pa.Array) -> np.ndarray:
+    """(n,) uint64 hash of task ids, the same in every process (unlike Python's hash())."""
+    if pa.types.is_integer(task.type):
+        return _mix(np.asarray(task.to_numpy(zero_copy_only=False)).view(np.uint64))
+    encoded = pc.dictionary_encode(task).combine_chunks() if isinstance(task, pa.ChunkedArray) else pc.dictionary_encode(task)
+    per_value = np.array(
+        [zlib.crc32(s.encode("utf-8")) for s in encoded.dictionary.to_pylist()], dtype=np.uint64
+    )
+    return _mix(per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
+
+
+def bucket_of(light: pa.Table, buckets: int) -> np.ndarray:
+    """(n,) int64 shuffle bucket of each row: a hash of (batch, task) modulo `buckets`.
+
+    Every row of a task group lands in the same bucket, so a bucket holds whole groups.
+    """
+    batch = np.asarray(light["batch"].to_numpy(), dtype=np.int64).view(np.uint64)
+    h = _mix(_mix(batch) ^ task_hash(light["task"].combine_chunks()))
+    return (h % np.uint64(buckets)).astype(np.int64)
+
+
+def split_by(table: pa.Table, keys: np.ndarray):
+    """Yield (key, rows of table with that key) in key order; each part is a fresh copy."""
+    if table.num_rows == 0:
+        return
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    bounds = np.flatnonzero(np.diff(sorted_keys)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [len(keys)]])
+    for s, e in zip(starts, ends):
+        yield int(sorted_keys[s]), table.take(pa.array(order[s:e]))

@@ -1,0 +1,170 @@
+"""Reading experience Parquet: the input plan (checked before the pipeline starts) and
+ReadExperiences, which turns each read unit into light rows keyed by shuffle bucket."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+
+from schemas import SchemaError, check_rows, unify, validate_file_schema
+from schemas.experience import INPUT_BY_NAME
+from transforms import coders  # noqa: F401  (registers the Arrow table coder)
+from transforms import storage
+from transforms.light import bucket_of, light_rows, split_by
+from transforms.records import rejected_records
+
+log = logging.getLogger(__name__)
+
+
+class InputError(ValueError):
+    """Input that cannot be read at all (no match, unreadable file). One-line message."""
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    """Consecutive row groups of one file: read, scored back and written as one piece."""
+
+    index: int
+    path: str
+    row_groups: tuple[int, ...]
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    files: tuple[str, ...]
+    units: tuple[ReadUnit, ...]
+    schema: pa.Schema
+    """All input files' schemas unified: the columns every output row carries."""
+    task_type: pa.DataType
+    warnings: tuple[str, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(u.num_rows for u in self.units)
+
+
+def _footer(path: str):
+    try:
+        pf = storage.open_parquet(path)
+        return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+    except Exception as e:  # pyarrow raises several types for truncated or foreign files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"{path}: not a readable Parquet file ({reason})") from None
+
+
+def plan_input(patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536) -> InputPlan:
+    """Match the input, read every file's footer and check its schema; split into read units.
+
+    Raises InputError or SchemaError with a one-line message naming the file and column.
+    """
+    files: list[str] = []
+    for pattern in patterns:
+        found = storage.match(pattern)
+        if not found:
+            raise InputError(f"no input files match {pattern!r}")
+        files.extend(p for p, _ in found)
+    files = sorted(set(files))
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        footers = list(pool.map(_footer, files))
+    warnings: list[str] = []
+    for path, (schema, _) in zip(files, footers):
+        warnings += validate_file_schema(path, schema, needs=needs)
+    schema = unify([(p, s) for p, (s, _) in zip(files, footers)])
+    schema = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+    task_type = pa.int64() if pa.types.is_integer(schema.field("task").type) else pa.string()
+
+    units: list[ReadUnit] = []
+    for path, (_, row_counts) in zip(files, footers):
+        pending: list[int] = []
+        rows = 0
+        for rg, count in enumerate(row_counts):
+            if count == 0:
+                continue
+            pending.append(rg)
+            rows += count
+            if rows >= shard_rows:
+                units.append(ReadUnit(len(units), path, tuple(pending), rows))
+                pending, rows = [], 0
+        if pending:
+            units.append(ReadUnit(len(units), path, tuple(pending), rows))
+        if not row_counts or sum(row_counts) == 0:
+            warnings.append(f"{path}: file holds no rows")
+    return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings))
+
+
+def read_unit(unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
+    """The unit's rows in file order (columns=None: all of them)."""
+    pf = storage.open_parquet(unit.path)
+    if columns is not None:
+        present = set(pf.schema_arrow.names)
+        columns = [c for c in columns if c in present]
+    return pf.read_row_groups(list(unit.row_groups), columns=columns, use_threads=False)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns: missing ones null, narrower types widened."""
+    if table.schema.equals(schema, check_metadata=False):
+        return table
+    arrays = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table[field.name]
+            arrays.append(col if col.type == field.type else col.cast(field.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class _ReadLight(beam.DoFn):
+    REJECTED = "rejected"
+
+    def __init__(self, plan: InputPlan, with_logprobs: bool, buckets: int):
+        self._units = plan.units
+        self._task_type = plan.task_type
+        self._with_logprobs = with_logprobs
+        self._buckets = buckets
+        self._rows_read = Metrics.counter("rescore", "rows_read")
+        self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
+
+    def process(self, unit_index: int):
+        unit = self._units[unit_index]
+        table = read_unit(unit, list(INPUT_BY_NAME))
+        check = check_rows(table, needs_logprobs=self._with_logprobs)
+        self._rows_read.inc(table.num_rows)
+        bad = np.flatnonzero(~check.ok)
+        if len(bad):
+            self._rows_rejected.inc(len(bad))
+            batch = table["batch"].take(pa.array(bad))
+            yield beam.pvalue.TaggedOutput(
+                self.REJECTED, (unit.index, rejected_records(bad, batch, check.reasons[bad]))
+            )
+        light = light_rows(unit.index, table, check, task_type=self._task_type, with_logprobs=self._with_logprobs)
+        for bucket, part in split_by(light, bucket_of(light, self._buckets)):
+            yield bucket, part
+
+
+class ReadExperiences(beam.PTransform):
+    """Read every unit of the plan and validate its rows.
+
+    Main output: (bucket, light rows) with whole task groups per bucket.
+    Output `rejected`: (unit, records) for rows that failed validation.
+    """
+
+    def __init__(self, plan: InputPlan, *, with_logprobs: bool, buckets: int):
+        super().__init__()
+        self._plan = plan
+        self._with_logprobs = with_logprobs
+        self._buckets = buckets
+
+    def expand(self, pbegin):
+        units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
+        return units | "ReadAndValidate" >> beam.ParDo(
+            _ReadLight(self._plan, self._with_logprobs, self._buckets)
+        ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="rows")

@@ -1,0 +1,106 @@
+"""File access through Beam's FileSystems, so the same code reads and writes local paths,
+gs:// and the other schemes Beam knows; local paths take the fast direct route."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def join(base: str, *parts: str) -> str:
+    return FileSystems.join(base, *parts) if not is_local(base) else os.path.join(base, *parts)
+
+
+def match(pattern: str) -> list[tuple[str, int]]:
+    """(path, size in bytes) of every file the pattern matches, sorted by path.
+
+    A local directory matches the *.parquet files directly inside it.
+    """
+    if is_local(pattern) and os.path.isdir(pattern):
+        pattern = os.path.join(pattern, "*.parquet")
+    try:
+        result = FileSystems.match([pattern])[0]
+    except Exception:  # Beam raises BeamIOError for a pattern that matches nothing
+        return []
+    found = [(m.path, m.size_in_bytes) for m in result.metadata_list]
+    if is_local(pattern):
+        found = [(p, s) for p, s in found if os.path.isfile(p)]
+    return sorted(found)
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    if is_local(path):
+        return pq.ParquetFile(path, memory_map=True)
+    return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
+
+
+def write_parquet(table: pa.Table, path: str) -> None:
+    """Write `table` to `path` in one go (callers write to a staging name, then rename)."""
+    if is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        pq.write_table(table, path)
+        return
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        pq.write_table(table, f)
+
+
+def write_text(path: str, text: str) -> None:
+    if is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return
+    with FileSystems.create(path, mime_type="text/plain", compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(text.encode("utf-8"))
+
+
+def read_text(path: str) -> str:
+    if is_local(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return io.TextIOWrapper(f, encoding="utf-8").read()
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path) if is_local(path) else FileSystems.exists(path)
+
+
+def rename(src: str, dst: str) -> None:
+    if is_local(src):
+        os.replace(src, dst)
+    else:
+        FileSystems.rename([src], [dst])
+
+
+def delete(paths: Iterable[str]) -> None:
+    paths = [p for p in paths if exists(p)]
+    if not paths:
+        return
+    if all(is_local(p) for p in paths):
+        for p in paths:
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            else:
+                os.remove(p)
+    else:
+        FileSystems.delete(paths)
+
+
+def list_dir(directory: str, pattern: str = "*") -> list[str]:
+    return [p for p, _ in match(join(directory, pattern))] if exists(directory) else []

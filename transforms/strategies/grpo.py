@@ -1,0 +1,128 @@
+"""GRPO group advantages and rank-bias correction.
+
+score_i = (r_i - mean(G)) / (std + epsilon), std = std(G) (ddof=1) or the batch std.
+References: Trinity-RFT `GRPOGroupedAdvantage` and `CorrectBiasAddStrategy`; verl
+`compute_grpo_outcome_advantage`; rank-bias correction from arXiv 2506.02355.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import GroupedRows, Scores
+from transforms.strategies.registry import choice, number, register
+from transforms.strategies.segments import mean_and_std, per_row, rank_within_groups
+
+
+def rank_corrected_rewards(reward: Tensor, mean_logprob: Tensor, offsets: Tensor, rank_penalty: float) -> Tensor:
+    """r'_i = r_i * (1 - rank_i / n * rank_penalty), rank 0 = least likely row of the group.
+
+    reward, mean_logprob: (n,) float64, rows sorted by group then (run, step); offsets (G + 1,).
+    Ties in mean_logprob rank in (run, step) order.
+    """
+    rank = rank_within_groups(mean_logprob, offsets).to(reward.dtype)
+    sizes = per_row((offsets[1:] - offsets[:-1]).to(reward.dtype), offsets)
+    return reward * (1.0 - rank / sizes * rank_penalty)
+
+
+def grpo_scores(
+    reward: Tensor,
+    offsets: Tensor,
+    *,
+    epsilon: float,
+    batch_std: Optional[Tensor] = None,
+    std_threshold: Optional[float] = None,
+) -> Scores:
+    """GRPO over many groups at once.
+
+    reward: (n,) float64, sorted by group; offsets: (G + 1,) int64.
+    batch_std: (n,) float64 std of each row's batch, replacing the group std as the
+    denominator (std_cal_level=batch); the mean is always the group's.
+    std_threshold: drop groups of one row and groups whose std(G) <= threshold.
+
+    A group of one row has mean 0 and std 1, so its score is r / (1 + epsilon) (or
+    r / (batch std + epsilon) with a batch std), as in Trinity-RFT.
+    """
+    sizes = offsets[1:] - offsets[:-1]
+    single = sizes == 1
+    mean, std = mean_and_std(reward, offsets)
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    denominator = batch_std if batch_std is not None else per_row(std, offsets)
+    score = (reward - per_row(mean, offsets)) / (denominator + epsilon)
+    if std_threshold is None:
+        keep_group = torch.ones_like(single)
+    else:
+        keep_group = ~single & (std > std_threshold)
+    return Scores(score=score, keep=per_row(keep_group, offsets), group_mean=mean, group_std=std)
+
+
+@dataclass(frozen=True)
+class GRPO:
+    """GRPO with optional batch std, std threshold and rank-bias correction (see module doc)."""
+
+    epsilon: float = 1e-6
+    std_cal_level: str = "group"
+    std_threshold: Optional[float] = None
+    rank_penalty: Optional[float] = None
+    name: str = "grpo"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return ("logprobs",) if self.rank_penalty is not None else ()
+
+    @property
+    def batch_level(self) -> bool:
+        return self.std_cal_level == "batch"
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
+        # The batch std is over every (valid) reward of the batch, before any group is
+        # dropped by std_threshold, and over raw (not rank-corrected) rewards, as in Trinity-RFT.
+        return rows.batch, rows.reward
+
+    def score(self, rows: GroupedRows, batch_std: Optional[Tensor]) -> Scores:
+        reward = rows.reward
+        if self.rank_penalty is not None:
+            reward = rank_corrected_rewards(reward, rows.mean_logprob, rows.offsets, self.rank_penalty)
+        return grpo_scores(
+            reward,
+            rows.offsets,
+            epsilon=self.epsilon,
+            batch_std=batch_std if self.batch_level else None,
+            std_threshold=self.std_threshold,
+        )
+
+
+@register(
+    "grpo",
+    defaults={"epsilon": 1e-6, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
+    summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty",
+)
+def make_grpo(epsilon, std_cal_level, std_threshold, rank_penalty) -> GRPO:
+    name = "grpo"
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        std_cal_level=choice(name, "std_cal_level", std_cal_level, ("group", "batch")),
+        std_threshold=number(name, "std_threshold", std_threshold, minimum=0.0, optional=True),
+        rank_penalty=number(name, "rank_penalty", rank_penalty, optional=True),
+    )
+    return GRPO(**params, name=name, params=params)
+
+
+@register(
+    "correct_bias",
+    defaults={"epsilon": 1e-6, "rank_penalty": 0.25},
+    summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs",
+)
+def make_correct_bias(epsilon, rank_penalty) -> GRPO:
+    name = "correct_bias"
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        rank_penalty=number(name, "rank_penalty", rank_penalty),
+    )
+    return GRPO(**params, name=name, params=params)
