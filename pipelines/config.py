@@ -7,6 +7,7 @@ must be a Beam pipeline option; a typo fails instead of being dropped silently.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -131,7 +132,15 @@ def _check_beam_args(args: list[str]) -> None:
         first = unknown[0]
         if not first.startswith("-"):
             raise ConfigError(f"unexpected argument {first!r}")
-        raise ConfigError(f"unknown option {first!r}: not a Rescore flag nor a Beam pipeline option (see rescore --help)")
+        flag = first.split("=", 1)[0]
+        known = [o for a in parser._actions for o in a.option_strings] + [
+            o for a in _parser()._actions for o in a.option_strings
+        ]
+        hint = difflib.get_close_matches(flag, known, n=1)
+        did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
+        raise ConfigError(
+            f"unknown option {flag!r}{did_you_mean}: not a Rescore flag nor a Beam pipeline option"
+        )
 
 
 def _with_default_runner(args: list[str]) -> list[str]:

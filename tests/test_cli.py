@@ -1,0 +1,122 @@
+"""The command line end to end, as a user runs it: exit codes, files, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data import random_rows, write_parquet
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, cwd=ROOT):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.rescore", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    write_parquet(random_rows(seed=21), str(d / "in"), files=2, row_group_size=6)
+    return d
+
+
+def test_run_writes_outputs_and_a_summary(data_dir):
+    out = data_dir / "out"
+    code, _, err = cli("--input", str(data_dir / "in" / "*.parquet"), "--output", str(out), "--strategy", "correct_bias",
+                       "--set", "rank_penalty=0.3", "--runner=FnApiRunner")
+    assert code == 0, err
+    assert (out / "_SUCCESS").exists()
+    doc = json.loads((out / "metrics.json").read_text())
+    assert doc["strategy"] == "correct_bias" and doc["params"]["rank_penalty"] == 0.3
+    assert "rows read" in err and "correct_bias done" in err
+
+    code, _, err = cli("--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo")
+    assert code == 2 and err.strip().endswith("pass --overwrite to replace it")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: correct_bias, grpo"),
+        (["--strategy", "grpo", "--set", "gamma=1"], "unknown parameter 'gamma' for strategy 'grpo'; valid parameters:"),
+        (["--strategy", "grpo", "--set", "std_cal_level=global"], "parameter 'std_cal_level' must be one of group, batch"),
+        (["--strategy", "grpo", "--set", "epsilon"], "--set expects KEY=VALUE"),
+        (["--strategy", "grpo", "--runnr=x"], "unknown option '--runnr'"),
+        (["--strategy", "grpo", "--buckets", "0"], "--buckets must be a positive integer"),
+        ([], "no strategy: pass --strategy NAME"),
+    ],
+)
+def test_bad_configuration_fails_with_one_line(data_dir, tmp_path, args, message):
+    code, _, err = cli("--input", str(data_dir / "in"), "--output", str(tmp_path / "o"), *args)
+    assert code == 2
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_column_names_file_and_column(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0]}), d / "norew.parquet")
+    code, _, err = cli("--input", str(d / "*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo")
+    assert code == 2
+    assert err.strip() == f"rescore: error: {d / 'norew.parquet'}: missing required column 'reward'"
+
+
+def test_wrong_type_and_missing_logprobs(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": ["1.0"]}), d / "s.parquet")
+    code, _, err = cli("--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "grpo")
+    assert code == 2 and "column 'reward' has type string, expected a float" in err
+    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": [1.0]}), d / "s.parquet")
+    code, _, err = cli("--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "correct_bias")
+    assert code == 2 and "missing column 'logprobs', which the chosen strategy needs" in err
+
+
+def test_unreadable_and_unmatched_input(tmp_path):
+    code, _, err = cli("--input", str(tmp_path / "none*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo")
+    assert code == 2 and "no input files match" in err
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet")
+    code, _, err = cli("--input", str(bad), "--output", str(tmp_path / "o"), "--strategy", "grpo")
+    assert code == 2 and f"{bad}: not a readable Parquet file" in err
+
+
+def test_config_file_with_flag_overrides(data_dir, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        "strategy: grpo\nparams: {std_cal_level: batch, epsilon: 0.001}\n"
+        f"input: {data_dir / 'in'}\noutput: {tmp_path / 'o'}\npipeline_options: {{runner: FnApiRunner}}\n"
+    )
+    code, _, err = cli("--config", str(cfg), "--set", "epsilon=0.01", "--quiet")
+    assert code == 0, err
+    assert err.strip() == ""
+    doc = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert doc["params"]["std_cal_level"] == "batch" and doc["params"]["epsilon"] == 0.01
+
+    cfg.write_text("strategy: grpo\nbukets: 3\n")
+    code, _, err = cli("--config", str(cfg))
+    assert code == 2 and "unknown key 'bukets'" in err
+
+
+def test_shipped_local_config_runs(data_dir, tmp_path):
+    code, _, err = cli("--config", "run_configs/local.yaml", "--input", str(data_dir / "in"), "--output", str(tmp_path / "o"))
+    assert code == 0, err
+
+
+def test_sample_command_and_console_script_agree(tmp_path):
+    code = subprocess.run([sys.executable, "-m", "pipelines.rescore", "sample", "--output", str(tmp_path / "s"),
+                           "--batches", "2", "--tasks", "3"], cwd=ROOT, capture_output=True, text=True).returncode
+    assert code == 0
+    t = pq.read_table(str(tmp_path / "s"))
+    assert t.num_rows == 2 * 3 * 8
+    assert set(t.column_names) >= {"batch", "task", "run", "reward", "tokens", "prompt_length", "logprobs", "action_mask"}
