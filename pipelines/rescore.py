@@ -45,8 +45,7 @@ def build(p: beam.Pipeline, plan: InputPlan, strategy: Strategy, cfg: RunConfig,
     records, group_metrics = light.rows | "ScoreGroups" >> ScoreGroups(strategy)
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(plan, cfg.output)
-    metrics = (group_metrics, row_metrics) | "AllMetrics" >> beam.Flatten()
-    finalize(p, plan, cfg.output, run_info, files, metrics)
+    finalize(p, plan, cfg.output, run_info, files, group_metrics, row_metrics)
 
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:

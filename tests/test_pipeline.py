@@ -179,3 +179,21 @@ def test_rows_without_token_columns_get_empty_advantages(tmp_path, rescore):
     t = read_output(out).sort_by("run")
     assert t["advantages"].to_pylist() == [[], [], []]
     assert np.allclose(t["score"].to_numpy(), [-1, 0, 1], atol=1e-5)
+
+
+def test_multi_process_workers_give_the_same_rows(tmp_path, rescore):
+    glob = write_parquet(random_rows(seed=12), str(tmp_path / "in"), files=3, row_group_size=4)
+    _, one = rescore(glob, "--strategy", "grpo", "--shard-rows", "6", output=str(tmp_path / "one"))
+    _, two = rescore(glob, "--strategy", "grpo", "--shard-rows", "6", "--direct_num_workers=2",
+                     "--direct_running_mode=multi_processing", output=str(tmp_path / "two"))
+    keys = [("batch", "ascending"), ("task", "ascending"), ("run", "ascending")]
+    assert read_output(one).sort_by(keys).equals(read_output(two).sort_by(keys))
+
+
+def test_empty_file_is_counted_and_the_rest_is_scored(tmp_path, rescore):
+    rows = random_rows(seed=13)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2)
+    pq.write_table(pa.Table.from_pylist([], schema=pa.Table.from_pylist(rows).schema), tmp_path / "in" / "empty.parquet")
+    doc, out = rescore(glob, "--strategy", "grpo")
+    assert doc["input_files"] == 3 and doc["totals"]["rows_read"] == len(rows)
+    _compare(rows, out, "grpo", {})

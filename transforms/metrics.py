@@ -1,91 +1,104 @@
-"""Run metrics as data: partial counts per batch from every step, merged into metrics.json.
+"""Run metrics as data: small Arrow tables from the scoring and writing steps, summarised once
+into metrics.json.
 
-Counting in the data (not only in Beam counters) makes metrics.json exact on every runner, and
-the group means are summed with math.fsum so the file does not depend on merge order.
+Counting in the data (not only in Beam counters) makes metrics.json exact on every runner. Group
+means are summed with math.fsum (exactly rounded), so the file does not depend on the order in
+which the pieces arrive.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from typing import Any, Optional
+from typing import Any, Iterable
 
-import apache_beam as beam
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-ROW_COUNTERS = (
-    "rows_read",
-    "rows_written",
-    "rows_written_original",
-    "rows_duplicated",
-    "rows_filtered",
-    "rows_rejected",
-)
-GROUP_COUNTERS = ("groups", "groups_filtered")
+from transforms.records import FILTERED, REJECTED, SCORED
+
 MEAN_KEY = "group_advantages/reward_mean/mean"
 STD_KEY = "group_advantages/reward_std/mean"
 
-Partial = dict[Optional[int], dict[str, Any]]
-"""batch id (None for rows whose batch is unknown) -> counters, group stats, reject reasons."""
+GROUP_METRICS = pa.schema(
+    [("batch", pa.int64()), ("reward_mean", pa.float64()), ("reward_std", pa.float64()), ("filtered", pa.bool_())]
+)
+"""One row per task group: the statistics the strategy used, and whether it was dropped."""
+
+ROW_METRICS = pa.schema(
+    [("batch", pa.int64()), ("status", pa.int8()), ("category", pa.string()), ("rows", pa.int64())]
+)
+"""Row counts by (batch, outcome, reject category); batch is null where it could not be read."""
 
 
-def new_batch() -> dict[str, Any]:
-    return {
-        **{k: 0 for k in ROW_COUNTERS + GROUP_COUNTERS},
-        "group_reward_mean": [],
-        "group_reward_std": [],
-        "reject_reasons": Counter(),
+def group_metrics(batch: np.ndarray, mean: np.ndarray, std: np.ndarray, filtered: np.ndarray) -> pa.Table:
+    return pa.Table.from_arrays(
+        [pa.array(batch, pa.int64()), pa.array(mean, pa.float64()), pa.array(std, pa.float64()), pa.array(filtered, pa.bool_())],
+        schema=GROUP_METRICS,
+    )
+
+
+def row_metrics(batch: pa.Array, status: np.ndarray, category: list) -> pa.Table:
+    """Counts of rows per (batch, status, category) for one read unit."""
+    rows = pa.Table.from_arrays(
+        [batch, pa.array(status, pa.int8()), pa.array(category, pa.string()), pa.array(np.ones(len(status), np.int64))],
+        schema=ROW_METRICS,
+    )
+    counted = rows.group_by(["batch", "status", "category"], use_threads=False).aggregate([("rows", "sum")])
+    return counted.rename_columns({"rows_sum": "rows"}).select(ROW_METRICS.names).cast(ROW_METRICS)
+
+
+def _batch_summary(groups: pa.Table, rows: pa.Table) -> dict[str, Any]:
+    status = rows["status"].to_numpy()
+    count = rows["rows"].to_numpy()
+
+    def total(code: int) -> int:
+        return int(count[status == code].sum())
+
+    written = total(SCORED)
+    out = {
+        "rows_read": int(count.sum()),
+        "rows_written": written,
+        "rows_written_original": written,
+        "rows_duplicated": 0,
+        "rows_filtered": total(FILTERED),
+        "rows_rejected": total(REJECTED),
+        "groups": groups.num_rows,
+        "groups_filtered": int(pc.sum(groups["filtered"]).as_py() or 0),
     }
-
-
-def _add(into: dict[str, Any], part: dict[str, Any]) -> None:
-    for k in ROW_COUNTERS + GROUP_COUNTERS:
-        into[k] += part[k]
-    into["group_reward_mean"] += part["group_reward_mean"]
-    into["group_reward_std"] += part["group_reward_std"]
-    into["reject_reasons"].update(part["reject_reasons"])
-
-
-def merge_into(acc: Partial, partial: Partial) -> Partial:
-    for batch, part in partial.items():
-        _add(acc.setdefault(batch, new_batch()), part)
-    return acc
-
-
-class MergeMetrics(beam.CombineFn):
-    def create_accumulator(self) -> Partial:
-        return {}
-
-    def add_input(self, acc: Partial, partial: Partial) -> Partial:
-        return merge_into(acc, partial)
-
-    def merge_accumulators(self, accs) -> Partial:
-        out: Partial = {}
-        for acc in accs:
-            merge_into(out, acc)
-        return out
-
-    def extract_output(self, acc: Partial) -> Partial:
-        return acc
-
-
-def _summary(part: dict[str, Any]) -> dict[str, Any]:
-    means = np.concatenate(part["group_reward_mean"]) if part["group_reward_mean"] else np.zeros(0)
-    stds = np.concatenate(part["group_reward_std"]) if part["group_reward_std"] else np.zeros(0)
-    out = {k: int(part[k]) for k in ROW_COUNTERS + GROUP_COUNTERS}
-    out[MEAN_KEY] = math.fsum(means.tolist()) / len(means) if len(means) else None
-    out[STD_KEY] = math.fsum(stds.tolist()) / len(stds) if len(stds) else None
-    out["reject_reasons"] = dict(sorted(part["reject_reasons"].items()))
+    n = groups.num_rows
+    out[MEAN_KEY] = math.fsum(groups["reward_mean"].to_pylist()) / n if n else None
+    out[STD_KEY] = math.fsum(groups["reward_std"].to_pylist()) / n if n else None
+    reasons: dict[str, int] = {}
+    for category, c in zip(rows["category"].to_pylist(), count.tolist()):
+        if category is not None:
+            reasons[category] = reasons.get(category, 0) + c
+    out["reject_reasons"] = dict(sorted(reasons.items()))
     return out
 
 
-def summarize(acc: Partial) -> dict[str, Any]:
+def _by_batch(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """Rows with a known batch, sorted by batch, and their sorted batch ids."""
+    known = table.filter(table["batch"].is_valid())
+    batch = known["batch"].to_numpy()
+    order = np.argsort(batch, kind="stable")
+    return known.take(pa.array(order)), batch[order]
+
+
+def summarize(group_tables: Iterable[pa.Table], row_tables: Iterable[pa.Table]) -> dict[str, Any]:
     """{"totals": {...}, "batches": [{"batch": id, ...}, ...]} for metrics.json."""
-    everything = new_batch()
-    for part in acc.values():
-        _add(everything, part)
-    batches = sorted(acc, key=lambda b: (b is None, b if b is not None else 0))
-    return {
-        "totals": _summary(everything),
-        "batches": [{"batch": b, **_summary(acc[b])} for b in batches],
-    }
+    groups = pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables])
+    rows = pa.concat_tables([ROW_METRICS.empty_table(), *row_tables])
+    sorted_groups, group_batch = _by_batch(groups)
+    sorted_rows, row_batch = _by_batch(rows)
+    per_batch = []
+    for b in np.union1d(group_batch, row_batch).tolist():
+        g0, g1 = np.searchsorted(group_batch, [b, b + 1])
+        r0, r1 = np.searchsorted(row_batch, [b, b + 1])
+        g = sorted_groups.slice(g0, g1 - g0)
+        r = sorted_rows.slice(r0, r1 - r0)
+        per_batch.append({"batch": int(b), **_batch_summary(g, r)})
+    unknown = rows.filter(rows["batch"].is_null())
+    if unknown.num_rows:
+        per_batch.append({"batch": None, **_batch_summary(groups.slice(0, 0), unknown)})
+    return {"totals": _batch_summary(groups, rows), "batches": per_batch}

@@ -105,7 +105,7 @@ def read_unit(unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
     if columns is not None:
         present = set(pf.schema_arrow.names)
         columns = [c for c in columns if c in present]
-    return pf.read_row_groups(list(unit.row_groups), columns=columns, use_threads=False)
+    return pf.read_row_groups(list(unit.row_groups), columns=columns)
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -13,7 +13,7 @@ from apache_beam.metrics import Metrics
 
 from transforms import coders  # noqa: F401  (registers the Arrow table coder)
 from transforms.light import ID_KEYS, SORT_KEYS, split_by
-from transforms.metrics import new_batch
+from transforms.metrics import group_metrics
 from transforms.records import FILTERED, REJECTED, SCORED, records
 from transforms.strategies import GroupedRows, Strategy
 from transforms.strategies.segments import std_of
@@ -159,28 +159,20 @@ class _ScoreBucket(beam.DoFn):
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
 
     @staticmethod
-    def _metrics(rows: GroupedRows, scores):
-        group_batch = rows.group_batch.cpu().numpy()
-        group_kept = scores.keep[rows.offsets[:-1]].cpu().numpy()
-        mean = scores.group_mean.cpu().numpy()
-        std = scores.group_std.cpu().numpy()
-        partial = {}
-        for b in np.unique(group_batch):
-            sel = group_batch == b
-            part = new_batch()
-            part["groups"] = int(sel.sum())
-            part["groups_filtered"] = int((~group_kept[sel]).sum())
-            part["group_reward_mean"] = [mean[sel]]
-            part["group_reward_std"] = [std[sel]]
-            partial[int(b)] = part
-        return partial
+    def _metrics(rows: GroupedRows, scores) -> pa.Table:
+        return group_metrics(
+            rows.group_batch.cpu().numpy(),
+            scores.group_mean.cpu().numpy(),
+            scores.group_std.cpu().numpy(),
+            ~scores.keep[rows.offsets[:-1]].cpu().numpy(),
+        )
 
 
 class ScoreGroups(beam.PTransform):
     """(bucket, light rows) -> (unit, records) for every row, and per-batch group metrics.
 
     Outputs: `records` (scored, filtered and duplicate-id rows, keyed by read unit) and
-    `metrics` (partials for MergeMetrics).
+    `metrics` (one GROUP_METRICS table per bucket).
     """
 
     def __init__(self, strategy: Strategy):

@@ -17,9 +17,9 @@ from schemas import REJECT_REASON, output_schema, reason_category, rejected_sche
 from schemas.experience import SCORE_FIELDS
 from schemas.lists import flat_list
 from transforms import storage
-from transforms.metrics import MergeMetrics, new_batch, summarize
+from transforms.metrics import row_metrics, summarize
 from transforms.read import InputPlan, conform, read_unit
-from transforms.records import FILTERED, REJECTED, SCORED
+from transforms.records import REJECTED, SCORED
 from transforms.strategies.tokens import token_advantages
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class _WriteUnit(beam.DoFn):
         files = []
 
         kept = np.flatnonzero(status == SCORED)
-        scored = table.take(pa.array(kept)).select(self._scored_schema.names[: -len(SCORE_FIELDS)])
+        scored = table if len(kept) == table.num_rows else table.take(pa.array(kept))
+        scored = scored.select(self._scored_schema.names[: -len(SCORE_FIELDS)])
         score = rec["score"].to_numpy()[kept]
         row_value = score * rec["token_scale"].to_numpy()[kept]
         columns = scored.columns + score_columns(scored, row_value, score)
@@ -141,30 +142,16 @@ class _WriteUnit(beam.DoFn):
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rec, status, reasons))
 
     @staticmethod
-    def _metrics(rec: pa.Table, status: np.ndarray, reasons: np.ndarray):
-        batch = rec["batch"]
-        unknown = batch.is_null().to_numpy(zero_copy_only=False)
-        values = batch.fill_null(0).to_numpy()
-        partial: dict = {}
-        keys = [(int(b), ~unknown & (values == b)) for b in np.unique(values[~unknown])]
-        if unknown.any():
-            keys.append((None, unknown))
-        bad_rows = status == REJECTED
-        for key, sel in keys:
-            part = partial[key] = new_batch()
-            s = status[sel]
-            part["rows_read"] = int(sel.sum())
-            part["rows_written_original"] = part["rows_written"] = int((s == SCORED).sum())
-            part["rows_filtered"] = int((s == FILTERED).sum())
-            part["rows_rejected"] = int((s == REJECTED).sum())
-            part["reject_reasons"].update(reason_category(r) for r in reasons[sel[bad_rows]])
-        return partial
+    def _metrics(rec: pa.Table, status: np.ndarray, reasons: np.ndarray) -> pa.Table:
+        category = np.full(len(status), None, dtype=object)
+        category[status == REJECTED] = [reason_category(r) for r in reasons]
+        return row_metrics(rec["batch"].combine_chunks(), status, category.tolist())
 
 
 class WriteScored(beam.PTransform):
     """(unit, records) for every row -> staged scored/rejected Parquet, one file per unit.
 
-    Outputs: `files` ((unit, [staged paths])) and `metrics` (row-count partials).
+    Outputs: `files` ((unit, [staged paths])) and `metrics` (one ROW_METRICS table per unit).
     """
 
     def __init__(self, plan: InputPlan, output: str):
@@ -190,12 +177,12 @@ class _Finalize(beam.DoFn):
         self._output = output
         self._run_info = run_info
 
-    def process(self, _, files, metrics):
+    def process(self, _, files, group_tables, row_tables):
         units = sorted(u for u, _ in files)
         if units != list(range(len(self._plan.units))):
             missing = sorted(set(range(len(self._plan.units))) - set(units))
             raise RuntimeError(f"internal error: read units {missing[:10]} produced no output")
-        summary = summarize(metrics)
+        summary = summarize(group_tables, row_tables)
         totals = summary["totals"]
         accounted = totals["rows_written_original"] + totals["rows_filtered"] + totals["rows_rejected"]
         if totals["rows_read"] != self._plan.num_rows or accounted != self._plan.num_rows:
@@ -217,9 +204,8 @@ class _Finalize(beam.DoFn):
         yield document
 
 
-def finalize(pipeline, plan: InputPlan, output: str, run_info: dict, files, metric_parts):
+def finalize(pipeline, plan: InputPlan, output: str, run_info: dict, files, group_tables, row_tables):
     """Publish the run once every unit is written: data files, metrics.json, then _SUCCESS."""
-    merged = metric_parts | "MergeMetrics" >> beam.CombineGlobally(MergeMetrics())
     return (
         pipeline
         | "FinalizeTrigger" >> beam.Create([None])
@@ -227,7 +213,8 @@ def finalize(pipeline, plan: InputPlan, output: str, run_info: dict, files, metr
         >> beam.ParDo(
             _Finalize(plan, output, run_info),
             files=beam.pvalue.AsList(files),
-            metrics=beam.pvalue.AsSingleton(merged),
+            group_tables=beam.pvalue.AsList(group_tables),
+            row_tables=beam.pvalue.AsList(row_tables),
         )
     )
 

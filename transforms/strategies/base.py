@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol
 
-import torch
 from torch import Tensor
 
 
@@ -50,11 +49,6 @@ class GroupedRows:
     def sizes(self) -> Tensor:
         """(G,) int64 rows per group."""
         return self.offsets[1:] - self.offsets[:-1]
-
-    @property
-    def group(self) -> Tensor:
-        """(n,) int64 group index of each row."""
-        return torch.repeat_interleave(torch.arange(self.num_groups, device=self.offsets.device), self.sizes)
 
     @property
     def group_batch(self) -> Tensor:
