@@ -129,7 +129,9 @@ class _ScoreBucket(beam.DoFn):
         rows = to_grouped_rows(light, self._device)
         per_row_std = None
         if batch_std is not None:
-            per_row_std = torch.tensor([batch_std[b] for b in light["batch"].to_pylist()], dtype=torch.float64)
+            batches, inverse = np.unique(light["batch"].to_numpy(), return_inverse=True)
+            stds = np.array([batch_std[int(b)] for b in batches], dtype=np.float64)
+            per_row_std = torch.from_numpy(stds[inverse]).to(self._device)
         with torch.no_grad():
             scores = self._strategy.score(rows, per_row_std)
         self._groups.inc(rows.num_groups)
