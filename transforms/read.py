@@ -3,7 +3,6 @@ ReadExperiences, which turns each read unit into light rows keyed by shuffle buc
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -12,14 +11,15 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from schemas import SchemaError, check_rows, unify, validate_file_schema
+from schemas import check_rows, unify, validate_file_schema
 from schemas.experience import INPUT_BY_NAME
-from transforms import coders  # noqa: F401  (registers the Arrow table coder)
-from transforms import storage
+from transforms import (
+    coders,  # noqa: F401  (registers the Arrow table coder)
+    storage,
+)
 from transforms.light import bucket_of, light_rows, split_by
 from transforms.records import rejected_records
 
-log = logging.getLogger(__name__)
 
 
 class InputError(ValueError):

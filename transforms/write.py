@@ -4,7 +4,6 @@ scored and rejected rows; Finalize: publish the staged files, metrics.json, then
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 import apache_beam as beam
@@ -22,7 +21,6 @@ from transforms.read import InputPlan, conform, read_unit
 from transforms.records import REJECTED, SCORED
 from transforms.strategies.tokens import token_advantages
 
-log = logging.getLogger(__name__)
 
 STAGING = "_staging"
 SUCCESS = "_SUCCESS"
