@@ -17,6 +17,7 @@ import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from transforms.strategies import ConfigError, names
+from transforms.strategies import algorithms
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,9 @@ DEFAULT_SHARD_ROWS = 65536
 CONFIG_KEYS = {
     "input": "input path or glob (or a list of them)",
     "output": "output directory",
-    "strategy": "strategy registry name",
-    "params": "mapping of strategy parameters",
+    "strategy": "strategy registry name, or a list of them (filter, advantage, duplicate)",
+    "algorithm": "Trinity-RFT algorithm preset (instead of strategy)",
+    "params": "mapping of strategy parameters (KEY or STRATEGY.KEY)",
     "buckets": "number of shuffle buckets",
     "shard_rows": "rows per read unit / output file",
     "overwrite": "replace a finished run in the output directory",
@@ -40,8 +42,9 @@ CONFIG_KEYS = {
 class RunConfig:
     inputs: list[str]
     output: str
-    strategy: str
+    strategies: list[str]
     params: dict[str, Any]
+    algorithm: str | None = None
     buckets: int = DEFAULT_BUCKETS
     shard_rows: int = DEFAULT_SHARD_ROWS
     overwrite: bool = False
@@ -64,8 +67,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--input", action="append", help="input Parquet path, directory or glob (repeatable)")
     p.add_argument("--output", help="output directory")
-    p.add_argument("--strategy", help=f"strategy name: {', '.join(names())}")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter (JSON value)")
+    p.add_argument(
+        "--strategy",
+        action="append",
+        help=f"strategy name, or a comma-separated filter,advantage,duplicate chain: {', '.join(names())}",
+    )
+    p.add_argument("--algorithm", help=f"Trinity-RFT algorithm preset: {', '.join(algorithms.names())}")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter, KEY or STRATEGY.KEY (JSON value)"
+    )
     p.add_argument("--config", help="YAML run config (see run_configs/)")
     p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS})")
     p.add_argument("--shard-rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
@@ -170,6 +180,40 @@ def _with_worker_log_level(args: list[str], level: str) -> list[str]:
     return [*args, f"--default_sdk_harness_log_level={level}"]
 
 
+def _names(value: Any, where: str) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"{where} must be a strategy name or a list of names, got {item!r}")
+        out += [n.strip() for n in item.split(",") if n.strip()]
+    return out
+
+
+def _strategies(args, config: dict[str, Any], params: dict[str, Any]) -> tuple[list[str], str | None, dict[str, Any]]:
+    """(stage names, algorithm preset or None, parameters) from flags over the YAML config.
+
+    A flag replaces its YAML counterpart: --strategy drops a YAML algorithm and vice versa.
+    """
+    strategy = _names(args.strategy, "--strategy") if args.strategy else None
+    algorithm = args.algorithm
+    if strategy and algorithm:
+        raise ConfigError("pass --strategy or --algorithm, not both")
+    if not strategy and not algorithm:
+        if config.get("strategy") and config.get("algorithm"):
+            raise ConfigError("the config sets both 'strategy' and 'algorithm'; keep one")
+        strategy = _names(config["strategy"], "config 'strategy'") if config.get("strategy") else None
+        algorithm = config.get("algorithm")
+    if algorithm:
+        preset = algorithms.preset(str(algorithm))
+        return list(preset.strategies), str(algorithm), {**preset.params, **params}
+    if not strategy:
+        raise ConfigError(
+            f"no strategy: pass --strategy NAME or --algorithm NAME; valid strategies: {', '.join(names())}"
+        )
+    return strategy, None, params
+
+
 def parse_args(argv: list[str]) -> RunConfig:
     args, rest = _parser().parse_known_args(argv)
     config = _load_yaml(args.config) if args.config else {}
@@ -185,13 +229,11 @@ def parse_args(argv: list[str]) -> RunConfig:
     if isinstance(inputs, str):
         inputs = [inputs]
     output = args.output or config.get("output")
-    strategy = args.strategy or config.get("strategy")
     if not inputs:
         raise ConfigError("no input: pass --input PATH_OR_GLOB (or 'input:' in --config)")
     if not output:
         raise ConfigError("no output: pass --output DIR (or 'output:' in --config)")
-    if not strategy:
-        raise ConfigError(f"no strategy: pass --strategy NAME; valid strategies: {', '.join(names())}")
+    strategies, algorithm, params = _strategies(args, config, params)
 
     buckets = args.buckets if args.buckets is not None else config.get("buckets", DEFAULT_BUCKETS)
     shard_rows = args.shard_rows if args.shard_rows is not None else config.get("shard_rows", DEFAULT_SHARD_ROWS)
@@ -204,8 +246,9 @@ def parse_args(argv: list[str]) -> RunConfig:
     return RunConfig(
         inputs=[str(i) for i in inputs],
         output=str(output),
-        strategy=str(strategy),
+        strategies=strategies,
         params=params,
+        algorithm=algorithm,
         buckets=buckets,
         shard_rows=shard_rows,
         overwrite=bool(args.overwrite if args.overwrite is not None else config.get("overwrite", False)),

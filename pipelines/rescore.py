@@ -29,7 +29,7 @@ from schemas import SchemaError
 from transforms import storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
-from transforms.strategies import ConfigError, Strategy, create
+from transforms.strategies import ConfigError, ScoringPlan, build_plan
 from transforms.write import METRICS, STAGING, SUCCESS, WriteScored, finalize
 
 log = logging.getLogger("rescore")
@@ -38,14 +38,13 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 USER_ERRORS = (ConfigError, SchemaError, InputError)
 
 
-def build(p: beam.Pipeline, plan: InputPlan, strategy: Strategy, cfg: RunConfig, run_info: dict) -> None:
-    light = p | "ReadExperiences" >> ReadExperiences(
-        plan, with_logprobs="logprobs" in strategy.needs, buckets=cfg.buckets
-    )
-    records, group_metrics = light.rows | "ScoreGroups" >> ScoreGroups(strategy)
+def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
+    light = p | "ReadExperiences" >> ReadExperiences(plan, needs=scoring.needs, buckets=cfg.buckets)
+    records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(scoring)
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
-    files, row_metrics = outcomes | "WriteScored" >> WriteScored(plan, cfg.output)
-    finalize(p, plan, cfg.output, run_info, files, group_metrics, row_metrics)
+    files, row_metrics = outcomes | "WriteScored" >> WriteScored(plan, cfg.output, scoring, copy_plans)
+    stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
+    finalize(p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics)
 
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
@@ -71,15 +70,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the job; returns the metrics.json document. Raises on failure."""
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
-    strategy = create(cfg.strategy, cfg.params)
-    plan = plan_input(cfg.inputs, needs=strategy.needs, shard_rows=cfg.shard_rows)
+    scoring = build_plan(cfg.strategies, cfg.params)
+    plan = plan_input(cfg.inputs, needs=scoring.needs, shard_rows=cfg.shard_rows)
     for warning in plan.warnings:
         log.warning(warning)
     prepare_output(cfg.output, plan, cfg.overwrite)
     run_info = {
         "rescore_version": __version__,
-        "strategy": strategy.name,
-        "params": dict(strategy.params),
+        "strategy": scoring.name,
+        "algorithm": cfg.algorithm,
+        "params": scoring.params,
         "input": cfg.inputs,
         "output": cfg.output,
         "buckets": cfg.buckets,
@@ -87,7 +87,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     }
     options = PipelineOptions(cfg.beam_args)
     with beam.Pipeline(options=options) as p:
-        build(p, plan, strategy, cfg, run_info)
+        build(p, plan, scoring, cfg, run_info)
     success = storage.join(cfg.output, SUCCESS)
     if not storage.exists(success):
         raise RuntimeError(f"the pipeline finished but {success} was not written")
@@ -100,7 +100,8 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
     lines = [
         f"rescore: {doc['strategy']} done in {seconds:.1f} s ({rate:,.0f} rows/s) -> {doc['output']}",
         f"  rows read      {t['rows_read']:>12,}",
-        f"  rows written   {t['rows_written']:>12,}",
+        f"  rows written   {t['rows_written']:>12,}"
+        + (f"  ({t['rows_duplicated']:,} copies)" if t["rows_duplicated"] else ""),
         f"  rows filtered  {t['rows_filtered']:>12,}",
         f"  rows rejected  {t['rows_rejected']:>12,}" + (f"  {t['reject_reasons']}" if t["reject_reasons"] else ""),
         f"  groups         {t['groups']:>12,}  ({t['groups_filtered']:,} filtered)",

@@ -68,6 +68,11 @@ INPUT_COLUMNS: tuple[Column, ...] = (
     Column("action_mask", False, _list_of(_is_mask_value), "a list of bools or integers"),
 )
 INPUT_BY_NAME = {c.name: c for c in INPUT_COLUMNS}
+
+NEEDED_COLUMNS: dict[str, Column] = {
+    "expert": Column("expert", False, _is_mask_value, "a bool (or 0/1 integer)"),
+}
+"""Optional columns outside the core contract that some strategies need (mix_chord: expert)."""
 LIST_COLUMNS = ("tokens", "logprobs", "action_mask")
 
 INPUT_SCHEMA = pa.schema(
@@ -120,6 +125,9 @@ def validate_file_schema(
     for name in needs:
         if name not in names:
             raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs")
+        col = NEEDED_COLUMNS.get(name)
+        if col is not None and not col.accepts(schema.field(name).type):
+            raise SchemaError(f"{path}: column {name!r} has type {schema.field(name).type}, expected {col.expected}")
     if "tokens" in names and "prompt_length" not in names:
         raise SchemaError(f"{path}: column 'tokens' needs 'prompt_length' to find the response")
     warnings = []
@@ -134,10 +142,12 @@ def task_kind(schema: pa.Schema) -> str:
     return "int" if pat.is_integer(schema.field("task").type) else "string"
 
 
-def output_schema(input_schema: pa.Schema) -> pa.Schema:
-    """The scored-*.parquet schema for an input schema: inputs unchanged, score columns added."""
-    base = _without(input_schema, (*SCORE_COLUMNS, REJECT_REASON))
-    for f in SCORE_FIELDS:
+def output_schema(input_schema: pa.Schema, extra: list[pa.Field] | tuple = ()) -> pa.Schema:
+    """The scored-*.parquet schema for an input schema: inputs unchanged, score columns added,
+    then the `extra` columns of the strategy (copy ids, CHORD weights), which replace input
+    columns of the same name."""
+    base = _without(input_schema, (*SCORE_COLUMNS, REJECT_REASON, *(f.name for f in extra)))
+    for f in (*SCORE_FIELDS, *extra):
         base = base.append(f)
     return base
 

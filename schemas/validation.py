@@ -45,8 +45,12 @@ def _np(col) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def check_rows(table: pa.Table, *, needs_logprobs: bool = False) -> RowCheck:
-    """Validate every row of `table` (whose schema already passed validate_file_schema)."""
+def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
+    """Validate every row of `table` (whose schema already passed validate_file_schema).
+
+    `needs`: optional columns the strategy uses; their values are checked too (NaN logprobs,
+    null or non-0/1 `expert`)."""
+    needs_logprobs = "logprobs" in needs
     n = table.num_rows
     names = table.column_names
     out = _Reasons(n)
@@ -122,6 +126,13 @@ def check_rows(table: pa.Table, *, needs_logprobs: bool = False) -> RowCheck:
             bad_rows = np.zeros(n, dtype=bool)
             bad_rows[row_of_value(fl.offsets)[nan]] = True
             out.add(bad_rows, lambda i: "bad_logprobs: logprobs contain NaN")
+
+    if "expert" in needs and "expert" in names:
+        expert = table["expert"]
+        out.add(_np(expert.is_null()), lambda i: "null_value: expert is null")
+        if not pa.types.is_boolean(expert.type):
+            values = np.asarray(_np(expert.fill_null(0)), dtype=np.int64)
+            out.add((values != 0) & (values != 1), lambda i: f"bad_expert: expert must be 0 or 1, got {values[i]}")
 
     ok = ~out.bad
     response_length = np.where(ok, response_length, 0)

@@ -35,7 +35,7 @@ def test_run_writes_outputs_and_a_summary(data_dir):
     assert code == 0, err
     assert (out / "_SUCCESS").exists()
     doc = json.loads((out / "metrics.json").read_text())
-    assert doc["strategy"] == "correct_bias" and doc["params"]["rank_penalty"] == 0.3
+    assert doc["strategy"] == "correct_bias" and doc["params"]["correct_bias"]["rank_penalty"] == 0.3
     assert "rows read" in err and "correct_bias done" in err
 
     code, _, err = cli("--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo")
@@ -45,13 +45,24 @@ def test_run_writes_outputs_and_a_summary(data_dir):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: correct_bias, grpo"),
+        (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: asymre, constant, correct_bias, dr_grpo,"),
         (["--strategy", "grpo", "--set", "gamma=1"], "unknown parameter 'gamma' for strategy 'grpo'; valid parameters:"),
         (["--strategy", "grpo", "--set", "std_cal_level=global"], "parameter 'std_cal_level' must be one of group, batch"),
         (["--strategy", "grpo", "--set", "epsilon"], "--set expects KEY=VALUE"),
         (["--strategy", "grpo", "--runnr=x"], "unknown option '--runnr'"),
         (["--strategy", "grpo", "--buckets", "0"], "--buckets must be a positive integer"),
-        ([], "no strategy: pass --strategy NAME"),
+        ([], "no strategy: pass --strategy NAME or --algorithm NAME"),
+        (["--strategy", "grpo,reward_variance"], "strategies run in the order filter, advantage, duplicate"),
+        (["--strategy", "grpo,opmd"], "at most one advantage strategy per run"),
+        (["--strategy", "reward_variance,duplicate_informative", "--set", "variance_threshold=1"],
+         "write it as reward_variance.variance_threshold"),
+        (["--strategy", "grpo", "--set", "opmd.tau=2"], "names strategy 'opmd', which this run does not use"),
+        (["--algorithm", "ppo"], "algorithm 'ppo' cannot be rescored offline: its advantages come from a learned critic"),
+        (["--algorithm", "dpo"], "algorithm 'dpo' cannot be rescored offline"),
+        (["--algorithm", "on_policy_distill"], "need a 'teacher_logprobs' column"),
+        (["--algorithm", "grpoo"], "unknown algorithm 'grpoo' (did you mean 'grpo'?)"),
+        (["--algorithm", "grpo", "--strategy", "grpo"], "pass --strategy or --algorithm, not both"),
+        (["--strategy", "mix_chord"], "missing column 'expert', which the chosen strategy needs"),
     ],
 )
 def test_bad_configuration_fails_with_one_line(data_dir, tmp_path, args, message):
@@ -101,7 +112,7 @@ def test_config_file_with_flag_overrides(data_dir, tmp_path):
     assert code == 0, err
     assert err.strip() == ""
     doc = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert doc["params"]["std_cal_level"] == "batch" and doc["params"]["epsilon"] == 0.01
+    assert doc["params"]["grpo"]["std_cal_level"] == "batch" and doc["params"]["grpo"]["epsilon"] == 0.01
 
     cfg.write_text("strategy: grpo\nbukets: 3\n")
     code, _, err = cli("--config", str(cfg))

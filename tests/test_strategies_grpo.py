@@ -82,10 +82,11 @@ def test_batch_level_std_trinity_vector():
     # Trinity-RFT test_batch_level_std_grpo: groups [1,2,3] and [11,12,13], epsilon 1e-7.
     strategy = create("grpo", {"std_cal_level": "batch", "epsilon": 1e-7})
     r = rows([1, 2, 3, 11, 12, 13], [3, 3])
-    batch_ids, values = strategy.batch_values(r)
-    batch_std = std_of(values)
+    batch_ids, values, weights = strategy.batch_values(r)
+    (stat,) = strategy.batch_stats(values.numpy(), weights.numpy())
+    batch_std = torch.tensor(stat, dtype=F64)
     assert batch_std.item() == pytest.approx(torch.std(torch.tensor([1.0, 2, 3, 11, 12, 13])).item(), rel=1e-7)
-    s = strategy.score(r, batch_std.expand(6))
+    s = strategy.score(r, batch_std.expand(6, 1))
     assert s.score[1].item() == 0.0
     assert s.score[0].item() == pytest.approx((1 - 2) / (batch_std.item() + 1e-7), rel=1e-12)
     # The group std still drives the metrics (and any threshold).

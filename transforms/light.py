@@ -20,13 +20,14 @@ ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
 
 
-def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, with_logprobs: bool) -> pa.Table:
+def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = ()) -> pa.Table:
     """One light row per valid row of `table` (a read unit's rows, in file order).
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
-    (int64), and mean_logprob (float64, mean over action tokens, -inf without any) when
-    `with_logprobs`.
+    (int64); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
+    has logprobs; expert (bool) when it has expert.
     """
+    with_logprobs = "logprobs" in needs
     ok_rows = np.flatnonzero(check.ok)
     all_ok = len(ok_rows) == table.num_rows
     valid = table if all_ok else table.take(pa.array(ok_rows))
@@ -62,6 +63,8 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(action_tokens > 0, sums / np.maximum(action_tokens, 1), -np.inf)
         columns["mean_logprob"] = pa.array(mean)
+    if "expert" in needs:
+        columns["expert"] = pc.cast(valid["expert"], pa.bool_()).combine_chunks()
     return pa.table(columns)
 
 

@@ -1,5 +1,5 @@
-"""Run metrics as data: small Arrow tables from the scoring and writing steps, summarised once
-into metrics.json.
+"""Run metrics as data: small Arrow tables from the scoring, copy-plan and writing steps,
+summarised once into metrics.json.
 
 Counting in the data (not only in Beam counters) makes metrics.json exact on every runner. Group
 means are summed with math.fsum (exactly rounded), so the file does not depend on the order in
@@ -9,21 +9,34 @@ which the pieces arrive.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.records import FILTERED, REJECTED, SCORED
+from transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
 
 MEAN_KEY = "group_advantages/reward_mean/mean"
 STD_KEY = "group_advantages/reward_std/mean"
+STAGE_KINDS = ("filter", "advantage", "duplicate")
 
 GROUP_METRICS = pa.schema(
-    [("batch", pa.int64()), ("reward_mean", pa.float64()), ("reward_std", pa.float64()), ("filtered", pa.bool_())]
+    [
+        ("batch", pa.int64()),
+        ("size", pa.int64()),
+        ("reward_mean", pa.float64()),
+        ("reward_std", pa.float64()),
+        ("filter_rows", pa.int64()),
+        ("advantage_rows", pa.int64()),
+        ("duplicate_rows", pa.int64()),
+    ]
 )
-"""One row per task group: the statistics the strategy used, and whether it was dropped."""
+"""One row per task group: its rows, the statistics the strategy used, and the rows each
+stage dropped."""
+
+COPY_METRICS = pa.schema([("batch", pa.int64()), ("groups_duplicated", pa.int64()), ("rows_duplicated", pa.int64())])
+"""One row per batch with copies: what the copy plan asked for."""
 
 ROW_METRICS = pa.schema(
     [("batch", pa.int64()), ("status", pa.int8()), ("category", pa.string()), ("rows", pa.int64())]
@@ -31,9 +44,16 @@ ROW_METRICS = pa.schema(
 """Row counts by (batch, outcome, reject category); batch is null where it could not be read."""
 
 
-def group_metrics(batch: np.ndarray, mean: np.ndarray, std: np.ndarray, filtered: np.ndarray) -> pa.Table:
+def group_metrics(batch: np.ndarray, size: np.ndarray, mean: np.ndarray, std: np.ndarray, dropped: dict[str, np.ndarray]) -> pa.Table:
+    zeros = np.zeros(len(batch), dtype=np.int64)
     return pa.Table.from_arrays(
-        [pa.array(batch, pa.int64()), pa.array(mean, pa.float64()), pa.array(std, pa.float64()), pa.array(filtered, pa.bool_())],
+        [
+            pa.array(batch, pa.int64()),
+            pa.array(size, pa.int64()),
+            pa.array(mean, pa.float64()),
+            pa.array(std, pa.float64()),
+            *(pa.array(dropped.get(kind, zeros), pa.int64()) for kind in STAGE_KINDS),
+        ],
         schema=GROUP_METRICS,
     )
 
@@ -48,23 +68,41 @@ def row_metrics(batch: pa.Array, status: np.ndarray, category: list) -> pa.Table
     return counted.rename_columns({"rows_sum": "rows"}).select(ROW_METRICS.names).cast(ROW_METRICS)
 
 
-def _batch_summary(groups: pa.Table, rows: pa.Table) -> dict[str, Any]:
+def _stage_summary(groups: pa.Table, stages: Sequence[tuple[str, str, dict]]) -> dict[str, dict[str, int]]:
+    size = groups["size"].to_numpy()
+    gone = np.zeros(len(size), dtype=np.int64)
+    out = {}
+    for kind, name, params in stages:
+        dropped = groups[f"{kind}_rows"].to_numpy()
+        gone = gone + dropped
+        whole = int(((dropped > 0) & (gone == size)).sum())
+        entry = {"filtered_count": int(dropped.sum()), "filtered_groups": whole}
+        if params.get("std_threshold") is not None:
+            entry["std_threshold_skipped"] = whole
+        out[name] = entry
+    return out
+
+
+def _batch_summary(groups: pa.Table, rows: pa.Table, copies: pa.Table, stages) -> dict[str, Any]:
     status = rows["status"].to_numpy()
     count = rows["rows"].to_numpy()
 
     def total(code: int) -> int:
         return int(count[status == code].sum())
 
-    written = total(SCORED)
+    written, duplicated = total(SCORED), total(DUPLICATED)
+    size = groups["size"].to_numpy()
+    dropped = sum(groups[f"{k}_rows"].to_numpy() for k in STAGE_KINDS) if groups.num_rows else np.zeros(0)
     out = {
-        "rows_read": int(count.sum()),
-        "rows_written": written,
+        "rows_read": written + total(FILTERED) + total(REJECTED),
+        "rows_written": written + duplicated,
         "rows_written_original": written,
-        "rows_duplicated": 0,
+        "rows_duplicated": duplicated,
         "rows_filtered": total(FILTERED),
         "rows_rejected": total(REJECTED),
         "groups": groups.num_rows,
-        "groups_filtered": int(pc.sum(groups["filtered"]).as_py() or 0),
+        "groups_filtered": int((dropped == size).sum()) if groups.num_rows else 0,
+        "groups_duplicated": int(pc.sum(copies["groups_duplicated"]).as_py() or 0),
     }
     n = groups.num_rows
     out[MEAN_KEY] = math.fsum(groups["reward_mean"].to_pylist()) / n if n else None
@@ -74,6 +112,12 @@ def _batch_summary(groups: pa.Table, rows: pa.Table) -> dict[str, Any]:
         if category is not None:
             reasons[category] = reasons.get(category, 0) + c
     out["reject_reasons"] = dict(sorted(reasons.items()))
+    stage_summary = _stage_summary(groups, stages)
+    for kind, name, _ in stages:
+        if kind == "duplicate":
+            stage_summary[name]["duplicated_count"] = duplicated
+            stage_summary[name]["duplicated_groups"] = out["groups_duplicated"]
+    out["strategies"] = stage_summary
     return out
 
 
@@ -85,20 +129,32 @@ def _by_batch(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
     return known.take(pa.array(order)), batch[order]
 
 
-def summarize(group_tables: Iterable[pa.Table], row_tables: Iterable[pa.Table]) -> dict[str, Any]:
-    """{"totals": {...}, "batches": [{"batch": id, ...}, ...]} for metrics.json."""
-    groups = pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables])
-    rows = pa.concat_tables([ROW_METRICS.empty_table(), *row_tables])
-    sorted_groups, group_batch = _by_batch(groups)
-    sorted_rows, row_batch = _by_batch(rows)
+def summarize(
+    group_tables: Iterable[pa.Table],
+    row_tables: Iterable[pa.Table],
+    copy_tables: Iterable[pa.Table] = (),
+    stages: Sequence[tuple[str, str, dict]] = (),
+) -> dict[str, Any]:
+    """{"totals": {...}, "batches": [{"batch": id, ...}, ...]} for metrics.json.
+
+    `stages`: (kind, name, params) of each stage of the run, in order.
+    """
+    tables = {
+        "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables]),
+        "rows": pa.concat_tables([ROW_METRICS.empty_table(), *row_tables]),
+        "copies": pa.concat_tables([COPY_METRICS.empty_table(), *copy_tables]),
+    }
+    by_batch = {k: _by_batch(t) for k, t in tables.items()}
     per_batch = []
-    for b in np.union1d(group_batch, row_batch).tolist():
-        g0, g1 = np.searchsorted(group_batch, [b, b + 1])
-        r0, r1 = np.searchsorted(row_batch, [b, b + 1])
-        g = sorted_groups.slice(g0, g1 - g0)
-        r = sorted_rows.slice(r0, r1 - r0)
-        per_batch.append({"batch": int(b), **_batch_summary(g, r)})
+    for b in np.union1d(by_batch["groups"][1], by_batch["rows"][1]).tolist():
+        parts = {}
+        for k, (table, batch) in by_batch.items():
+            lo, hi = np.searchsorted(batch, [b, b + 1])
+            parts[k] = table.slice(lo, hi - lo)
+        per_batch.append({"batch": int(b), **_batch_summary(parts["groups"], parts["rows"], parts["copies"], stages)})
+    rows = tables["rows"]
     unknown = rows.filter(rows["batch"].is_null())
     if unknown.num_rows:
-        per_batch.append({"batch": None, **_batch_summary(groups.slice(0, 0), unknown)})
-    return {"totals": _batch_summary(groups, rows), "batches": per_batch}
+        empty = {k: t.slice(0, 0) for k, t in tables.items()}
+        per_batch.append({"batch": None, **_batch_summary(empty["groups"], unknown, empty["copies"], stages)})
+    return {"totals": _batch_summary(tables["groups"], rows, tables["copies"], stages), "batches": per_batch}

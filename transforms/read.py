@@ -125,18 +125,18 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 class _ReadLight(beam.DoFn):
     REJECTED = "rejected"
 
-    def __init__(self, plan: InputPlan, with_logprobs: bool, buckets: int):
+    def __init__(self, plan: InputPlan, needs: tuple[str, ...], buckets: int):
         self._units = plan.units
         self._task_type = plan.task_type
-        self._with_logprobs = with_logprobs
+        self._needs = tuple(needs)
         self._buckets = buckets
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
 
     def process(self, unit_index: int):
         unit = self._units[unit_index]
-        table = read_unit(unit, list(INPUT_BY_NAME))
-        check = check_rows(table, needs_logprobs=self._with_logprobs)
+        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs])))
+        check = check_rows(table, needs=self._needs)
         self._rows_read.inc(table.num_rows)
         bad = np.flatnonzero(~check.ok)
         if len(bad):
@@ -145,7 +145,7 @@ class _ReadLight(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 self.REJECTED, (unit.index, rejected_records(bad, batch, check.reasons[bad]))
             )
-        light = light_rows(unit.index, table, check, task_type=self._task_type, with_logprobs=self._with_logprobs)
+        light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs)
         for bucket, part in split_by(light, bucket_of(light, self._buckets)):
             yield bucket, part
 
@@ -157,14 +157,14 @@ class ReadExperiences(beam.PTransform):
     Output `rejected`: (unit, records) for rows that failed validation.
     """
 
-    def __init__(self, plan: InputPlan, *, with_logprobs: bool, buckets: int):
+    def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int):
         super().__init__()
         self._plan = plan
-        self._with_logprobs = with_logprobs
+        self._needs = tuple(needs)
         self._buckets = buckets
 
     def expand(self, pbegin):
         units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
         return units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._with_logprobs, self._buckets)
+            _ReadLight(self._plan, self._needs, self._buckets)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="rows")

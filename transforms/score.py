@@ -1,4 +1,5 @@
-"""ScoreGroups: GroupByKey on shuffle bucket, then the strategy over all groups of a bucket."""
+"""ScoreGroups: GroupByKey on shuffle bucket, then the scoring plan over all groups of a bucket;
+with a duplicate stage, a GroupByKey on batch turns light group metadata into the copy plan."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import torch
 from apache_beam.metrics import Metrics
 
 from transforms import coders  # noqa: F401  (registers the Arrow table coder)
-from transforms.light import ID_KEYS, SORT_KEYS, split_by
-from transforms.metrics import group_metrics
+from transforms.light import ID_KEYS, SORT_KEYS, split_by, task_hash
+from transforms.metrics import COPY_METRICS, group_metrics
 from transforms.records import FILTERED, REJECTED, SCORED, records
-from transforms.strategies import GroupedRows, Strategy
-from transforms.strategies.segments import std_of
+from transforms.strategies import DUPLICATE, GroupedRows, PlanScores, ScoringPlan
+from transforms.strategies.segments import segment_sum
+from transforms.strategies.selection import copy_task_ids, plan_copies
 
 
 def _changes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -57,6 +59,7 @@ def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
     def t(name, dtype):
         return torch.from_numpy(np.array(light[name].to_numpy(), dtype=dtype)).to(device)
 
+    names = light.column_names
     return GroupedRows(
         reward=t("reward", np.float64),
         offsets=torch.from_numpy(group_offsets(light)).to(device),
@@ -64,7 +67,10 @@ def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
         run=t("run", np.int64),
         step=t("step", np.int64),
         action_tokens=t("action_tokens", np.int64),
-        mean_logprob=t("mean_logprob", np.float64) if "mean_logprob" in light.column_names else None,
+        mean_logprob=t("mean_logprob", np.float64) if "mean_logprob" in names else None,
+        expert=torch.from_numpy(np.asarray(light["expert"].to_numpy(zero_copy_only=False), dtype=bool)).to(device)
+        if "expert" in names
+        else None,
     )
 
 
@@ -96,60 +102,61 @@ class _PrepareBucket(beam.DoFn):
 
 
 class _BatchValues(beam.DoFn):
-    def __init__(self, strategy: Strategy):
-        self._strategy = strategy
+    def __init__(self, plan: ScoringPlan):
+        self._plan = plan
 
     def process(self, element):
         _, light = element
-        batch, values = self._strategy.batch_values(to_grouped_rows(light, torch.device("cpu")))
-        batch, values = batch.numpy(), values.numpy()
+        batch, values, weights = self._plan.batch_values(to_grouped_rows(light, torch.device("cpu")))
+        batch, values, weights = batch.numpy(), values.numpy(), weights.numpy()
         for b in np.unique(batch):
-            yield int(b), values[batch == b]
+            at = batch == b
+            yield int(b), (values[at], weights[at])
 
 
-def _batch_std(element):
-    batch, parts = element
-    # Sorting first makes the sum order, hence the float result, independent of arrival order.
-    values = np.sort(np.concatenate(list(parts)))
-    return batch, float(std_of(torch.from_numpy(values)))
+class _BatchStats(beam.DoFn):
+    def __init__(self, plan: ScoringPlan):
+        self._plan = plan
+
+    def process(self, element):
+        batch, parts = element
+        parts = list(parts)
+        values = np.concatenate([v for v, _ in parts])
+        weights = np.concatenate([w for _, w in parts])
+        # Sorting first makes the sum order, hence the float result, independent of arrival order.
+        order = np.lexsort((weights, values))
+        yield batch, tuple(self._plan.batch_stats(values[order], weights[order]))
 
 
 class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
+    COPY_META = "copy_meta"
 
-    def __init__(self, strategy: Strategy):
-        self._strategy = strategy
+    def __init__(self, plan: ScoringPlan):
+        self._plan = plan
 
     def setup(self):
         self._device = torch.device("cpu")
         self._groups = Metrics.counter("rescore", "groups_scored")
 
-    def process(self, element, batch_std=None):
+    def process(self, element, batch_stats=None):
         _, light = element
         rows = to_grouped_rows(light, self._device)
-        per_row_std = None
-        if batch_std is not None:
+        per_row_stats = None
+        if batch_stats is not None:
             batches, inverse = np.unique(light["batch"].to_numpy(), return_inverse=True)
-            stds = np.array([batch_std[int(b)] for b in batches], dtype=np.float64)
-            per_row_std = torch.from_numpy(stds[inverse]).to(self._device)
+            stats = np.array([batch_stats[int(b)] for b in batches], dtype=np.float64).reshape(len(batches), -1)
+            per_row_stats = torch.from_numpy(stats[inverse]).to(self._device)
         with torch.no_grad():
-            scores = self._strategy.score(rows, per_row_std)
+            scores = self._plan.score(rows, per_row_stats)
         self._groups.inc(rows.num_groups)
 
         keep = scores.keep.cpu().numpy()
         status = np.where(keep, SCORED, FILTERED).astype(np.int8)
-        score = scores.score.cpu().numpy()
-        scale = None if scores.token_scale is None else scores.token_scale.cpu().numpy()
-        out = pa.table(
-            {
-                "unit": light["unit"],
-                "row": light["row"],
-                "batch": light["batch"],
-                "status": status,
-                "score": score,
-                "token_scale": np.ones(len(score)) if scale is None else scale,
-            }
-        )
+        n = len(keep)
+        score = np.zeros(n) if scores.score is None else scores.score.cpu().numpy()
+        scale = np.ones(n) if scores.token_scale is None else scores.token_scale.cpu().numpy()
+        out = pa.table({"unit": light["unit"], "row": light["row"], "batch": light["batch"], "status": status, "score": score, "token_scale": scale})
         for unit, part in split_by(out, out["unit"].to_numpy()):
             yield unit, records(
                 part["row"].to_numpy(),
@@ -157,29 +164,113 @@ class _ScoreBucket(beam.DoFn):
                 part["status"].to_numpy(),
                 part["score"].to_numpy(),
                 part["token_scale"].to_numpy(),
+                has_score=scores.score is not None,
             )
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
+        if scores.informative is not None:
+            for item in self._copy_meta(light, rows, scores):
+                yield beam.pvalue.TaggedOutput(self.COPY_META, item)
 
     @staticmethod
-    def _metrics(rows: GroupedRows, scores) -> pa.Table:
+    def _metrics(rows: GroupedRows, scores: PlanScores) -> pa.Table:
         return group_metrics(
             rows.group_batch.cpu().numpy(),
+            rows.sizes.cpu().numpy(),
             scores.group_mean.cpu().numpy(),
             scores.group_std.cpu().numpy(),
-            ~scores.keep[rows.offsets[:-1]].cpu().numpy(),
+            {k: v.cpu().numpy() for k, v in scores.dropped.items()},
         )
+
+    @staticmethod
+    def _copy_meta(light: pa.Table, rows: GroupedRows, scores: PlanScores):
+        """(batch, group table) per batch: task, rows before and after filtering, informative."""
+        starts = rows.offsets[:-1].cpu().numpy()
+        kept = segment_sum(scores.keep, rows.offsets).cpu().numpy()
+        meta = pa.table(
+            {
+                "batch": light["batch"].take(pa.array(starts)),
+                "task": light["task"].take(pa.array(starts)),
+                "size": rows.sizes.cpu().numpy(),
+                "kept": kept,
+                "informative": scores.informative.cpu().numpy(),
+            }
+        )
+        for batch, part in split_by(meta, meta["batch"].to_numpy()):
+            yield batch, part.drop_columns(["batch"])
+
+
+class _PlanCopies(beam.DoFn):
+    """Per batch: how many copies of each informative group (see plan_copies)."""
+
+    METRICS = "metrics"
+
+    def __init__(self, seed: int):
+        self._seed = seed
+
+    def process(self, element):
+        batch, parts = element
+        groups = pa.concat_tables(list(parts)).sort_by("task")
+        task = groups["task"].combine_chunks()
+        sizes = groups["kept"].to_numpy()
+        copies = plan_copies(
+            task_hash(task),
+            sizes,
+            groups["informative"].to_numpy(zero_copy_only=False),
+            target=int(groups["size"].to_numpy().sum()),
+            seed=self._seed,
+            batch=batch,
+        )
+        chosen = np.flatnonzero(copies)
+        if not len(chosen):
+            return
+        stride = _copy_stride(batch, task, copies)
+        plan = pa.table({"task": task.take(pa.array(chosen)), "copies": copies[chosen]})
+        yield batch, (stride, plan)
+        yield beam.pvalue.TaggedOutput(
+            self.METRICS,
+            pa.Table.from_arrays(
+                [pa.array([batch], pa.int64()), pa.array([int(copies.sum())], pa.int64()), pa.array([int((copies * sizes).sum())], pa.int64())],
+                schema=COPY_METRICS,
+            ),
+        )
+
+
+def _copy_stride(batch: int, task: pa.Array, copies: np.ndarray) -> int:
+    """The id offset between copies of a group (integer tasks), after checking that no copy id
+    meets another group's; 0 for string tasks."""
+    most = int(copies.max())
+    if pa.types.is_integer(task.type):
+        values = task.to_numpy().astype(np.int64)
+        lo, hi = int(values.min()), int(values.max())
+        stride = hi - lo + 1
+        if hi + most * stride > np.iinfo(np.int64).max:
+            raise ValueError(f"batch {batch}: task ids up to {hi} leave no room for {most} copies in int64")
+        return stride
+    chosen = np.flatnonzero(copies)
+    new = copy_task_ids(
+        task.take(pa.array(np.repeat(chosen, copies[chosen]))),
+        np.concatenate([np.arange(1, k + 1) for k in copies[chosen]]),
+        0,
+    )
+    clash = pc.is_in(new, value_set=task)
+    if pc.any(clash).as_py():
+        first = new.filter(clash)[0].as_py()
+        raise ValueError(f"batch {batch}: the copy task id {first!r} already names a task; rename that task")
+    return 0
 
 
 class ScoreGroups(beam.PTransform):
     """(bucket, light rows) -> (unit, records) for every row, and per-batch group metrics.
 
-    Outputs: `records` (scored, filtered and duplicate-id rows, keyed by read unit) and
-    `metrics` (one GROUP_METRICS table per bucket).
+    Returns (records, group metrics, copy plans, copy metrics): `records` (scored, filtered
+    and duplicate-id rows, keyed by read unit), `metrics` (one GROUP_METRICS table per bucket),
+    and with a duplicate stage the copy plans ((batch, (stride, plan table)), a side input for
+    the writer) and COPY_METRICS tables; both None without one.
     """
 
-    def __init__(self, strategy: Strategy):
+    def __init__(self, plan: ScoringPlan):
         super().__init__()
-        self._strategy = strategy
+        self._plan = plan
 
     def expand(self, keyed):
         prepared = (
@@ -189,16 +280,25 @@ class ScoreGroups(beam.PTransform):
             >> beam.ParDo(_PrepareBucket()).with_outputs(_PrepareBucket.DUPLICATES, main="rows")
         )
         side = {}
-        if self._strategy.batch_level:
-            batch_std = (
+        if self._plan.batch_level:
+            batch_stats = (
                 prepared.rows
-                | "BatchValues" >> beam.ParDo(_BatchValues(self._strategy))
+                | "BatchValues" >> beam.ParDo(_BatchValues(self._plan))
                 | "GroupByBatch" >> beam.GroupByKey()
-                | "BatchStd" >> beam.Map(_batch_std)
+                | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
             )
-            side["batch_std"] = beam.pvalue.AsDict(batch_std)
-        scored = prepared.rows | "Score" >> beam.ParDo(_ScoreBucket(self._strategy), **side).with_outputs(
-            _ScoreBucket.METRICS, main="records"
+            side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
+        scored = prepared.rows | "Score" >> beam.ParDo(_ScoreBucket(self._plan), **side).with_outputs(
+            _ScoreBucket.METRICS, _ScoreBucket.COPY_META, main="records"
         )
         records_out = (scored.records, prepared.duplicates) | "AllRecords" >> beam.Flatten()
-        return records_out, scored.metrics
+        copy_plans = copy_metrics = None
+        if self._plan.duplicates:
+            planned = (
+                scored.copy_meta
+                | "GroupMetaByBatch" >> beam.GroupByKey()
+                | "PlanCopies"
+                >> beam.ParDo(_PlanCopies(self._plan.stage(DUPLICATE).seed)).with_outputs(_PlanCopies.METRICS, main="plans")
+            )
+            copy_plans, copy_metrics = planned.plans, planned.metrics
+        return records_out, scored.metrics, copy_plans, copy_metrics

@@ -9,6 +9,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from apache_beam.metrics import Metrics
 
@@ -18,7 +19,9 @@ from schemas.lists import flat_list
 from transforms import storage
 from transforms.metrics import row_metrics, summarize
 from transforms.read import InputPlan, conform, read_unit
-from transforms.records import REJECTED, SCORED
+from transforms.records import DUPLICATED, REJECTED, SCORED
+from transforms.strategies import ScoringPlan
+from transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from transforms.strategies.tokens import token_advantages
 
 
@@ -64,12 +67,15 @@ def _chunk_bounds(lengths: np.ndarray) -> list[int]:
     return bounds if len(bounds) > 1 else [0, 0]
 
 
-def score_columns(table: pa.Table, row_value: np.ndarray, score: np.ndarray) -> list[pa.ChunkedArray]:
+def score_columns(table: pa.Table, row_value: np.ndarray, score: np.ndarray, valid: np.ndarray | None = None) -> list[pa.ChunkedArray]:
     """advantages, returns (list<float32>) and score (float32) for the rows of `table`.
 
-    `returns` equals `advantages`; both columns share one buffer in memory.
+    `returns` equals `advantages`; both columns share one buffer in memory. Rows where
+    `valid` is False (no advantage computed) get nulls in all three.
     """
     lengths, mask = response_lengths(table)
+    if valid is not None:
+        row_value = np.where(valid, row_value, 0.0)
     flat = token_advantages(
         torch.from_numpy(np.ascontiguousarray(row_value)),
         torch.from_numpy(lengths),
@@ -82,27 +88,80 @@ def score_columns(table: pa.Table, row_value: np.ndarray, score: np.ndarray) -> 
     for first, stop in zip(bounds[:-1], bounds[1:]):
         local = (offsets[first : stop + 1] - offsets[first]).astype(np.int32)
         values = flat[offsets[first] : offsets[stop]]
-        chunks.append(pa.ListArray.from_arrays(pa.array(local), pa.array(values)))
+        nulls = None if valid is None else pa.array(~valid[first:stop])
+        chunks.append(pa.ListArray.from_arrays(pa.array(local), pa.array(values), mask=nulls))
     advantages = pa.chunked_array(chunks, type=SCORE_FIELDS[0].type)
-    return [advantages, advantages, pa.chunked_array([pa.array(score.astype(np.float32))])]
+    score32 = pa.array(score.astype(np.float32), mask=None if valid is None else ~valid)
+    return [advantages, advantages, pa.chunked_array([score32])]
+
+
+def copy_fields(task_type: pa.DataType) -> list[pa.Field]:
+    """The columns a run with duplication adds: 0 / the copy number, and the copied group."""
+    return [pa.field(COPY_INDEX, pa.int32()), pa.field(SOURCE_TASK, task_type)]
+
+
+def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> tuple[pa.Table, np.ndarray, list[pa.Array]]:
+    """`table` (kept rows) followed by the copies the plan asks for.
+
+    Returns (rows, source row of each output row, [copy_index, source_task]). Copy k of a row
+    has task = copy_task_ids(task, k), copy_index = k and source_task = the original task;
+    every other column, the score included, is the original's.
+    """
+    n = table.num_rows
+    copies = np.zeros(n, dtype=np.int64)
+    strides = np.zeros(n, dtype=np.int64)
+    batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64) if n else np.zeros(0, np.int64)
+    task = pc.cast(table["task"], task_type).combine_chunks() if n else pa.array([], task_type)
+    for b in np.unique(batch).tolist():
+        if b not in copy_plans:
+            continue
+        stride, plan = copy_plans[b]
+        at = np.flatnonzero(batch == b)
+        where = pc.index_in(task.take(pa.array(at)), value_set=plan["task"].combine_chunks())
+        found = np.asarray(where.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        idx = np.asarray(where.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        copies[at[found]] = plan["copies"].to_numpy()[idx[found]]
+        strides[at] = stride
+    source = np.repeat(np.arange(n), copies)
+    index = np.concatenate([np.arange(1, k + 1) for k in copies[copies > 0]]) if copies.any() else np.zeros(0, np.int64)
+    rows_out = np.concatenate([np.arange(n), source])
+    copy_index = np.concatenate([np.zeros(n, np.int64), index]).astype(np.int32)
+    source_task = task.take(pa.array(rows_out))
+    out = table.take(pa.array(rows_out)) if len(source) else table
+    if len(source):
+        new_task = task.take(pa.array(source))
+        if pa.types.is_integer(task_type):
+            new_task = pa.array(
+                np.asarray(new_task.to_numpy(), dtype=np.int64) + index * strides[source], pa.int64()
+            )
+        else:
+            new_task = copy_task_ids(new_task, index, 0)
+        task_col = pa.concat_arrays([task, new_task]).cast(table.schema.field("task").type)
+        out = out.set_column(out.schema.get_field_index("task"), table.schema.field("task"), task_col)
+    return out, rows_out, [pa.array(copy_index), source_task]
 
 
 class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
-    def __init__(self, plan: InputPlan, staging: str):
+    def __init__(self, plan: InputPlan, staging: str, scoring: ScoringPlan):
         self._plan = plan
         self._staging = staging
+        self._scoring = scoring
 
     def setup(self):
-        self._scored_schema = output_schema(self._plan.schema)
+        self._copies = self._scoring.duplicates
+        self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + self._scoring.output_fields(self._plan.schema)
+        self._scored_schema = output_schema(self._plan.schema, self._extra)
+        added = {f.name for f in (*SCORE_FIELDS, *self._extra)}
+        self._base_names = [n for n in self._scored_schema.names if n not in added]
         self._rejected_schema = rejected_schema(self._plan.schema)
         self._rows_written = Metrics.counter("rescore", "rows_written")
 
     def _name(self, kind: str, unit: int) -> str:
         return storage.join(self._staging, f"{kind}-{unit:05d}-of-{len(self._plan.units):05d}.parquet")
 
-    def process(self, element):
+    def process(self, element, copy_plans=None):
         unit_index, parts = element
         unit = self._plan.units[unit_index]
         rec = pa.concat_tables(parts)
@@ -119,11 +178,21 @@ class _WriteUnit(beam.DoFn):
 
         kept = np.flatnonzero(status == SCORED)
         scored = table if len(kept) == table.num_rows else table.take(pa.array(kept))
-        scored = scored.select(self._scored_schema.names[: -len(SCORE_FIELDS)])
-        score = rec["score"].to_numpy()[kept]
+        score_col = rec["score"].combine_chunks().take(pa.array(kept))
+        valid = np.asarray(score_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        score = np.asarray(score_col.fill_null(0.0).to_numpy(), dtype=np.float64)
         row_value = score * rec["token_scale"].to_numpy()[kept]
-        columns = scored.columns + score_columns(scored, row_value, score)
-        scored = pa.Table.from_arrays(columns, schema=self._scored_schema)
+        extra_columns: list = []
+        copied_batch = pa.array([], pa.int64())
+        if self._copies:
+            scored, source, extra_columns = expand_copies(scored, copy_plans or {}, self._plan.task_type)
+            score, row_value, valid = score[source], row_value[source], valid[source]
+            copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
+        extra_columns += self._scoring.output_columns(scored, self._extra[2 if self._copies else 0 :])
+        columns = scored.select(self._base_names).columns + score_columns(
+            scored, row_value, score, None if valid.all() else valid
+        )
+        scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files.append(self._name("scored", unit_index))
         storage.write_parquet(scored, files[-1])
 
@@ -134,16 +203,18 @@ class _WriteUnit(beam.DoFn):
             rejected = rejected.append_column(REJECT_REASON, pa.array(reasons, pa.string()))
             files.append(self._name("rejected", unit_index))
             storage.write_parquet(rejected, files[-1])
-        self._rows_written.inc(len(kept))
+        self._rows_written.inc(scored.num_rows)
 
         yield unit_index, files
-        yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rec, status, reasons))
+        yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rec, status, reasons, copied_batch))
 
     @staticmethod
-    def _metrics(rec: pa.Table, status: np.ndarray, reasons: np.ndarray) -> pa.Table:
+    def _metrics(rec: pa.Table, status: np.ndarray, reasons: np.ndarray, copied_batch: pa.Array) -> pa.Table:
         category = np.full(len(status), None, dtype=object)
         category[status == REJECTED] = [reason_category(r) for r in reasons]
-        return row_metrics(rec["batch"].combine_chunks(), status, category.tolist())
+        batch = pa.concat_arrays([rec["batch"].combine_chunks(), copied_batch])
+        status = np.concatenate([status, np.full(len(copied_batch), DUPLICATED, np.int8)])
+        return row_metrics(batch, status, category.tolist() + [None] * len(copied_batch))
 
 
 class WriteScored(beam.PTransform):
@@ -152,17 +223,20 @@ class WriteScored(beam.PTransform):
     Outputs: `files` ((unit, [staged paths])) and `metrics` (one ROW_METRICS table per unit).
     """
 
-    def __init__(self, plan: InputPlan, output: str):
+    def __init__(self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None):
         super().__init__()
         self._plan = plan
         self._output = output
+        self._scoring = scoring
+        self._copy_plans = copy_plans
 
     def expand(self, unit_records):
+        side = {} if self._copy_plans is None else {"copy_plans": beam.pvalue.AsDict(self._copy_plans)}
         written = (
             unit_records
             | "GroupByUnit" >> beam.GroupByKey()
             | "ReadBackAndWrite"
-            >> beam.ParDo(_WriteUnit(self._plan, staging_dir(self._output))).with_outputs(
+            >> beam.ParDo(_WriteUnit(self._plan, staging_dir(self._output), self._scoring), **side).with_outputs(
                 _WriteUnit.METRICS, main="files"
             )
         )
@@ -170,23 +244,28 @@ class WriteScored(beam.PTransform):
 
 
 class _Finalize(beam.DoFn):
-    def __init__(self, plan: InputPlan, output: str, run_info: dict):
+    def __init__(self, plan: InputPlan, output: str, run_info: dict, stages):
         self._plan = plan
         self._output = output
         self._run_info = run_info
+        self._stages = stages
 
-    def process(self, _, files, group_tables, row_tables):
+    def process(self, _, files, group_tables, row_tables, copy_tables=()):
         units = sorted(u for u, _ in files)
         if units != list(range(len(self._plan.units))):
             missing = sorted(set(range(len(self._plan.units))) - set(units))
             raise RuntimeError(f"internal error: read units {missing[:10]} produced no output")
-        summary = summarize(group_tables, row_tables)
+        summary = summarize(group_tables, row_tables, copy_tables, self._stages)
         totals = summary["totals"]
-        accounted = totals["rows_written_original"] + totals["rows_filtered"] + totals["rows_rejected"]
-        if totals["rows_read"] != self._plan.num_rows or accounted != self._plan.num_rows:
+        if totals["rows_read"] != self._plan.num_rows:
             raise RuntimeError(
                 f"internal error: input has {self._plan.num_rows} rows, metrics account for "
-                f"{totals['rows_read']} read and {accounted} written/filtered/rejected"
+                f"{totals['rows_read']} written/filtered/rejected"
+            )
+        planned = sum(int(t["rows_duplicated"].to_numpy().sum()) for t in copy_tables)
+        if planned != totals["rows_duplicated"]:
+            raise RuntimeError(
+                f"internal error: the copy plan asked for {planned} copied rows, {totals['rows_duplicated']} were written"
             )
         for _, paths in sorted(files):
             for staged in paths:
@@ -202,17 +281,21 @@ class _Finalize(beam.DoFn):
         yield document
 
 
-def finalize(pipeline, plan: InputPlan, output: str, run_info: dict, files, group_tables, row_tables):
-    """Publish the run once every unit is written: data files, metrics.json, then _SUCCESS."""
+def finalize(pipeline, plan: InputPlan, output: str, run_info: dict, stages, files, group_tables, row_tables, copy_tables=None):
+    """Publish the run once every unit is written: data files, metrics.json, then _SUCCESS.
+
+    `stages`: (kind, name, params) of the scoring plan, for the per-strategy metrics."""
+    side = {} if copy_tables is None else {"copy_tables": beam.pvalue.AsList(copy_tables)}
     return (
         pipeline
         | "FinalizeTrigger" >> beam.Create([None])
         | "Finalize"
         >> beam.ParDo(
-            _Finalize(plan, output, run_info),
+            _Finalize(plan, output, run_info, stages),
             files=beam.pvalue.AsList(files),
             group_tables=beam.pvalue.AsList(group_tables),
             row_tables=beam.pvalue.AsList(row_tables),
+            **side,
         )
     )
 

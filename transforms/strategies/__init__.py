@@ -1,10 +1,27 @@
 """Scoring strategies: pure torch functions over grouped rows, registered by their spec name.
 
-Importing this package registers every strategy. Use `create(name, params)` to get one.
+Importing this package registers every strategy. Use `plan_of(names, params)` for a run's
+composition of stages, or `create(name, params)` for one strategy.
 """
 
-from transforms.strategies import grpo  # noqa: F401  (registers grpo, correct_bias)
-from transforms.strategies.base import GroupedRows, Scores, Strategy
+from transforms.strategies import baselines, chord, grpo, selection, step_wise  # noqa: F401  (register)
+from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores, Strategy
+from transforms.strategies.plan import PlanScores, ScoringPlan, build_plan, plan_of
 from transforms.strategies.registry import ConfigError, create, names, spec
 
-__all__ = ["ConfigError", "GroupedRows", "Scores", "Strategy", "create", "names", "spec"]
+__all__ = [
+    "ADVANTAGE",
+    "DUPLICATE",
+    "FILTER",
+    "ConfigError",
+    "GroupedRows",
+    "PlanScores",
+    "Scores",
+    "ScoringPlan",
+    "Strategy",
+    "build_plan",
+    "create",
+    "names",
+    "plan_of",
+    "spec",
+]

@@ -2,14 +2,26 @@
 
 A strategy scores many task groups at once. Its input rows are sorted by
 (batch, task, run, step), so each group is a contiguous segment described by `offsets`.
+
+Strategies come in three kinds, applied in this order when a run composes them
+(see transforms/strategies/plan.py): a `filter` drops whole groups, an `advantage` strategy
+scores the rows that are left (and may drop groups itself, e.g. `std_threshold`), a
+`duplicate` strategy drops uninformative groups and marks the rest for copying.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Protocol
 
+import numpy as np
+import torch
 from torch import Tensor
+
+from transforms.strategies.segments import segment_sum
+
+FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
+KINDS = (FILTER, ADVANTAGE, DUPLICATE)
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,8 @@ class GroupedRows:
     mean_logprob: Optional[Tensor] = None
     """(n,) float64 mean of logprobs over action tokens (-inf without action tokens); only
     present when the strategy asked for logprobs."""
+    expert: Optional[Tensor] = None
+    """(n,) bool, the `expert` column; only present when the strategy asked for it."""
 
     @property
     def num_rows(self) -> int:
@@ -55,17 +69,41 @@ class GroupedRows:
         """(G,) int64 batch id of each group."""
         return self.batch[self.offsets[:-1]]
 
+    def select(self, keep: Tensor) -> "GroupedRows":
+        """The rows where `keep` (n,) is set, still sorted; groups left empty disappear."""
+        if bool(keep.all()):
+            return self
+        counts = segment_sum(keep, self.offsets)
+        counts = counts[counts > 0]
+        offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=keep.device)
+        torch.cumsum(counts, 0, out=offsets[1:])
+
+        def pick(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t[keep]
+
+        return replace(
+            self,
+            reward=self.reward[keep],
+            offsets=offsets,
+            batch=self.batch[keep],
+            run=self.run[keep],
+            step=self.step[keep],
+            action_tokens=self.action_tokens[keep],
+            mean_logprob=pick(self.mean_logprob),
+            expert=pick(self.expert),
+        )
+
 
 @dataclass(frozen=True)
 class Scores:
     """A strategy's answer for GroupedRows.
 
-    `score` is the scalar advantage of each row; the token-level advantages are
-    `score * token_scale * action_mask`.
+    `score` is the scalar advantage of each row (None where the strategy computes none, e.g. a
+    filter); the token-level advantages are `score * token_scale * action_mask`.
     """
 
-    score: Tensor
-    """(n,) float64 scalar advantage."""
+    score: Optional[Tensor]
+    """(n,) float64 scalar advantage, or None."""
     keep: Tensor
     """(n,) bool: False where the row is filtered out (dropped, not rejected)."""
     group_mean: Tensor
@@ -81,16 +119,22 @@ class Strategy(Protocol):
 
     name: str
     params: Mapping[str, Any]
+    kind: str
+    """FILTER, ADVANTAGE or DUPLICATE."""
     needs: tuple[str, ...]
     """Optional input columns this strategy cannot work without (e.g. ('logprobs',))."""
 
     batch_level: bool
-    """True when scores need a per-batch std computed over the whole batch first."""
+    """True when scores need statistics over the whole batch (across task groups) first."""
 
-    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
-        """(batch ids (k,), values (k,)) whose per-batch std the strategy needs; only called
-        when batch_level is set."""
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch ids (k,), values (k,), weights (k,)) that the per-batch statistics are
+        computed from; only called when batch_level is set."""
 
-    def score(self, rows: GroupedRows, batch_std: Optional[Tensor]) -> Scores:
-        """Score every row. `batch_std` is (n,) float64, the std of each row's batch's
-        batch_values, when batch_level is set, else None."""
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        """The statistics of one batch from all its values and weights, sorted by
+        (value, weight) so that the result never depends on arrival order."""
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        """Score every row. `batch_stats` is (n, k) float64, the batch_stats of each row's
+        batch, when batch_level is set, else None."""

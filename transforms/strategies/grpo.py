@@ -13,9 +13,11 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import GroupedRows, Scores
+import numpy as np
+
+from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from transforms.strategies.registry import choice, number, register
-from transforms.strategies.segments import mean_and_std, per_row, rank_within_groups
+from transforms.strategies.segments import group_stats, per_row, rank_within_groups, std_of
 
 
 def rank_corrected_rewards(reward: Tensor, mean_logprob: Tensor, offsets: Tensor, rank_penalty: float) -> Tensor:
@@ -47,11 +49,8 @@ def grpo_scores(
     A group of one row has mean 0 and std 1, so its score is r / (1 + epsilon) (or
     r / (batch std + epsilon) with a batch std), as in Trinity-RFT.
     """
-    sizes = offsets[1:] - offsets[:-1]
-    single = sizes == 1
-    mean, std = mean_and_std(reward, offsets)
-    mean = torch.where(single, torch.zeros_like(mean), mean)
-    std = torch.where(single, torch.ones_like(std), std)
+    single = (offsets[1:] - offsets[:-1]) == 1
+    mean, std = group_stats(reward, offsets)
     denominator = batch_std if batch_std is not None else per_row(std, offsets)
     score = (reward - per_row(mean, offsets)) / (denominator + epsilon)
     if std_threshold is None:
@@ -71,6 +70,7 @@ class GRPO:
     rank_penalty: Optional[float] = None
     name: str = "grpo"
     params: Mapping[str, Any] = field(default_factory=dict)
+    kind = ADVANTAGE
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -80,12 +80,16 @@ class GRPO:
     def batch_level(self) -> bool:
         return self.std_cal_level == "batch"
 
-    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
-        # The batch std is over every (valid) reward of the batch, before any group is
-        # dropped by std_threshold, and over raw (not rank-corrected) rewards, as in Trinity-RFT.
-        return rows.batch, rows.reward
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        # The batch std is over every reward the strategy sees in the batch, before any group
+        # is dropped by std_threshold, and over raw (not rank-corrected) rewards, as in
+        # Trinity-RFT.
+        return rows.batch, rows.reward, torch.ones_like(rows.reward)
 
-    def score(self, rows: GroupedRows, batch_std: Optional[Tensor]) -> Scores:
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        return (float(std_of(torch.from_numpy(values))),)
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
         reward = rows.reward
         if self.rank_penalty is not None:
             reward = rank_corrected_rewards(reward, rows.mean_logprob, rows.offsets, self.rank_penalty)
@@ -93,13 +97,14 @@ class GRPO:
             reward,
             rows.offsets,
             epsilon=self.epsilon,
-            batch_std=batch_std if self.batch_level else None,
+            batch_std=batch_stats[:, 0] if self.batch_level else None,
             std_threshold=self.std_threshold,
         )
 
 
 @register(
     "grpo",
+    kind=ADVANTAGE,
     defaults={"epsilon": 1e-6, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
     summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty",
 )
@@ -116,6 +121,7 @@ def make_grpo(epsilon, std_cal_level, std_threshold, rank_penalty) -> GRPO:
 
 @register(
     "correct_bias",
+    kind=ADVANTAGE,
     defaults={"epsilon": 1e-6, "rank_penalty": 0.25},
     summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs",
 )

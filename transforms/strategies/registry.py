@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -16,6 +17,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class StrategySpec:
     name: str
+    kind: str
     factory: Callable[..., Strategy]
     defaults: Mapping[str, Any]
     summary: str
@@ -24,7 +26,7 @@ class StrategySpec:
 _REGISTRY: dict[str, StrategySpec] = {}
 
 
-def register(name: str, *, defaults: Mapping[str, Any], summary: str):
+def register(name: str, *, kind: str, defaults: Mapping[str, Any], summary: str):
     """Class or function decorator: register `factory(**params) -> Strategy` under `name`.
 
     Refuses a name that is already taken, so two modules cannot silently shadow each other.
@@ -33,7 +35,7 @@ def register(name: str, *, defaults: Mapping[str, Any], summary: str):
     def wrap(factory):
         if name in _REGISTRY:
             raise ValueError(f"strategy {name!r} is already registered")
-        _REGISTRY[name] = StrategySpec(name, factory, dict(defaults), summary)
+        _REGISTRY[name] = StrategySpec(name, kind, factory, dict(defaults), summary)
         return factory
 
     return wrap
@@ -73,6 +75,15 @@ def number(strategy: str, key: str, value: Any, *, minimum: float | None = None,
         raise ConfigError(f"{strategy}: parameter {key!r} must be {kind}, got {value!r}")
     value = float(value)
     if value != value or (minimum is not None and value < minimum):
+        raise ConfigError(f"{strategy}: parameter {key!r} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def integer(strategy: str, key: str, value: Any, *, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise ConfigError(f"{strategy}: parameter {key!r} must be an integer, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
         raise ConfigError(f"{strategy}: parameter {key!r} must be >= {minimum}, got {value!r}")
     return value
 

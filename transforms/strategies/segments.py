@@ -12,12 +12,24 @@ from torch import Tensor
 
 
 def segment_sum(values: Tensor, offsets: Tensor) -> Tensor:
-    """(G,) sums of values[offsets[g]:offsets[g + 1]]; empty segments give 0."""
+    """(G,) sums of values[offsets[g]:offsets[g + 1]]; empty segments give 0.
+
+    Integer and bool values are summed in float64 (exact below 2^53) and returned as int64.
+    """
+    if offsets.numel() <= 1:
+        return values.new_zeros(0, dtype=torch.int64 if not values.is_floating_point() else None)
+    if values.numel() == 0:
+        return values.new_zeros(offsets.numel() - 1, dtype=torch.int64 if not values.is_floating_point() else None)
+    if not values.is_floating_point():
+        return torch.segment_reduce(values.to(torch.float64), "sum", offsets=offsets, unsafe=True).to(torch.int64)
+    return torch.segment_reduce(values, "sum", offsets=offsets, unsafe=True)
+
+
+def segment_max(values: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) maxima of non-empty segments."""
     if offsets.numel() <= 1:
         return values.new_zeros(0)
-    if values.numel() == 0:
-        return values.new_zeros(offsets.numel() - 1)
-    return torch.segment_reduce(values, "sum", offsets=offsets, unsafe=True)
+    return torch.segment_reduce(values, "max", offsets=offsets, unsafe=True)
 
 
 def per_row(per_group: Tensor, offsets: Tensor) -> Tensor:
@@ -35,6 +47,34 @@ def mean_and_std(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
     dev = values - per_row(mean, offsets)
     var = segment_sum(dev * dev, offsets) / (sizes - 1)
     return mean, torch.sqrt(var)
+
+
+def population_var(values: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) population variance (ddof=0) of each group, two-pass."""
+    sizes = (offsets[1:] - offsets[:-1]).to(values.dtype)
+    mean = segment_sum(values, offsets) / sizes
+    dev = values - per_row(mean, offsets)
+    return segment_sum(dev * dev, offsets) / sizes
+
+
+def group_stats(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """(G,) mean and std with the spec's convention for a group of one row: mean 0, std 1."""
+    single = (offsets[1:] - offsets[:-1]) == 1
+    mean, std = mean_and_std(values, offsets)
+    return torch.where(single, torch.zeros_like(mean), mean), torch.where(single, torch.ones_like(std), std)
+
+
+def run_offsets(run: Tensor, offsets: Tensor) -> Tensor:
+    """(R + 1,) boundaries of the runs (same run id inside one group) of rows sorted by
+    (group, run, step)."""
+    n = run.numel()
+    starts = torch.zeros(n, dtype=torch.bool, device=run.device)
+    if n:
+        starts[0] = True
+        starts[1:] = run[1:] != run[:-1]
+        starts[offsets[:-1][offsets[:-1] < n]] = True
+    bounds = torch.nonzero(starts).flatten()
+    return torch.cat([bounds, torch.tensor([n], dtype=torch.int64, device=run.device)])
 
 
 def rank_within_groups(key: Tensor, offsets: Tensor) -> Tensor:

@@ -1,0 +1,63 @@
+"""`--algorithm NAME`: the strategies and defaults a user of a Trinity-RFT algorithm expects.
+
+The names are those of Trinity-RFT's AlgorithmType table (trinity/algorithm/algorithm.py).
+Algorithms whose advantages need a critic, the trainer's live model or paired data cannot be
+computed from logged experience; they fail with a message saying what would be needed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from transforms.strategies.registry import ConfigError
+
+
+@dataclass(frozen=True)
+class Preset:
+    strategies: tuple[str, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    "grpo": Preset(("grpo",), note="GRPO group advantages"),
+    "dapo": Preset(("grpo",), note="DAPO reuses GRPO advantages; its clipping and dynamic sampling live in the trainer"),
+    "cispo": Preset(("grpo",), note="GRPO advantages; the CISPO loss lives in the trainer"),
+    "gspo": Preset(("grpo",), note="GRPO advantages; the GSPO loss lives in the trainer"),
+    "sapo": Preset(("grpo",), note="GRPO advantages; the SAPO loss lives in the trainer"),
+    "mix": Preset(("grpo",), note="GRPO advantages for the mixed-data loss"),
+    "opmd": Preset(("opmd",), note="OPMD baseline (group mean)"),
+    "sppo": Preset(("opmd",), note="Trinity-RFT's sPPO uses the OPMD advantage"),
+    "asymre": Preset(("asymre",), note="AsymRE, baseline shift -0.1"),
+    "multi_step_grpo": Preset(("step_wise_grpo",), note="step-wise GRPO over multi-step runs"),
+    "rloo": Preset(("rloo",), note="leave-one-out baseline"),
+    "reinforce_plus_plus": Preset(("reinforce_plus_plus_baseline",), note="REINFORCE++ with group baseline, batch-whitened"),
+    "raft": Preset(("raft",), note="keep each group's top-reward rows with reward > 0, weight 1"),
+    "sft": Preset(("constant",), note="every row passes with weight 1"),
+    "mix_chord": Preset(("mix_chord",), note="CHORD mu schedule, loss weights and phi token weights"),
+}
+
+UNSUPPORTED: dict[str, str] = {
+    "ppo": "its advantages come from a learned critic (GAE over value estimates), which logged experience does not contain; compute them in the trainer",
+    "on_policy_distill": "its advantages are teacher_logprobs - logprobs per token and need a 'teacher_logprobs' column scored by the teacher model; add that column with the teacher (e.g. a vLLM scoring pass) and train with the trainer's on_policy_distill advantage",
+    "dpo": "it trains on chosen/rejected pairs with the trainer's live and reference models; there is no per-row advantage to compute",
+    "topr": "its 'reinforce' advantage and truncated importance weights need the trainer's live policy",
+    "rec": "its advantages and importance weights need the trainer's live policy",
+    "gigpo": "its step-level anchor-state grouping needs environment state ids that the experience schema does not carry",
+}
+
+
+def names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def preset(name: str) -> Preset:
+    if name in UNSUPPORTED:
+        raise ConfigError(f"algorithm {name!r} cannot be rescored offline: {UNSUPPORTED[name]}")
+    if name not in PRESETS:
+        hint = difflib.get_close_matches(name, [*PRESETS, *UNSUPPORTED], n=1)
+        did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ConfigError(f"unknown algorithm {name!r}{did_you_mean}; valid algorithms: {', '.join(names())}")
+    return PRESETS[name]

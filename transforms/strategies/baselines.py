@@ -1,0 +1,200 @@
+"""Group-baseline estimators without std normalisation, and the batch-whitened REINFORCE++.
+
+    opmd      r_i - b, b = mean(G) or tau * (logsumexp(r / tau) - log n)   (Trinity-RFT OPMD)
+    asymre    r_i - (mean(G) + baseline_shift)                             (Trinity-RFT AsymRE)
+    dr_grpo   r_i - mean(G)                                                (Dr. GRPO, arXiv 2503.20783)
+    rloo      (r_i - mean(G)) * n / (n - 1)                                (RLOO, arXiv 2402.14740)
+    reinforce_plus_plus_baseline
+              s_i = r_i - mean(G), whitened over the batch, token-weighted (verl `masked_whiten`)
+
+A group of one row has baseline 0 (its score is its reward) in all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from transforms.strategies.registry import ConfigError, choice, number, register
+from transforms.strategies.segments import group_stats, per_row, segment_max, segment_sum
+
+WHITEN_EPSILON = 1e-8
+"""verl's `masked_whiten` adds 1e-8 to the variance."""
+
+
+def group_mean(reward: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) mean of each group, 0 for a group of one row (the spec's 'baseline 0')."""
+    return group_stats(reward, offsets)[0]
+
+
+def logavgexp_baseline(reward: Tensor, offsets: Tensor, tau: float) -> Tensor:
+    """(G,) tau * (logsumexp(r / tau) - log n), shifted by the group max so exp never
+    overflows; 0 for a group of one row."""
+    sizes = offsets[1:] - offsets[:-1]
+    x = reward / tau
+    peak = segment_max(x, offsets)
+    lse = peak + torch.log(segment_sum(torch.exp(x - per_row(peak, offsets)), offsets))
+    b = tau * (lse - torch.log(sizes.to(reward.dtype)))
+    return torch.where(sizes == 1, torch.zeros_like(b), b)
+
+
+def opmd_scores(reward: Tensor, offsets: Tensor, *, baseline: str, tau: float) -> Tensor:
+    b = group_mean(reward, offsets) if baseline == "mean" else logavgexp_baseline(reward, offsets, tau)
+    return reward - per_row(b, offsets)
+
+
+def asymre_scores(reward: Tensor, offsets: Tensor, *, baseline_shift: float) -> Tensor:
+    sizes = offsets[1:] - offsets[:-1]
+    b = group_mean(reward, offsets) + baseline_shift
+    b = torch.where(sizes == 1, torch.zeros_like(b), b)
+    return reward - per_row(b, offsets)
+
+
+def dr_grpo_scores(reward: Tensor, offsets: Tensor) -> Tensor:
+    return reward - per_row(group_mean(reward, offsets), offsets)
+
+
+def rloo_scores(reward: Tensor, offsets: Tensor) -> Tensor:
+    sizes = (offsets[1:] - offsets[:-1]).to(reward.dtype)
+    factor = torch.where(sizes > 1, sizes / (sizes - 1).clamp(min=1), torch.ones_like(sizes))
+    return (reward - per_row(group_mean(reward, offsets), offsets)) * per_row(factor, offsets)
+
+
+def whiten_stats(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """(mu, var) of `values` weighted by `weights` (token counts): mu = sum(w s) / sum(w),
+    var = sum(w (s - mu)^2) / (sum(w) - 1), Bessel-corrected over tokens as verl does.
+
+    With no weight at all mu = 0; with a total weight of 1 or less var = 0 (one token has no
+    spread). Callers pass values sorted by (value, weight), so the sums have a fixed order.
+    """
+    total = math.fsum(weights)
+    if total <= 0:
+        return 0.0, 0.0
+    mu = math.fsum(values * weights) / total
+    if total <= 1:
+        return mu, 0.0
+    return mu, math.fsum(weights * (values - mu) ** 2) / (total - 1)
+
+
+@dataclass(frozen=True)
+class _GroupBaseline:
+    """Shared shape of the per-group estimators: no batch statistics, every row kept."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind = ADVANTAGE
+    needs: tuple[str, ...] = ()
+    batch_level = False
+
+    def _scores(self, rows: GroupedRows) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        mean, std = group_stats(rows.reward, rows.offsets)
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        return Scores(score=self._scores(rows), keep=keep, group_mean=mean, group_std=std)
+
+
+@dataclass(frozen=True)
+class OPMD(_GroupBaseline):
+    baseline: str = "mean"
+    tau: float = 1.0
+
+    def _scores(self, rows):
+        return opmd_scores(rows.reward, rows.offsets, baseline=self.baseline, tau=self.tau)
+
+
+@dataclass(frozen=True)
+class AsymRE(_GroupBaseline):
+    baseline_shift: float = -0.1
+
+    def _scores(self, rows):
+        return asymre_scores(rows.reward, rows.offsets, baseline_shift=self.baseline_shift)
+
+
+@dataclass(frozen=True)
+class DrGRPO(_GroupBaseline):
+    def _scores(self, rows):
+        return dr_grpo_scores(rows.reward, rows.offsets)
+
+
+@dataclass(frozen=True)
+class RLOO(_GroupBaseline):
+    def _scores(self, rows):
+        return rloo_scores(rows.reward, rows.offsets)
+
+
+@dataclass(frozen=True)
+class ReinforcePlusPlusBaseline(_GroupBaseline):
+    """s_i = r_i - mean(G), whitened over the whole batch with weights = action tokens."""
+
+    batch_level = True
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        return rows.batch, dr_grpo_scores(rows.reward, rows.offsets), rows.action_tokens.to(torch.float64)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        return whiten_stats(values, weights)
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        base = super().score(rows, None)
+        mu, var = batch_stats[:, 0], batch_stats[:, 1]
+        score = (base.score - mu) / torch.sqrt(var + WHITEN_EPSILON)
+        return Scores(score=score, keep=base.keep, group_mean=base.group_mean, group_std=base.group_std)
+
+    def _scores(self, rows):
+        return dr_grpo_scores(rows.reward, rows.offsets)
+
+
+@register(
+    "opmd",
+    kind=ADVANTAGE,
+    defaults={"opmd_baseline": "mean", "tau": 1.0},
+    summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation",
+)
+def make_opmd(opmd_baseline, tau) -> OPMD:
+    name = "opmd"
+    params = dict(
+        opmd_baseline=choice(name, "opmd_baseline", opmd_baseline, ("mean", "logavgexp")),
+        tau=number(name, "tau", tau),
+    )
+    if params["tau"] <= 0:
+        raise ConfigError(f"{name}: parameter 'tau' must be > 0, got {tau!r}")
+    return OPMD(name=name, params=params, baseline=params["opmd_baseline"], tau=params["tau"])
+
+
+@register(
+    "asymre",
+    kind=ADVANTAGE,
+    defaults={"baseline_shift": -0.1},
+    summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)",
+)
+def make_asymre(baseline_shift) -> AsymRE:
+    params = dict(baseline_shift=number("asymre", "baseline_shift", baseline_shift))
+    return AsymRE(name="asymre", params=params, **params)
+
+
+@register("dr_grpo", kind=ADVANTAGE, defaults={}, summary="r - mean(G) (GRPO without the std division)")
+def make_dr_grpo() -> DrGRPO:
+    return DrGRPO(name="dr_grpo")
+
+
+@register("rloo", kind=ADVANTAGE, defaults={}, summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1)")
+def make_rloo() -> RLOO:
+    return RLOO(name="rloo")
+
+
+@register(
+    "reinforce_plus_plus_baseline",
+    kind=ADVANTAGE,
+    defaults={},
+    summary="r - mean(G), then whitened over the batch weighted by action tokens (REINFORCE++)",
+)
+def make_reinforce_plus_plus_baseline() -> ReinforcePlusPlusBaseline:
+    return ReinforcePlusPlusBaseline(name="reinforce_plus_plus_baseline")

@@ -1,0 +1,190 @@
+"""Composition: a filter, an advantage strategy and duplication, applied in that order.
+
+    reward_variance,grpo,duplicate_informative
+        1. reward_variance drops uninformative groups;
+        2. grpo scores the rows that are left (its batch std, if any, is over those rows; its
+           std_threshold may drop more groups);
+        3. duplicate_informative drops groups its own variance filter rejects and marks the
+           rest for copying; copies carry the advantages of the group they copy.
+
+Each stage is optional, but a run has at least one and at most one of each kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, KINDS, GroupedRows, Strategy
+from transforms.strategies.registry import ConfigError, create, names, spec
+from transforms.strategies.segments import group_stats, segment_sum
+
+
+@dataclass(frozen=True)
+class PlanScores:
+    """What a ScoringPlan decided for n rows in G groups."""
+
+    score: Optional[Tensor]
+    """(n,) float64, or None when no stage computes advantages."""
+    keep: Tensor
+    """(n,) bool: the row is written."""
+    token_scale: Optional[Tensor]
+    """(n,) float64 per-row token factor, or None for 1."""
+    group_mean: Tensor
+    """(G,) float64 reward mean the advantage stage used (the raw group mean otherwise)."""
+    group_std: Tensor
+    """(G,) float64 reward std the advantage stage used (the raw group std otherwise)."""
+    dropped: dict[str, Tensor]
+    """stage kind -> (G,) int64 rows of each group that stage dropped."""
+    informative: Optional[Tensor]
+    """(G,) bool groups the duplicate stage may copy, or None without one."""
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    stages: tuple[Strategy, ...]
+
+    def stage(self, kind: str) -> Optional[Strategy]:
+        return next((s for s in self.stages if s.kind == kind), None)
+
+    @property
+    def name(self) -> str:
+        return ",".join(s.name for s in self.stages)
+
+    @property
+    def params(self) -> dict[str, dict[str, Any]]:
+        return {s.name: dict(s.params) for s in self.stages}
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n for s in self.stages for n in s.needs))
+
+    @property
+    def batch_level(self) -> bool:
+        adv = self.stage(ADVANTAGE)
+        return bool(adv is not None and adv.batch_level)
+
+    @property
+    def duplicates(self) -> bool:
+        return self.stage(DUPLICATE) is not None
+
+    def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
+        adv = self.stage(ADVANTAGE)
+        return list(adv.output_fields(input_schema)) if hasattr(adv, "output_fields") else []
+
+    def output_columns(self, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:
+        return self.stage(ADVANTAGE).output_columns(table, fields) if fields else []
+
+    def _filtered(self, rows: GroupedRows) -> Tensor:
+        f = self.stage(FILTER)
+        if f is None:
+            return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        return f.score(rows, None).keep
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        return self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows)))
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        return self.stage(ADVANTAGE).batch_stats(values, weights)
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor] = None) -> PlanScores:
+        """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it."""
+        device = rows.reward.device
+        keep = self._filtered(rows)
+        dropped = {}
+        if self.stage(FILTER) is not None:
+            dropped[FILTER] = segment_sum((~keep).to(torch.int64), rows.offsets)
+        mean, std = group_stats(rows.reward, rows.offsets)
+        score = token_scale = informative = None
+
+        adv = self.stage(ADVANTAGE)
+        if adv is not None:
+            sub, kept = rows.select(keep), torch.nonzero(keep).flatten()
+            stats = batch_stats[keep] if batch_stats is not None else None
+            s = adv.score(sub, stats) if sub.num_rows else None
+            score = torch.zeros(rows.num_rows, dtype=torch.float64, device=device)
+            before = keep.clone()
+            if s is not None:
+                score[kept] = s.score
+                keep[kept] = s.keep
+                if s.token_scale is not None:
+                    token_scale = torch.ones_like(score)
+                    token_scale[kept] = s.token_scale
+                present = segment_sum(before.to(torch.int64), rows.offsets) > 0
+                mean[present], std[present] = s.group_mean, s.group_std
+            dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+
+        dup = self.stage(DUPLICATE)
+        if dup is not None:
+            sub, kept = rows.select(keep), torch.nonzero(keep).flatten()
+            before = keep.clone()
+            if sub.num_rows:
+                keep[kept] = dup.score(sub, None).keep
+            dropped[DUPLICATE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+            informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
+
+        return PlanScores(score, keep, token_scale, mean, std, dropped, informative)
+
+
+def split_param(key: str) -> tuple[Optional[str], str]:
+    """'grpo.epsilon' -> ('grpo', 'epsilon'); 'epsilon' -> (None, 'epsilon')."""
+    stage, sep, name = key.rpartition(".")
+    return (stage, name) if sep else (None, key)
+
+
+def build_plan(strategies: list[str], params: Mapping[str, Any]) -> ScoringPlan:
+    """A plan from stage names in order and parameters, each `name` or `stage.name`.
+
+    An unqualified parameter goes to the one stage that has it; one that two stages have
+    must be qualified. Raises ConfigError on anything off.
+    """
+    if not strategies:
+        raise ConfigError(f"no strategy; valid strategies: {', '.join(names())}")
+    specs = [spec(n) for n in strategies]
+    kinds = [s.kind for s in specs]
+    for kind in KINDS:
+        if kinds.count(kind) > 1:
+            same = [s.name for s in specs if s.kind == kind]
+            raise ConfigError(f"at most one {kind} strategy per run, got {', '.join(same)}")
+    if kinds != sorted(kinds, key=KINDS.index):
+        raise ConfigError(
+            f"strategies run in the order filter, advantage, duplicate; got {','.join(strategies)}"
+            f" ({', '.join(kinds)})"
+        )
+    per_stage: dict[str, dict[str, Any]] = {s.name: {} for s in specs}
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        # YAML may nest them: {grpo: {epsilon: 1e-6}} is grpo.epsilon.
+        if isinstance(value, Mapping) and key in per_stage:
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    for key, value in flat.items():
+        stage, name = split_param(key)
+        if stage is not None:
+            if stage not in per_stage:
+                raise ConfigError(f"parameter {key!r} names strategy {stage!r}, which this run does not use ({','.join(strategies)})")
+            per_stage[stage][name] = value
+            continue
+        owners = [s.name for s in specs if name in s.defaults]
+        if len(owners) > 1:
+            raise ConfigError(f"parameter {key!r} belongs to {' and '.join(owners)}; write it as {owners[0]}.{key}")
+        if not owners:
+            valid = sorted({f"{s.name}.{p}" if len(specs) > 1 else p for s in specs for p in s.defaults})
+            raise ConfigError(
+                f"unknown parameter {key!r} for strategy {','.join(strategies)!r}; valid parameters: {', '.join(valid) or '(none)'}"
+            )
+        per_stage[owners[0]][name] = value
+    return ScoringPlan(tuple(create(s.name, per_stage[s.name]) for s in specs))
+
+
+def plan_of(strategy: str | list[str], params: Mapping[str, Any] | None = None) -> ScoringPlan:
+    """Convenience: 'grpo' or 'reward_variance,grpo' or a list of names."""
+    names_ = strategy.split(",") if isinstance(strategy, str) else list(strategy)
+    return build_plan([n.strip() for n in names_ if n.strip()], params or {})
+

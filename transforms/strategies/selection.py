@@ -1,0 +1,208 @@
+"""Selection: reward-variance filtering, POLARIS-style duplication, RAFT and constant weights.
+
+    reward_variance        drop groups with < 2 rows or var(r) <= variance_threshold (ddof=0)
+    duplicate_informative  the same filter, then copy whole kept groups until the batch has at
+                           least as many rows as before filtering (POLARIS; Trinity-RFT
+                           `DuplicateInformativeAddStrategy`)
+    raft                   keep the rows with the top reward of their group (and reward >
+                           reward_threshold); score = weight (RAFT, arXiv 2304.06767)
+    constant               every row scores `weight` (the `sft` algorithm)
+
+The copy plan is a pure function of light per-group metadata (plan_copies): a shuffle keyed
+by a fixed 64-bit hash of (seed, batch, the sorted group keys, round), never a global RNG or
+arrival order, so every rerun and every runner makes the same copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores
+from transforms.strategies.registry import flag, integer, number, register
+from transforms.strategies.segments import group_stats, per_row, population_var, segment_max
+
+COPY_INDEX = "copy_index"
+SOURCE_TASK = "source_task"
+
+
+def informative_groups(reward: Tensor, offsets: Tensor, variance_threshold: float) -> Tensor:
+    """(G,) bool: the group has at least 2 rows and population variance > threshold."""
+    sizes = offsets[1:] - offsets[:-1]
+    return (sizes >= 2) & (population_var(reward, offsets) > variance_threshold)
+
+
+@dataclass(frozen=True)
+class _Selection:
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
+    batch_level = False
+
+    def _stats(self, rows: GroupedRows):
+        return group_stats(rows.reward, rows.offsets)
+
+
+@dataclass(frozen=True)
+class RewardVariance(_Selection):
+    variance_threshold: float = 0.0
+    kind = FILTER
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        keep = per_row(informative_groups(rows.reward, rows.offsets, self.variance_threshold), rows.offsets)
+        return Scores(None, keep, *self._stats(rows))
+
+
+@dataclass(frozen=True)
+class DuplicateInformative(RewardVariance):
+    seed: int = 0
+    kind = DUPLICATE
+
+
+@dataclass(frozen=True)
+class RAFT(_Selection):
+    reward_threshold: Optional[float] = 0.0
+    top_only: bool = True
+    weight: float = 1.0
+    kind = ADVANTAGE
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        if self.top_only:
+            keep &= rows.reward == per_row(segment_max(rows.reward, rows.offsets), rows.offsets)
+        if self.reward_threshold is not None:
+            keep &= rows.reward > self.reward_threshold
+        return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
+
+
+@dataclass(frozen=True)
+class Constant(_Selection):
+    weight: float = 1.0
+    kind = ADVANTAGE
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
+
+
+# --- the copy plan ----------------------------------------------------------------------------
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(x) -> np.ndarray:
+    """splitmix64 finaliser over uint64 values (wrapping arithmetic, platform independent)."""
+    x = np.asarray(x, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _combine(values: np.ndarray) -> np.uint64:
+    """One hash of a sequence of uint64 values that depends on their order."""
+    if len(values) == 0:
+        return np.uint64(0)
+    with np.errstate(over="ignore"):
+        position = mix64(np.arange(len(values), dtype=np.uint64) + _GOLDEN)
+        return np.bitwise_xor.reduce(mix64(values.astype(np.uint64) ^ position))
+
+
+def plan_copies(key_hash: np.ndarray, sizes: np.ndarray, informative: np.ndarray, *, target: int, seed: int, batch: int) -> np.ndarray:
+    """(G,) number of copies of each group of one batch.
+
+    key_hash: (G,) uint64 fixed hashes of the group keys, in sorted key order.
+    sizes: (G,) rows each group writes; informative: (G,) bool, the groups that may be copied.
+    target: rows the batch had before filtering.
+
+    Rounds of copies, each over every informative group in a shuffled order, go on until the
+    written rows (informative originals + copies) reach `target`; the last round stops at the
+    first group that reaches it, so the batch ends below target + the largest group. Whole
+    rounds copy every group once, so only the last round's order matters; it is the order of
+    mix64(base ^ mix64(round) ^ key hash), base = hash of (seed, batch, all informative keys).
+    """
+    copies = np.zeros(len(sizes), dtype=np.int64)
+    idx = np.flatnonzero(informative)
+    have = int(sizes[idx].sum())
+    need = int(target) - have
+    if have == 0 or need <= 0:
+        return copies
+    full = (need - 1) // have  # whole rounds; leaves 0 < remainder <= have
+    copies[idx] = full
+    remainder = need - full * have
+    with np.errstate(over="ignore"):
+        seed_hash = mix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF)) ^ mix64(np.uint64(batch & 0xFFFFFFFFFFFFFFFF) + _GOLDEN)
+        base = mix64(seed_hash ^ _combine(key_hash[idx]))
+        order_key = mix64(key_hash[idx] ^ base ^ mix64(np.uint64(full + 1)))
+    order = idx[np.argsort(order_key, kind="stable")]
+    reached = np.cumsum(sizes[order]) >= remainder
+    last = int(np.argmax(reached))
+    copies[order[: last + 1]] += 1
+    return copies
+
+
+def copy_task_ids(task: pa.Array, copy_index: np.ndarray, stride: int) -> pa.Array:
+    """The task id of copy k of a group: task + k * stride for integer tasks (stride = the span
+    of the batch's task ids, so copies never meet an original or each other), and
+    'task#copyK' for string tasks (plan checks those are new)."""
+    if pa.types.is_integer(task.type):
+        values = np.asarray(task.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return pa.array(values + copy_index.astype(np.int64) * np.int64(stride), pa.int64())
+    suffix = pa.array([f"#copy{k}" for k in copy_index.tolist()], pa.string())
+    return pc.binary_join_element_wise(task.cast(pa.string()), suffix, "")
+
+
+@register(
+    "reward_variance",
+    kind=FILTER,
+    defaults={"variance_threshold": 0.0},
+    summary="drop groups with fewer than 2 rows or reward variance (ddof=0) <= variance_threshold",
+)
+def make_reward_variance(variance_threshold) -> RewardVariance:
+    params = dict(variance_threshold=number("reward_variance", "variance_threshold", variance_threshold))
+    return RewardVariance(name="reward_variance", params=params, **params)
+
+
+@register(
+    "duplicate_informative",
+    kind=DUPLICATE,
+    defaults={"variance_threshold": 0.0, "seed": 0},
+    summary="reward_variance, then copy kept groups until the batch has its rows again (POLARIS)",
+)
+def make_duplicate_informative(variance_threshold, seed) -> DuplicateInformative:
+    name = "duplicate_informative"
+    params = dict(
+        variance_threshold=number(name, "variance_threshold", variance_threshold),
+        seed=integer(name, "seed", seed, minimum=0),
+    )
+    return DuplicateInformative(name=name, params=params, **params)
+
+
+@register(
+    "raft",
+    kind=ADVANTAGE,
+    defaults={"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
+    summary="keep rows with the top reward of their group and reward > reward_threshold; score = weight",
+)
+def make_raft(reward_threshold, top_only, weight) -> RAFT:
+    params = dict(
+        reward_threshold=number("raft", "reward_threshold", reward_threshold, optional=True),
+        top_only=flag("raft", "top_only", top_only),
+        weight=number("raft", "weight", weight),
+    )
+    return RAFT(name="raft", params=params, **params)
+
+
+@register("constant", kind=ADVANTAGE, defaults={"weight": 1.0}, summary="every row scores `weight` (SFT pass-through)")
+def make_constant(weight) -> Constant:
+    params = dict(weight=number("constant", "weight", weight))
+    return Constant(name="constant", params=params, **params)

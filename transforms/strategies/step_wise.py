@@ -1,0 +1,125 @@
+"""Step-wise GRPO for multi-step runs (Trinity-RFT `step_wise_grpo`, the `multi_step_grpo`
+algorithm).
+
+Per task group, each run's outcome is the reward of its last step, the row with the largest
+`step` (rows are sorted by (run, step), so that is the run's last row; never "the last row
+seen", which a distributed job does not define). GRPO over those outcomes, one per run, gives
+score_k, and every step of run k gets score_k. With `enable_step_norm` the token advantages of
+run k are divided by its number of steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from transforms.strategies.grpo import grpo_scores
+from transforms.strategies.registry import choice, flag, number, register
+from transforms.strategies.segments import per_row, run_offsets, segment_sum, std_of
+
+
+@dataclass(frozen=True)
+class RunView:
+    """The runs of GroupedRows: one entry per (batch, task, run)."""
+
+    offsets: Tensor
+    """(R + 1,) row boundaries of the runs."""
+    group_offsets: Tensor
+    """(G + 1,) run boundaries of the groups."""
+    last_reward: Tensor
+    """(R,) reward of each run's last step."""
+    batch: Tensor
+    """(R,) batch of each run."""
+
+
+def runs_of(rows: GroupedRows) -> RunView:
+    offsets = run_offsets(rows.run, rows.offsets)
+    starts = offsets[:-1]
+    # Group g's runs are those starting inside rows offsets[g]:offsets[g + 1].
+    group_offsets = torch.searchsorted(starts, rows.offsets)
+    return RunView(offsets, group_offsets, rows.reward[offsets[1:] - 1], rows.batch[starts])
+
+
+def step_wise_grpo_scores(
+    rows: GroupedRows,
+    *,
+    epsilon: float,
+    enable_step_norm: bool,
+    batch_std: Optional[Tensor] = None,
+    std_threshold: Optional[float] = None,
+) -> Scores:
+    """batch_std: (R,) std of each run's batch's last-step rewards, or None for group std."""
+    runs = runs_of(rows)
+    per_run = grpo_scores(
+        runs.last_reward, runs.group_offsets, epsilon=epsilon, batch_std=batch_std, std_threshold=std_threshold
+    )
+    steps = (runs.offsets[1:] - runs.offsets[:-1]).to(torch.float64)
+    score = per_row(per_run.score, runs.offsets)
+    keep = per_row(per_run.keep, runs.offsets)
+    token_scale = per_row(1.0 / steps, runs.offsets) if enable_step_norm else None
+    return Scores(score, keep, per_run.group_mean, per_run.group_std, token_scale)
+
+
+@dataclass(frozen=True)
+class StepWiseGRPO:
+    epsilon: float = 1e-6
+    enable_step_norm: bool = False
+    std_cal_level: str = "group"
+    std_threshold: Optional[float] = None
+    name: str = "step_wise_grpo"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind = ADVANTAGE
+    needs: tuple[str, ...] = ()
+
+    @property
+    def batch_level(self) -> bool:
+        return self.std_cal_level == "batch"
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        # One value per run: its last-step reward.
+        runs = runs_of(rows)
+        return runs.batch, runs.last_reward, torch.ones_like(runs.last_reward)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        return (float(std_of(torch.from_numpy(values))),)
+
+    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+        batch_std = None
+        if self.batch_level:
+            # batch_stats is per row; every row of a run has its run's batch.
+            batch_std = batch_stats[run_offsets(rows.run, rows.offsets)[:-1], 0]
+        return step_wise_grpo_scores(
+            rows,
+            epsilon=self.epsilon,
+            enable_step_norm=self.enable_step_norm,
+            batch_std=batch_std,
+            std_threshold=self.std_threshold,
+        )
+
+
+def steps_per_run(rows: GroupedRows) -> Tensor:
+    """(n,) number of steps of each row's run."""
+    offsets = run_offsets(rows.run, rows.offsets)
+    return per_row(segment_sum(torch.ones(rows.num_rows, dtype=torch.int64), offsets), offsets)
+
+
+@register(
+    "step_wise_grpo",
+    kind=ADVANTAGE,
+    defaults={"epsilon": 1e-6, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
+    summary="multi-step runs: GRPO over each run's last-step reward, broadcast to all its steps",
+)
+def make_step_wise_grpo(epsilon, enable_step_norm, std_cal_level, std_threshold) -> StepWiseGRPO:
+    name = "step_wise_grpo"
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        enable_step_norm=flag(name, "enable_step_norm", enable_step_norm),
+        std_cal_level=choice(name, "std_cal_level", std_cal_level, ("group", "batch")),
+        std_threshold=number(name, "std_threshold", std_threshold, minimum=0.0, optional=True),
+    )
+    return StepWiseGRPO(**params, name=name, params=params)
