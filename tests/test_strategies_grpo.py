@@ -153,4 +153,4 @@ def test_register_refuses_a_taken_name():
     from transforms.strategies.registry import register
 
     with pytest.raises(ValueError, match="already registered"):
-        register("grpo", defaults={}, summary="")(lambda: None)
+        register("grpo", kind="advantage", defaults={}, summary="")(lambda: None)
