@@ -84,3 +84,46 @@ def read_output(directory: str, kind: str = "scored") -> pa.Table:
 
 def by_id(table: pa.Table) -> dict:
     return {(r["batch"], r["task"], r["run"], r.get("step", 0)): r for r in table.to_pylist()} if table is not None else {}
+
+
+SCHEMA_MULTI_STEP = pa.schema(
+    [
+        ("batch", pa.int64()),
+        ("task", pa.int64()),
+        ("run", pa.int64()),
+        ("step", pa.int64()),
+        ("reward", pa.float64()),
+        ("logprobs", pa.list_(pa.float32())),
+        ("action_mask", pa.list_(pa.int8())),
+        ("expert", pa.bool_()),
+    ]
+)
+
+
+def multi_step_rows(seed: int, *, batches: int = 3, max_tasks: int = 8, max_runs: int = 6) -> list[dict]:
+    """Multi-step runs of 1-5 steps (steps not numbered 0..k-1: gaps), random action masks,
+    ties, flat groups and single-run groups; about a tenth of the rows are expert rows."""
+    rng = random.Random(seed)
+    rows = []
+    for batch in range(batches):
+        for t in range(rng.randint(1, max_tasks)):
+            kind = rng.random()
+            for run in rng.sample(range(40), rng.choice([1, 2, 3, 4, max_runs])):
+                steps = sorted(rng.sample(range(10), rng.randint(1, 5)))
+                for step in steps:
+                    length = rng.randint(0, 8)
+                    reward = 1.0 if kind < 0.2 else rng.choice([0.0, 1.0, round(rng.uniform(-1, 2), 3)])
+                    rows.append(
+                        {
+                            "batch": batch + 2,
+                            "task": t * 5 + 1,
+                            "run": run,
+                            "step": step,
+                            "reward": reward,
+                            "logprobs": [-rng.random() * 4 for _ in range(length)],
+                            "action_mask": [int(rng.random() > 0.3) for _ in range(length)],
+                            "expert": rng.random() < 0.1,
+                        }
+                    )
+    rng.shuffle(rows)
+    return rows
