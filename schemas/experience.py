@@ -71,8 +71,19 @@ INPUT_BY_NAME = {c.name: c for c in INPUT_COLUMNS}
 
 NEEDED_COLUMNS: dict[str, Column] = {
     "expert": Column("expert", False, _is_mask_value, "a bool (or 0/1 integer)"),
+    "teacher_logprobs": Column("teacher_logprobs", False, _list_of(_is_float), "a list of floats"),
 }
-"""Optional columns outside the core contract that some strategies need (mix_chord: expert)."""
+"""Optional columns outside the core contract that some strategies need (mix_chord: expert;
+on_policy_distill: teacher_logprobs)."""
+
+NEEDED_WHY = {
+    "logprobs": "the behaviour policy's log-probs of the response tokens",
+    "expert": "True for expert (SFT) rows, False for the model's own rollouts",
+    "teacher_logprobs": (
+        "the teacher model's log-probs of each response token; score the logged responses with "
+        "the teacher (e.g. a prompt_logprobs pass in vLLM) and add them as a list column"
+    ),
+}
 LIST_COLUMNS = ("tokens", "logprobs", "action_mask")
 
 INPUT_SCHEMA = pa.schema(
@@ -124,7 +135,8 @@ def validate_file_schema(
             raise SchemaError(f"{path}: column {col.name!r} has type {t}, expected {col.expected}")
     for name in needs:
         if name not in names:
-            raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs")
+            why = f" ({NEEDED_WHY[name]})" if name in NEEDED_WHY else ""
+            raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs{why}")
         col = NEEDED_COLUMNS.get(name)
         if col is not None and not col.accepts(schema.field(name).type):
             raise SchemaError(f"{path}: column {name!r} has type {schema.field(name).type}, expected {col.expected}")

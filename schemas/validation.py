@@ -50,7 +50,6 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
 
     `needs`: optional columns the strategy uses; their values are checked too (NaN logprobs,
     null or non-0/1 `expert`)."""
-    needs_logprobs = "logprobs" in needs
     n = table.num_rows
     names = table.column_names
     out = _Reasons(n)
@@ -66,13 +65,14 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
         out.add(np.isposinf(reward), lambda i: "bad_reward: reward is +inf")
         out.add(np.isneginf(reward), lambda i: "bad_reward: reward is -inf")
 
-    lists = {name: flat_list(table[name]) for name in ("action_mask", "logprobs", "tokens") if name in names}
+    list_names = ("action_mask", "logprobs", "tokens", *(("teacher_logprobs",) if "teacher_logprobs" in needs else ()))
+    lists = {name: flat_list(table[name]) for name in list_names if name in names}
     for name, fl in lists.items():
         out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
 
     # Each present list gives the response length; all of them must agree.
     lengths: dict[str, np.ndarray] = {}
-    for name in ("action_mask", "logprobs"):
+    for name in ("action_mask", "logprobs", "teacher_logprobs"):
         if name in lists:
             lengths[name] = np.where(lists[name].valid, lists[name].lengths, -1)
     if "tokens" in lists:
@@ -116,16 +116,18 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
                 bad_rows[row_of_value(fl.offsets)[bad_values]] = True
                 out.add(bad_rows, lambda i: "bad_action_mask: action_mask values must be 0 or 1")
 
-    if needs_logprobs:
-        if "logprobs" not in lists:  # pragma: no cover - the file check refuses this first
-            raise ValueError("the strategy needs logprobs but the table has none")
-        fl = lists["logprobs"]
+    for name in ("logprobs", "teacher_logprobs"):
+        if name not in needs:
+            continue
+        if name not in lists:  # pragma: no cover - the file check refuses this first
+            raise ValueError(f"the strategy needs {name} but the table has none")
+        fl = lists[name]
         values = np.asarray(_np(fl.values), dtype=np.float64)
         nan = np.isnan(values)
         if nan.any():
             bad_rows = np.zeros(n, dtype=bool)
             bad_rows[row_of_value(fl.offsets)[nan]] = True
-            out.add(bad_rows, lambda i: "bad_logprobs: logprobs contain NaN")
+            out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN")
 
     if "expert" in needs and "expert" in names:
         expert = table["expert"]

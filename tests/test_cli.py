@@ -59,7 +59,7 @@ def test_run_writes_outputs_and_a_summary(data_dir):
         (["--strategy", "grpo", "--set", "opmd.tau=2"], "names strategy 'opmd', which this run does not use"),
         (["--algorithm", "ppo"], "algorithm 'ppo' cannot be rescored offline: its advantages come from a learned critic"),
         (["--algorithm", "dpo"], "algorithm 'dpo' cannot be rescored offline"),
-        (["--algorithm", "on_policy_distill"], "need a 'teacher_logprobs' column"),
+        (["--algorithm", "on_policy_distill"], "missing column 'teacher_logprobs', which the chosen strategy needs"),
         (["--algorithm", "grpoo"], "unknown algorithm 'grpoo' (did you mean 'grpo'?)"),
         (["--algorithm", "grpo", "--strategy", "grpo"], "pass --strategy or --algorithm, not both"),
         (["--strategy", "mix_chord"], "missing column 'expert', which the chosen strategy needs"),
@@ -131,3 +131,27 @@ def test_sample_command_and_console_script_agree(tmp_path):
     t = pq.read_table(str(tmp_path / "s"))
     assert t.num_rows == 2 * 3 * 8
     assert set(t.column_names) >= {"batch", "task", "run", "reward", "tokens", "prompt_length", "logprobs", "action_mask"}
+
+
+def test_yaml_strategy_list_with_nested_params(tmp_path):
+    from pipelines.config import parse_args
+    from transforms.strategies import build_plan
+
+    cfg = tmp_path / "polaris.yaml"
+    cfg.write_text(
+        "input: in/*.parquet\noutput: out\n"
+        "strategy: [reward_variance, grpo, duplicate_informative]\n"
+        "params:\n  grpo: {std_cal_level: batch}\n  duplicate_informative: {seed: 3}\n"
+    )
+    rc = parse_args(["--config", str(cfg), "--set", "reward_variance.variance_threshold=0.1"])
+    plan = build_plan(rc.strategies, rc.params)
+    assert [s.name for s in plan.stages] == ["reward_variance", "grpo", "duplicate_informative"]
+    assert plan.params["grpo"]["std_cal_level"] == "batch"
+    assert plan.params["duplicate_informative"]["seed"] == 3
+    assert plan.params["reward_variance"]["variance_threshold"] == 0.1
+    # A flag replaces the YAML's choice of strategy; an algorithm replaces it too.
+    assert parse_args(["--config", str(cfg), "--strategy", "opmd"]).strategies == ["opmd"]
+    rc = parse_args(["--config", str(cfg), "--algorithm", "rloo"])
+    assert rc.strategies == ["rloo"] and rc.algorithm == "rloo"
+    assert parse_args(["--input", "x", "--output", "y", "--strategy", "reward_variance", "--strategy", "grpo"]).strategies == [
+        "reward_variance", "grpo"]

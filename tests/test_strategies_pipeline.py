@@ -231,3 +231,33 @@ def test_algorithm_preset_runs_from_the_command_line(tmp_path, rescore):
     got = by_id(read_output(out))
     assert set(got) == set(expected["scored"])
     assert all(_close(got[i]["score"], s) for i, (s, _, _) in expected["scored"].items())
+
+
+def test_on_policy_distill_token_advantages(tmp_path, rescore):
+    rows = multi_step_rows(9)
+    for i, r in enumerate(rows):
+        r["teacher_logprobs"] = [x + 0.25 * ((i + j) % 3) for j, x in enumerate(r["logprobs"])]
+    rows[0]["teacher_logprobs"] = rows[0]["teacher_logprobs"] + [-1.0]  # wrong length: rejected
+    schema = SCHEMA_MULTI_STEP.append(pa.field("teacher_logprobs", pa.list_(pa.float32())))
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=9, schema=schema)
+    doc, out = rescore(glob, "--algorithm", "on_policy_distill", "--set", "kl_coef=0.5")
+    got = by_id(read_output(out))
+    rejected = by_id(read_output(out, "rejected"))
+    first = (rows[0]["batch"], rows[0]["task"], rows[0]["run"], rows[0]["step"])
+    assert rejected[first]["reject_reason"].startswith("length_mismatch")
+    f32 = lambda xs: np.asarray(xs, np.float32).astype(np.float64)  # noqa: E731  (the file stores float32)
+    for r in rows[1:]:
+        g = got[(r["batch"], r["task"], r["run"], r["step"])]
+        expected = 0.5 * (f32(r["teacher_logprobs"]) - f32(r["logprobs"])) * np.asarray(r["action_mask"])
+        assert np.allclose(g["advantages"], expected, rtol=1e-5, atol=1e-6)
+        tokens = sum(r["action_mask"])
+        assert _close(g["score"], float(expected.sum() / tokens) if tokens else 0.0)
+    assert doc["totals"]["rows_rejected"] == 1
+
+
+def test_on_policy_distill_without_teacher_logprobs_says_what_is_needed(tmp_path, rescore):
+    from schemas import SchemaError
+
+    glob = write_parquet(multi_step_rows(9), str(tmp_path / "in"), files=1, schema=SCHEMA_MULTI_STEP)
+    with pytest.raises(SchemaError, match="missing column 'teacher_logprobs'.*teacher model's log-probs"):
+        rescore(glob, "--algorithm", "on_policy_distill")

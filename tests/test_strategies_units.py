@@ -192,6 +192,7 @@ def test_plan_order_and_parameter_routing():
         ("raft", ("raft",)),
         ("sft", ("constant",)),
         ("mix_chord", ("mix_chord",)),
+        ("on_policy_distill", ("on_policy_distill",)),
     ],
 )
 def test_algorithm_presets(algorithm, strategies):
@@ -199,7 +200,7 @@ def test_algorithm_presets(algorithm, strategies):
     plan_of(list(strategies), algorithms.preset(algorithm).params)  # the defaults are valid
 
 
-@pytest.mark.parametrize("algorithm, why", [("ppo", "critic"), ("dpo", "pairs"), ("on_policy_distill", "teacher_logprobs")])
+@pytest.mark.parametrize("algorithm, why", [("ppo", "critic"), ("dpo", "pairs"), ("gigpo", "state ids")])
 def test_algorithms_that_need_the_trainer_fail_with_a_reason(algorithm, why):
     with pytest.raises(ConfigError, match=why):
         algorithms.preset(algorithm)

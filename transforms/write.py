@@ -67,20 +67,30 @@ def _chunk_bounds(lengths: np.ndarray) -> list[int]:
     return bounds if len(bounds) > 1 else [0, 0]
 
 
-def score_columns(table: pa.Table, row_value: np.ndarray, score: np.ndarray, valid: np.ndarray | None = None) -> list[pa.ChunkedArray]:
+def score_columns(
+    table: pa.Table,
+    row_value: np.ndarray,
+    score: np.ndarray,
+    valid: np.ndarray | None = None,
+    token_values: np.ndarray | None = None,
+) -> list[pa.ChunkedArray]:
     """advantages, returns (list<float32>) and score (float32) for the rows of `table`.
 
-    `returns` equals `advantages`; both columns share one buffer in memory. Rows where
-    `valid` is False (no advantage computed) get nulls in all three.
+    advantages = row_value * action_mask, or `token_values` (flat, already masked) for a
+    token-level strategy. `returns` equals `advantages`; both columns share one buffer in
+    memory. Rows where `valid` is False (no advantage computed) get nulls in all three.
     """
     lengths, mask = response_lengths(table)
     if valid is not None:
         row_value = np.where(valid, row_value, 0.0)
-    flat = token_advantages(
-        torch.from_numpy(np.ascontiguousarray(row_value)),
-        torch.from_numpy(lengths),
-        None if mask is None else torch.from_numpy(_writable(mask)),
-    ).numpy()
+    if token_values is not None:
+        flat = np.asarray(token_values, dtype=np.float32)
+    else:
+        flat = token_advantages(
+            torch.from_numpy(np.ascontiguousarray(row_value)),
+            torch.from_numpy(lengths),
+            None if mask is None else torch.from_numpy(_writable(mask)),
+        ).numpy()
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     bounds = _chunk_bounds(lengths)
@@ -189,8 +199,11 @@ class _WriteUnit(beam.DoFn):
             score, row_value, valid = score[source], row_value[source], valid[source]
             copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
         extra_columns += self._scoring.output_columns(scored, self._extra[2 if self._copies else 0 :])
+        token_values = None
+        if self._scoring.token_level:
+            token_values, score = self._scoring.token_values(scored)
         columns = scored.select(self._base_names).columns + score_columns(
-            scored, row_value, score, None if valid.all() else valid
+            scored, row_value, score, None if valid.all() else valid, token_values
         )
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files.append(self._name("scored", unit_index))

@@ -37,11 +37,11 @@ PRESETS: dict[str, Preset] = {
     "raft": Preset(("raft",), note="keep each group's top-reward rows with reward > 0, weight 1"),
     "sft": Preset(("constant",), note="every row passes with weight 1"),
     "mix_chord": Preset(("mix_chord",), note="CHORD mu schedule, loss weights and phi token weights"),
+    "on_policy_distill": Preset(("on_policy_distill",), note="token advantages teacher_logprobs - logprobs; needs a teacher_logprobs column"),
 }
 
 UNSUPPORTED: dict[str, str] = {
     "ppo": "its advantages come from a learned critic (GAE over value estimates), which logged experience does not contain; compute them in the trainer",
-    "on_policy_distill": "its advantages are teacher_logprobs - logprobs per token and need a 'teacher_logprobs' column scored by the teacher model; add that column with the teacher (e.g. a vLLM scoring pass) and train with the trainer's on_policy_distill advantage",
     "dpo": "it trains on chosen/rejected pairs with the trainer's live and reference models; there is no per-row advantage to compute",
     "topr": "its 'reinforce' advantage and truncated importance weights need the trainer's live policy",
     "rec": "its advantages and importance weights need the trainer's live policy",

@@ -73,6 +73,14 @@ class ScoringPlan:
     def duplicates(self) -> bool:
         return self.stage(DUPLICATE) is not None
 
+    @property
+    def token_level(self) -> bool:
+        """The advantage stage computes per-token advantages itself (token_values)."""
+        return hasattr(self.stage(ADVANTAGE), "token_values")
+
+    def token_values(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        return self.stage(ADVANTAGE).token_values(table)
+
     def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
         adv = self.stage(ADVANTAGE)
         return list(adv.output_fields(input_schema)) if hasattr(adv, "output_fields") else []
