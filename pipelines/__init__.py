@@ -3,4 +3,4 @@
 __version__ = "0.1.0"
 
 
-import transforms  # noqa: E402,F401  (installs the Beam import-noise filter first)
+import transforms  # noqa: F401  (installs the Beam import-noise filter first)

@@ -16,8 +16,7 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from transforms.strategies import ConfigError, names
-from transforms.strategies import algorithms
+from transforms.strategies import ConfigError, algorithms, names
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ column unchanged plus `advantages`, `returns` and `score`; rejected rows plus `r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.types as pat

@@ -8,7 +8,6 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from data import random_rows, write_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import reference
 from data import by_id, random_rows, read_output, write_parquet
 

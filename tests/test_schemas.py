@@ -4,7 +4,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import SchemaError, check_rows, output_schema, rejected_schema, unify, validate_file_schema
+from schemas import (
+    SchemaError,
+    check_rows,
+    output_schema,
+    rejected_schema,
+    unify,
+    validate_file_schema,
+)
 from schemas.lists import flat_list, segment_sum
 
 BASE = pa.schema([("batch", pa.int64()), ("task", pa.int64()), ("run", pa.int64()), ("reward", pa.float64())])

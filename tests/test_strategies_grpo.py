@@ -7,7 +7,12 @@ import torch
 
 from transforms.strategies import ConfigError, GroupedRows, create, names
 from transforms.strategies.grpo import grpo_scores, rank_corrected_rewards
-from transforms.strategies.segments import mean_and_std, rank_within_groups, segment_sum, std_of
+from transforms.strategies.segments import (
+    mean_and_std,
+    rank_within_groups,
+    segment_sum,
+    std_of,
+)
 
 F64 = torch.float64
 

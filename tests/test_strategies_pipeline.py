@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
 import reference
 from data import SCHEMA_MULTI_STEP, by_id, multi_step_rows, read_output, write_parquet
 
@@ -245,7 +244,7 @@ def test_on_policy_distill_token_advantages(tmp_path, rescore):
     rejected = by_id(read_output(out, "rejected"))
     first = (rows[0]["batch"], rows[0]["task"], rows[0]["run"], rows[0]["step"])
     assert rejected[first]["reject_reason"].startswith("length_mismatch")
-    f32 = lambda xs: np.asarray(xs, np.float32).astype(np.float64)  # noqa: E731  (the file stores float32)
+    f32 = lambda xs: np.asarray(xs, np.float32).astype(np.float64)
     for r in rows[1:]:
         g = got[(r["batch"], r["task"], r["run"], r["step"])]
         expected = 0.5 * (f32(r["teacher_logprobs"]) - f32(r["logprobs"])) * np.asarray(r["action_mask"])

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from transforms.strategies import ConfigError, GroupedRows, create, plan_of
-from transforms.strategies import algorithms
-from transforms.strategies.baselines import logavgexp_baseline, rloo_scores, whiten_stats
+from transforms.strategies import ConfigError, GroupedRows, algorithms, create, plan_of
+from transforms.strategies.baselines import (
+    logavgexp_baseline,
+    rloo_scores,
+    whiten_stats,
+)
 from transforms.strategies.chord import mu_schedule, phi
 from transforms.strategies.selection import copy_task_ids, plan_copies
 from transforms.strategies.step_wise import runs_of

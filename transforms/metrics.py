@@ -9,7 +9,8 @@ which the pieces arrive.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -21,7 +21,6 @@ from transforms.light import bucket_of, light_rows, split_by
 from transforms.records import rejected_records
 
 
-
 class InputError(ValueError):
     """Input that cannot be read at all (no match, unreadable file). One-line message."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
-from typing import Iterable
+from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -24,7 +24,6 @@ from transforms.strategies import ScoringPlan
 from transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from transforms.strategies.tokens import token_advantages
 
-
 STAGING = "_staging"
 SUCCESS = "_SUCCESS"
 METRICS = "metrics.json"

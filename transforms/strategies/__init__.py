@@ -5,7 +5,14 @@ composition of stages, or `create(name, params)` for one strategy.
 """
 
 from transforms.strategies import baselines, chord, distill, grpo, selection, step_wise  # noqa: F401  (register)
-from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores, Strategy
+from transforms.strategies.base import (
+    ADVANTAGE,
+    DUPLICATE,
+    FILTER,
+    GroupedRows,
+    Scores,
+    Strategy,
+)
 from transforms.strategies.plan import PlanScores, ScoringPlan, build_plan, plan_of
 from transforms.strategies.registry import ConfigError, create, names, spec
 

@@ -8,8 +8,9 @@ computed from logged experience; they fail with a message saying what would be n
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from transforms.strategies.registry import ConfigError
 

@@ -11,8 +11,9 @@ scores the rows that are left (and may drop groups itself, e.g. `std_threshold`)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -45,10 +46,10 @@ class GroupedRows:
     """(n,) int64 step id (0 for single-step data)."""
     action_tokens: Tensor
     """(n,) int64 number of action tokens (sum of action_mask)."""
-    mean_logprob: Optional[Tensor] = None
+    mean_logprob: Tensor | None = None
     """(n,) float64 mean of logprobs over action tokens (-inf without action tokens); only
     present when the strategy asked for logprobs."""
-    expert: Optional[Tensor] = None
+    expert: Tensor | None = None
     """(n,) bool, the `expert` column; only present when the strategy asked for it."""
 
     @property
@@ -69,7 +70,7 @@ class GroupedRows:
         """(G,) int64 batch id of each group."""
         return self.batch[self.offsets[:-1]]
 
-    def select(self, keep: Tensor) -> "GroupedRows":
+    def select(self, keep: Tensor) -> GroupedRows:
         """The rows where `keep` (n,) is set, still sorted; groups left empty disappear."""
         if bool(keep.all()):
             return self
@@ -78,7 +79,7 @@ class GroupedRows:
         offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=keep.device)
         torch.cumsum(counts, 0, out=offsets[1:])
 
-        def pick(t: Optional[Tensor]) -> Optional[Tensor]:
+        def pick(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[keep]
 
         return replace(
@@ -102,7 +103,7 @@ class Scores:
     filter); the token-level advantages are `score * token_scale * action_mask`.
     """
 
-    score: Optional[Tensor]
+    score: Tensor | None
     """(n,) float64 scalar advantage, or None."""
     keep: Tensor
     """(n,) bool: False where the row is filtered out (dropped, not rejected)."""
@@ -110,7 +111,7 @@ class Scores:
     """(G,) float64 reward mean of the group as the strategy used it (metrics)."""
     group_std: Tensor
     """(G,) float64 reward std of the group as the strategy used it (metrics)."""
-    token_scale: Optional[Tensor] = None
+    token_scale: Tensor | None = None
     """(n,) float64 per-row factor applied to every token, or None for 1."""
 
 
@@ -135,6 +136,6 @@ class Strategy(Protocol):
         """The statistics of one batch from all its values and weights, sorted by
         (value, weight) so that the result never depends on arrival order."""
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         """Score every row. `batch_stats` is (n, k) float64, the batch_stats of each row's
         batch, when batch_level is set, else None."""

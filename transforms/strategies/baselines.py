@@ -13,8 +13,9 @@ A group of one row has baseline 0 (its score is its reward) in all of them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +23,12 @@ from torch import Tensor
 
 from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from transforms.strategies.registry import ConfigError, choice, number, register
-from transforms.strategies.segments import group_stats, per_row, segment_max, segment_sum
+from transforms.strategies.segments import (
+    group_stats,
+    per_row,
+    segment_max,
+    segment_sum,
+)
 
 WHITEN_EPSILON = 1e-8
 """verl's `masked_whiten` adds 1e-8 to the variance."""
@@ -95,7 +101,7 @@ class _GroupBaseline:
     def _scores(self, rows: GroupedRows) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         mean, std = group_stats(rows.reward, rows.offsets)
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return Scores(score=self._scores(rows), keep=keep, group_mean=mean, group_std=std)
@@ -142,7 +148,7 @@ class ReinforcePlusPlusBaseline(_GroupBaseline):
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         return whiten_stats(values, weights)
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         base = super().score(rows, None)
         mu, var = batch_stats[:, 0], batch_stats[:, 1]
         score = (base.score - mu) / torch.sqrt(var + WHITEN_EPSILON)

@@ -14,8 +14,9 @@ stand-in and are documented as such.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -62,7 +63,7 @@ class MixChord:
     needs: tuple[str, ...] = ("expert",)
     batch_level = False
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         """GRPO over each group's non-expert rows; expert rows score 0 and are kept."""
         expert = rows.expert
         usual = rows.select(~expert)

@@ -10,8 +10,9 @@ advantage over action tokens (0 for a row without any).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,7 @@ from transforms.strategies.segments import group_stats
 
 
 def distill_token_advantages(
-    teacher: np.ndarray, student: np.ndarray, mask: Optional[np.ndarray], offsets: np.ndarray, kl_coef: float
+    teacher: np.ndarray, student: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, kl_coef: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """(flat token advantages (T,) float64, per-row score (n,) float64) over flat token arrays
     with row offsets (n + 1,)."""
@@ -47,7 +48,7 @@ class OnPolicyDistill:
     needs: tuple[str, ...] = ("logprobs", "teacher_logprobs")
     batch_level = False
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         # The advantages are per token; token_values fills them in when the row is written.
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return Scores(torch.zeros_like(rows.reward), keep, *group_stats(rows.reward, rows.offsets))

@@ -7,17 +7,22 @@ References: Trinity-RFT `GRPOGroupedAdvantage` and `CorrectBiasAddStrategy`; ver
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-import numpy as np
-
 from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from transforms.strategies.registry import choice, number, register
-from transforms.strategies.segments import group_stats, per_row, rank_within_groups, std_of
+from transforms.strategies.segments import (
+    group_stats,
+    per_row,
+    rank_within_groups,
+    std_of,
+)
 
 
 def rank_corrected_rewards(reward: Tensor, mean_logprob: Tensor, offsets: Tensor, rank_penalty: float) -> Tensor:
@@ -36,8 +41,8 @@ def grpo_scores(
     offsets: Tensor,
     *,
     epsilon: float,
-    batch_std: Optional[Tensor] = None,
-    std_threshold: Optional[float] = None,
+    batch_std: Tensor | None = None,
+    std_threshold: float | None = None,
 ) -> Scores:
     """GRPO over many groups at once.
 
@@ -66,8 +71,8 @@ class GRPO:
 
     epsilon: float = 1e-6
     std_cal_level: str = "group"
-    std_threshold: Optional[float] = None
-    rank_penalty: Optional[float] = None
+    std_threshold: float | None = None
+    rank_penalty: float | None = None
     name: str = "grpo"
     params: Mapping[str, Any] = field(default_factory=dict)
     kind = ADVANTAGE
@@ -89,7 +94,7 @@ class GRPO:
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         return (float(std_of(torch.from_numpy(values))),)
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         reward = rows.reward
         if self.rank_penalty is not None:
             reward = rank_corrected_rewards(reward, rows.mean_logprob, rows.offsets, self.rank_penalty)

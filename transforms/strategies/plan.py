@@ -12,15 +12,23 @@ Each stage is optional, but a run has at least one and at most one of each kind.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, KINDS, GroupedRows, Strategy
+from transforms.strategies.base import (
+    ADVANTAGE,
+    DUPLICATE,
+    FILTER,
+    KINDS,
+    GroupedRows,
+    Strategy,
+)
 from transforms.strategies.registry import ConfigError, create, names, spec
 from transforms.strategies.segments import group_stats, segment_sum
 
@@ -29,11 +37,11 @@ from transforms.strategies.segments import group_stats, segment_sum
 class PlanScores:
     """What a ScoringPlan decided for n rows in G groups."""
 
-    score: Optional[Tensor]
+    score: Tensor | None
     """(n,) float64, or None when no stage computes advantages."""
     keep: Tensor
     """(n,) bool: the row is written."""
-    token_scale: Optional[Tensor]
+    token_scale: Tensor | None
     """(n,) float64 per-row token factor, or None for 1."""
     group_mean: Tensor
     """(G,) float64 reward mean the advantage stage used (the raw group mean otherwise)."""
@@ -41,7 +49,7 @@ class PlanScores:
     """(G,) float64 reward std the advantage stage used (the raw group std otherwise)."""
     dropped: dict[str, Tensor]
     """stage kind -> (G,) int64 rows of each group that stage dropped."""
-    informative: Optional[Tensor]
+    informative: Tensor | None
     """(G,) bool groups the duplicate stage may copy, or None without one."""
 
 
@@ -49,7 +57,7 @@ class PlanScores:
 class ScoringPlan:
     stages: tuple[Strategy, ...]
 
-    def stage(self, kind: str) -> Optional[Strategy]:
+    def stage(self, kind: str) -> Strategy | None:
         return next((s for s in self.stages if s.kind == kind), None)
 
     @property
@@ -100,7 +108,7 @@ class ScoringPlan:
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         return self.stage(ADVANTAGE).batch_stats(values, weights)
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor] = None) -> PlanScores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None = None) -> PlanScores:
         """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it."""
         device = rows.reward.device
         keep = self._filtered(rows)
@@ -139,7 +147,7 @@ class ScoringPlan:
         return PlanScores(score, keep, token_scale, mean, std, dropped, informative)
 
 
-def split_param(key: str) -> tuple[Optional[str], str]:
+def split_param(key: str) -> tuple[str | None, str]:
     """'grpo.epsilon' -> ('grpo', 'epsilon'); 'epsilon' -> (None, 'epsilon')."""
     stage, sep, name = key.rpartition(".")
     return (stage, name) if sep else (None, key)

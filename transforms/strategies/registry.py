@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from transforms.strategies.base import Strategy
 

@@ -15,8 +15,9 @@ arrival order, so every rerun and every runner makes the same copies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,12 @@ from torch import Tensor
 
 from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores
 from transforms.strategies.registry import flag, integer, number, register
-from transforms.strategies.segments import group_stats, per_row, population_var, segment_max
+from transforms.strategies.segments import (
+    group_stats,
+    per_row,
+    population_var,
+    segment_max,
+)
 
 COPY_INDEX = "copy_index"
 SOURCE_TASK = "source_task"
@@ -54,7 +60,7 @@ class RewardVariance(_Selection):
     variance_threshold: float = 0.0
     kind = FILTER
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = per_row(informative_groups(rows.reward, rows.offsets, self.variance_threshold), rows.offsets)
         return Scores(None, keep, *self._stats(rows))
 
@@ -67,12 +73,12 @@ class DuplicateInformative(RewardVariance):
 
 @dataclass(frozen=True)
 class RAFT(_Selection):
-    reward_threshold: Optional[float] = 0.0
+    reward_threshold: float | None = 0.0
     top_only: bool = True
     weight: float = 1.0
     kind = ADVANTAGE
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         if self.top_only:
             keep &= rows.reward == per_row(segment_max(rows.reward, rows.offsets), rows.offsets)
@@ -86,7 +92,7 @@ class Constant(_Selection):
     weight: float = 1.0
     kind = ADVANTAGE
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
 

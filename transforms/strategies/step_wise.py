@@ -10,8 +10,9 @@ run k are divided by its number of steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,8 +51,8 @@ def step_wise_grpo_scores(
     *,
     epsilon: float,
     enable_step_norm: bool,
-    batch_std: Optional[Tensor] = None,
-    std_threshold: Optional[float] = None,
+    batch_std: Tensor | None = None,
+    std_threshold: float | None = None,
 ) -> Scores:
     """batch_std: (R,) std of each run's batch's last-step rewards, or None for group std."""
     runs = runs_of(rows)
@@ -70,7 +71,7 @@ class StepWiseGRPO:
     epsilon: float = 1e-6
     enable_step_norm: bool = False
     std_cal_level: str = "group"
-    std_threshold: Optional[float] = None
+    std_threshold: float | None = None
     name: str = "step_wise_grpo"
     params: Mapping[str, Any] = field(default_factory=dict)
     kind = ADVANTAGE
@@ -88,7 +89,7 @@ class StepWiseGRPO:
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         return (float(std_of(torch.from_numpy(values))),)
 
-    def score(self, rows: GroupedRows, batch_stats: Optional[Tensor]) -> Scores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         batch_std = None
         if self.batch_level:
             # batch_stats is per row; every row of a run has its run's batch.

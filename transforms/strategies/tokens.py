@@ -6,13 +6,11 @@ computed on flat token arrays with per-row lengths (never row by row).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
 
-def token_advantages(row_value: Tensor, lengths: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+def token_advantages(row_value: Tensor, lengths: Tensor, mask: Tensor | None = None) -> Tensor:
     """(T,) float32 token advantages.
 
     row_value: (n,) the per-row value (score * token_scale), any float dtype.
