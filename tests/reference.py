@@ -63,6 +63,30 @@ def _mean_logprob(row: dict) -> float:
     return sum(picked) / len(picked) if picked else -math.inf
 
 
+def _rid(row: dict) -> tuple:
+    return (row["batch"], row["task"], row["run"], row.get("step", 0))
+
+
+def _valid_rows(rows: list[dict], rejected: dict, needs_logprobs: bool, needs_expert: bool = False) -> list[dict]:
+    """Rows that pass validation and whose id is unique; records the others in `rejected`."""
+    valid = []
+    for row in rows:
+        reason = _bad_reason(row, needs_logprobs)
+        if reason is None and needs_expert and row.get("expert") is None:
+            reason = "null_value"
+        if reason:
+            rejected[_rid(row)] = reason
+        else:
+            valid.append(row)
+    seen = defaultdict(int)
+    for row in valid:
+        seen[_rid(row)] += 1
+    for row in valid:
+        if seen[_rid(row)] > 1:
+            rejected[_rid(row)] = "duplicate_id"
+    return [row for row in valid if seen[_rid(row)] == 1]
+
+
 def rescore(rows: list[dict], strategy: str, params: dict | None = None) -> dict:
     """Return {"scored": {id: (score, advantages)}, "filtered": set(ids), "rejected": {id: category}}.
 
@@ -79,24 +103,9 @@ def rescore(rows: list[dict], strategy: str, params: dict | None = None) -> dict
         std_threshold = params.get("std_threshold")
     needs_logprobs = rank_penalty is not None
 
-    def rid(row):
-        return (row["batch"], row["task"], row["run"], row.get("step", 0))
-
+    rid = _rid
     out = {"scored": {}, "filtered": set(), "rejected": {}}
-    valid = []
-    for row in rows:
-        reason = _bad_reason(row, needs_logprobs)
-        if reason:
-            out["rejected"][rid(row)] = reason
-        else:
-            valid.append(row)
-    seen = defaultdict(int)
-    for row in valid:
-        seen[rid(row)] += 1
-    for row in valid:
-        if seen[rid(row)] > 1:
-            out["rejected"][rid(row)] = "duplicate_id"
-    valid = [row for row in valid if seen[rid(row)] == 1]
+    valid = _valid_rows(rows, out["rejected"], needs_logprobs)
 
     groups = defaultdict(list)
     batch_rewards = defaultdict(list)
@@ -304,26 +313,9 @@ def rescore_plan(rows: list[dict], stages: list[str], params: dict | None = None
     adv = next((s for s in stages if s not in FILTERS | DUPLICATORS), None)
     needs_logprobs = adv is not None and p[adv].get("rank_penalty") is not None
 
-    def rid(r):
-        return (r["batch"], r["task"], r["run"], r.get("step", 0))
-
+    rid = _rid
     out = {"scored": {}, "filtered": set(), "rejected": {}, "informative": {}, "before": defaultdict(int)}
-    valid = []
-    for row in rows:
-        reason = _bad_reason(row, needs_logprobs)
-        if reason is None and "expert" in row and adv == "mix_chord" and row["expert"] is None:
-            reason = "null_value"
-        if reason:
-            out["rejected"][rid(row)] = reason
-        else:
-            valid.append(row)
-    seen = defaultdict(int)
-    for row in valid:
-        seen[rid(row)] += 1
-    for row in valid:
-        if seen[rid(row)] > 1:
-            out["rejected"][rid(row)] = "duplicate_id"
-    valid = [row for row in valid if seen[rid(row)] == 1]
+    valid = _valid_rows(rows, out["rejected"], needs_logprobs, needs_expert=adv == "mix_chord")
 
     groups = defaultdict(list)
     for row in valid:
