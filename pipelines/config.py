@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RUNNER = "FnApiRunner"
 DEFAULT_BUCKETS = 64
 DEFAULT_SHARD_ROWS = 65536
+DEFAULT_MAX_REJECT_FRACTION = 0.5
+DEFAULT_MAX_GROUP_ROWS = 1_000_000
 
 CONFIG_KEYS = {
     "input": "input path or glob (or a list of them)",
@@ -33,6 +35,9 @@ CONFIG_KEYS = {
     "buckets": "number of shuffle buckets",
     "shard_rows": "rows per read unit / output file",
     "overwrite": "replace a finished run in the output directory",
+    "skip_bad_files": "leave out unreadable or contract-breaking files (listed in metrics.json)",
+    "max_reject_fraction": "fail the run when more than this fraction of rows is rejected",
+    "max_group_rows": "fail the run when one task group has more rows than this",
     "pipeline_options": "mapping of Beam pipeline options",
 }
 
@@ -47,6 +52,9 @@ class RunConfig:
     buckets: int = DEFAULT_BUCKETS
     shard_rows: int = DEFAULT_SHARD_ROWS
     overwrite: bool = False
+    skip_bad_files: bool = False
+    max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION
+    max_group_rows: int = DEFAULT_MAX_GROUP_ROWS
     quiet: bool = False
     log_level: str = "WARNING"
     beam_args: list[str] = field(default_factory=list)
@@ -79,6 +87,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS})")
     p.add_argument("--shard-rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
     p.add_argument("--overwrite", action="store_true", default=None, help="replace a finished run in --output")
+    p.add_argument(
+        "--skip-bad-files",
+        action="store_true",
+        default=None,
+        help="leave out unreadable or contract-breaking input files instead of stopping (listed in metrics.json)",
+    )
+    p.add_argument(
+        "--max-reject-fraction",
+        type=float,
+        help=f"fail (no _SUCCESS) when more than this fraction of rows is rejected (default {DEFAULT_MAX_REJECT_FRACTION})",
+    )
+    p.add_argument(
+        "--max-group-rows",
+        type=int,
+        help=f"fail with a clear message when one task group has more rows (default {DEFAULT_MAX_GROUP_ROWS:,})",
+    )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -240,6 +264,17 @@ def parse_args(argv: list[str]) -> RunConfig:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
 
+    fraction = args.max_reject_fraction if args.max_reject_fraction is not None else config.get(
+        "max_reject_fraction", DEFAULT_MAX_REJECT_FRACTION
+    )
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"--max-reject-fraction must be a number from 0 to 1, got {fraction!r}")
+    max_group_rows = args.max_group_rows if args.max_group_rows is not None else config.get(
+        "max_group_rows", DEFAULT_MAX_GROUP_ROWS
+    )
+    if not isinstance(max_group_rows, int) or isinstance(max_group_rows, bool) or max_group_rows < 1:
+        raise ConfigError(f"--max-group-rows must be a positive integer, got {max_group_rows!r}")
+
     beam_args = _option_flags(config.get("pipeline_options") or {}) + rest
     _check_beam_args(beam_args)
     return RunConfig(
@@ -251,6 +286,9 @@ def parse_args(argv: list[str]) -> RunConfig:
         buckets=buckets,
         shard_rows=shard_rows,
         overwrite=bool(args.overwrite if args.overwrite is not None else config.get("overwrite", False)),
+        skip_bad_files=bool(args.skip_bad_files if args.skip_bad_files is not None else config.get("skip_bad_files", False)),
+        max_reject_fraction=float(fraction),
+        max_group_rows=max_group_rows,
         quiet=args.quiet,
         log_level=args.log_level,
         beam_args=_with_worker_log_level(_with_default_runner(beam_args), args.log_level),

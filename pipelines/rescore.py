@@ -35,16 +35,25 @@ from transforms.write import METRICS, STAGING, SUCCESS, WriteScored, finalize
 log = logging.getLogger("rescore")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+class RejectBudgetExceeded(RuntimeError):
+    """More rows were rejected than --max-reject-fraction allows."""
 USER_ERRORS = (ConfigError, SchemaError, InputError)
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
     light = p | "ReadExperiences" >> ReadExperiences(plan, needs=scoring.needs, buckets=cfg.buckets)
-    records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(scoring)
+    records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
+        scoring, max_group_rows=cfg.max_group_rows
+    )
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(plan, cfg.output, scoring, copy_plans)
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
-    finalize(p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics)
+    finalize(
+        p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics,
+        max_reject_fraction=cfg.max_reject_fraction,
+    )
 
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
@@ -71,7 +80,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
     scoring = build_plan(cfg.strategies, cfg.params)
-    plan = plan_input(cfg.inputs, needs=scoring.needs, shard_rows=cfg.shard_rows)
+    plan = plan_input(cfg.inputs, needs=scoring.needs, shard_rows=cfg.shard_rows, skip_bad_files=cfg.skip_bad_files)
     for warning in plan.warnings:
         log.warning(warning)
     prepare_output(cfg.output, plan, cfg.overwrite)
@@ -84,14 +93,22 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "output": cfg.output,
         "buckets": cfg.buckets,
         "shard_rows": cfg.shard_rows,
+        "max_reject_fraction": cfg.max_reject_fraction,
+        "max_group_rows": cfg.max_group_rows,
     }
     options = PipelineOptions(cfg.beam_args)
     with beam.Pipeline(options=options) as p:
         build(p, plan, scoring, cfg, run_info)
     success = storage.join(cfg.output, SUCCESS)
+    metrics = storage.join(cfg.output, METRICS)
+    doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
+    if doc.get("failed"):
+        raise RejectBudgetExceeded(
+            f"{doc['failed']}; the rejected rows and metrics.json are in {cfg.output}, no _SUCCESS was written"
+        )
     if not storage.exists(success):
         raise RuntimeError(f"the pipeline finished but {success} was not written")
-    return json.loads(storage.read_text(storage.join(cfg.output, METRICS)))
+    return doc
 
 
 def _summary(doc: dict[str, Any], seconds: float) -> str:
@@ -107,6 +124,8 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
         f"  groups         {t['groups']:>12,}  ({t['groups_filtered']:,} filtered)",
         f"  batches        {len(doc['batches']):>12,}",
     ]
+    for skipped in doc.get("skipped_files", []):
+        lines.append(f"  skipped file   {skipped['reason']}")
     return "\n".join(lines)
 
 
@@ -124,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except RejectBudgetExceeded as e:
+        print(f"rescore: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("rescore: interrupted; the output directory has no _SUCCESS", file=sys.stderr)
         return EXIT_FAILED

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from schemas import check_rows, unify, validate_file_schema
+from schemas import SchemaError, check_rows, unify, validate_file_schema
 from schemas.experience import INPUT_BY_NAME
 from transforms import (
     coders,  # noqa: F401  (registers the Arrow table coder)
@@ -43,10 +43,17 @@ class InputPlan:
     """All input files' schemas unified: the columns every output row carries."""
     task_type: pa.DataType
     warnings: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(path, reason) of files left out by --skip-bad-files."""
 
     @property
     def num_rows(self) -> int:
         return sum(u.num_rows for u in self.units)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def _footer(path: str):
@@ -54,14 +61,26 @@ def _footer(path: str):
         pf = storage.open_parquet(path)
         return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise InputError(f"{path}: not a readable Parquet file ({reason})") from None
+        raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
 
 
-def plan_input(patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536) -> InputPlan:
+def _checked_footer(path: str, needs: tuple[str, ...]):
+    """(schema, row counts, warnings) of one file, or the InputError/SchemaError it raises."""
+    try:
+        schema, counts = _footer(path)
+        return schema, counts, validate_file_schema(path, schema, needs=needs)
+    except (InputError, SchemaError) as e:
+        return e
+
+
+def plan_input(
+    patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536, skip_bad_files: bool = False
+) -> InputPlan:
     """Match the input, read every file's footer and check its schema; split into read units.
 
-    Raises InputError or SchemaError with a one-line message naming the file and column.
+    Raises InputError or SchemaError with a one-line message naming the file and column. With
+    `skip_bad_files`, an unreadable file or one whose schema breaks the contract is left out
+    and listed in `skipped` instead (unless no file is left).
     """
     files: list[str] = []
     for pattern in patterns:
@@ -71,10 +90,22 @@ def plan_input(patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: 
         files.extend(p for p, _ in found)
     files = sorted(set(files))
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        footers = list(pool.map(_footer, files))
-    warnings: list[str] = []
-    for path, (schema, _) in zip(files, footers):
-        warnings += validate_file_schema(path, schema, needs=needs)
+        checked = list(pool.map(lambda path: _checked_footer(path, needs), files))
+    skipped: list[tuple[str, str]] = []
+    good: list[tuple[str, tuple]] = []
+    for path, result in zip(files, checked):
+        if isinstance(result, Exception):
+            if not skip_bad_files:
+                raise result
+            skipped.append((path, str(result)))
+        else:
+            good.append((path, result))
+    if not good:
+        raise InputError(f"no readable input files: all {len(files)} were skipped ({skipped[0][1]})")
+    files = [p for p, _ in good]
+    footers = [(schema, counts) for _, (schema, counts, _) in good]
+    warnings: list[str] = [w for _, (_, _, ws) in good for w in ws]
+    warnings += [f"skipping {reason}" for _, reason in skipped]
     schema = unify([(p, s) for p, (s, _) in zip(files, footers)])
     schema = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
     task_type = pa.int64() if pa.types.is_integer(schema.field("task").type) else pa.string()
@@ -95,16 +126,28 @@ def plan_input(patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: 
             units.append(ReadUnit(len(units), path, tuple(pending), rows))
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
-    return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings))
+    return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
 
 
 def read_unit(unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
-    """The unit's rows in file order (columns=None: all of them)."""
-    pf = storage.open_parquet(unit.path)
-    if columns is not None:
-        present = set(pf.schema_arrow.names)
-        columns = [c for c in columns if c in present]
-    return pf.read_row_groups(list(unit.row_groups), columns=columns)
+    """The unit's rows in file order (columns=None: all of them).
+
+    A file whose footer read fine but whose data pages do not decode fails with a message
+    naming the file and row groups (the plan cannot see that without reading every page).
+    """
+    try:
+        pf = storage.open_parquet(unit.path)
+        if columns is not None:
+            present = set(pf.schema_arrow.names)
+            columns = [c for c in columns if c in present]
+        table = pf.read_row_groups(list(unit.row_groups), columns=columns)
+    except OSError as e:
+        raise OSError(f"{unit.path}: cannot read row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+    except (pa.ArrowException, ValueError) as e:
+        raise ValueError(f"{unit.path}: corrupt data in row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+    if table.num_rows != unit.num_rows:
+        raise ValueError(f"{unit.path}: row groups {list(unit.row_groups)} hold {table.num_rows} rows, the footer says {unit.num_rows}")
+    return table
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

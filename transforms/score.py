@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import torch
 from apache_beam.metrics import Metrics
 
-from transforms import coders  # noqa: F401  (registers the Arrow table coder)
+from transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
 from transforms.light import ID_KEYS, SORT_KEYS, split_by, task_hash
 from transforms.metrics import COPY_METRICS, group_metrics
 from transforms.records import FILTERED, REJECTED, SCORED, records
@@ -87,11 +87,35 @@ def _duplicate_records(dups: pa.Table):
         yield unit, records(part["row"].to_numpy(), part["batch"].combine_chunks(), REJECTED, reason=part["reason"].to_pylist())
 
 
+class GroupTooLarge(ValueError):
+    """A task group beyond --max-group-rows: the run stops rather than risk running out of memory."""
+
+
+def check_group_sizes(light: pa.Table, max_group_rows: int) -> None:
+    offsets = group_offsets(light)
+    sizes = np.diff(offsets)
+    if len(sizes) and sizes.max() > max_group_rows:
+        g = int(np.argmax(sizes))
+        first = offsets[g]
+        raise GroupTooLarge(
+            f"task group (batch={light['batch'][first].as_py()}, task={light['task'][first].as_py()!r}) has "
+            f"{int(sizes[g]):,} rows, more than --max-group-rows={max_group_rows:,}; a group is scored in "
+            "one piece on one worker, so raise the cap only where a worker has the memory "
+            "(about 100 bytes per row), or check the input for a task id shared by mistake"
+        )
+
+
 class _PrepareBucket(beam.DoFn):
     DUPLICATES = "duplicates"
 
+    def __init__(self, max_group_rows: int):
+        self._max_group_rows = max_group_rows
+
     def process(self, element):
         bucket, parts = element
+        parts = list(parts)
+        if sum(p.num_rows for p in parts) > self._max_group_rows:
+            check_group_sizes(pa.concat_tables(parts).sort_by(SORT_KEYS[:2]), self._max_group_rows)
         light, dups = sort_rows(pa.concat_tables(parts))
         if dups.num_rows:
             Metrics.counter("rescore", "rows_rejected").inc(dups.num_rows)
@@ -140,6 +164,7 @@ class _ScoreBucket(beam.DoFn):
         self._groups = Metrics.counter("rescore", "groups_scored")
 
     def process(self, element, batch_stats=None):
+        faults.maybe_fail_once("ScoreGroups")
         _, light = element
         rows = to_grouped_rows(light, self._device)
         per_row_stats = None
@@ -268,16 +293,17 @@ class ScoreGroups(beam.PTransform):
     the writer) and COPY_METRICS tables; both None without one.
     """
 
-    def __init__(self, plan: ScoringPlan):
+    def __init__(self, plan: ScoringPlan, max_group_rows: int = 1_000_000):
         super().__init__()
         self._plan = plan
+        self._max_group_rows = max_group_rows
 
     def expand(self, keyed):
         prepared = (
             keyed
             | "GroupByBucket" >> beam.GroupByKey()
             | "SortAndDedupe"
-            >> beam.ParDo(_PrepareBucket()).with_outputs(_PrepareBucket.DUPLICATES, main="rows")
+            >> beam.ParDo(_PrepareBucket(self._max_group_rows)).with_outputs(_PrepareBucket.DUPLICATES, main="rows")
         )
         side = {}
         if self._plan.batch_level:

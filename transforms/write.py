@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 from schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
 from schemas.experience import SCORE_FIELDS
 from schemas.lists import flat_list
-from transforms import storage
+from transforms import faults, storage
 from transforms.metrics import row_metrics, summarize
 from transforms.read import InputPlan, conform, read_unit
 from transforms.records import DUPLICATED, REJECTED, SCORED
@@ -207,6 +207,7 @@ class _WriteUnit(beam.DoFn):
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files.append(self._name("scored", unit_index))
         storage.write_parquet(scored, files[-1])
+        faults.maybe_slow_write()
 
         bad = np.flatnonzero(status == REJECTED)
         reasons = rec["reason"].to_numpy(zero_copy_only=False)[bad]
@@ -256,11 +257,12 @@ class WriteScored(beam.PTransform):
 
 
 class _Finalize(beam.DoFn):
-    def __init__(self, plan: InputPlan, output: str, run_info: dict, stages):
+    def __init__(self, plan: InputPlan, output: str, run_info: dict, stages, max_reject_fraction: float):
         self._plan = plan
         self._output = output
         self._run_info = run_info
         self._stages = stages
+        self._max_reject_fraction = max_reject_fraction
 
     def process(self, _, files, group_tables, row_tables, copy_tables=()):
         units = sorted(u for u, _ in files)
@@ -279,31 +281,61 @@ class _Finalize(beam.DoFn):
             raise RuntimeError(
                 f"internal error: the copy plan asked for {planned} copied rows, {totals['rows_duplicated']} were written"
             )
+        document = {
+            **self._run_info,
+            "input_files": len(self._plan.files),
+            "skipped_files": [{"path": p, "reason": r} for p, r in self._plan.skipped],
+            **summary,
+        }
+        failure = reject_budget_failure(totals, self._max_reject_fraction)
+        if failure:
+            # Publish what explains the failure (rejected rows, metrics), never the scored rows
+            # or _SUCCESS: a scheduler must not take this run for a good one.
+            document["failed"] = failure
         for _, paths in sorted(files):
             for staged in paths:
-                final = storage.join(self._output, staged.rsplit("/", 1)[-1])
+                name = staged.rsplit("/", 1)[-1]
+                if failure and not name.startswith("rejected-"):
+                    continue
+                final = storage.join(self._output, name)
                 if storage.exists(staged):
                     storage.rename(staged, final)
                 elif not storage.exists(final):  # a retried finalize has already moved it
                     raise RuntimeError(f"staged output {staged} is missing")
-        document = {**self._run_info, "input_files": len(self._plan.files), **summary}
         storage.write_text(storage.join(self._output, METRICS), json.dumps(document, indent=2) + "\n")
         storage.delete([staging_dir(self._output)])
-        storage.write_text(storage.join(self._output, SUCCESS), "")
+        if not failure:
+            storage.write_text(storage.join(self._output, SUCCESS), "")
         yield document
 
 
-def finalize(pipeline, plan: InputPlan, output: str, run_info: dict, stages, files, group_tables, row_tables, copy_tables=None):
+def reject_budget_failure(totals: dict, max_fraction: float) -> str | None:
+    """The one-line reason the run fails its reject budget, or None."""
+    read, rejected = totals["rows_read"], totals["rows_rejected"]
+    if read == 0 or rejected / read <= max_fraction:
+        return None
+    top = ", ".join(f"{k} {v:,}" for k, v in sorted(totals["reject_reasons"].items(), key=lambda kv: -kv[1])[:3])
+    return (
+        f"{rejected:,} of {read:,} rows ({rejected / read:.1%}) were rejected ({top}), more than "
+        f"--max-reject-fraction={max_fraction:g}"
+    )
+
+
+def finalize(
+    pipeline, plan: InputPlan, output: str, run_info: dict, stages, files, group_tables, row_tables,
+    copy_tables=None, max_reject_fraction: float = 1.0,
+):
     """Publish the run once every unit is written: data files, metrics.json, then _SUCCESS.
 
-    `stages`: (kind, name, params) of the scoring plan, for the per-strategy metrics."""
+    `stages`: (kind, name, params) of the scoring plan, for the per-strategy metrics. A run over
+    its reject budget publishes only its rejected files and metrics.json (with `failed`)."""
     side = {} if copy_tables is None else {"copy_tables": beam.pvalue.AsList(copy_tables)}
     return (
         pipeline
         | "FinalizeTrigger" >> beam.Create([None])
         | "Finalize"
         >> beam.ParDo(
-            _Finalize(plan, output, run_info, stages),
+            _Finalize(plan, output, run_info, stages, max_reject_fraction),
             files=beam.pvalue.AsList(files),
             group_tables=beam.pvalue.AsList(group_tables),
             row_tables=beam.pvalue.AsList(row_tables),
