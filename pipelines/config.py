@@ -38,6 +38,8 @@ CONFIG_KEYS = {
     "skip_bad_files": "leave out unreadable or contract-breaking files (listed in metrics.json)",
     "max_reject_fraction": "fail the run when more than this fraction of rows is rejected",
     "max_group_rows": "fail the run when one task group has more rows than this",
+    "device": "where the torch math runs: auto, cpu or cuda",
+    "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
     "pipeline_options": "mapping of Beam pipeline options",
 }
 
@@ -55,6 +57,8 @@ class RunConfig:
     skip_bad_files: bool = False
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION
     max_group_rows: int = DEFAULT_MAX_GROUP_ROWS
+    device: str = "auto"
+    accelerator: str | None = None
     quiet: bool = False
     log_level: str = "WARNING"
     beam_args: list[str] = field(default_factory=list)
@@ -102,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-group-rows",
         type=int,
         help=f"fail with a clear message when one task group has more rows (default {DEFAULT_MAX_GROUP_ROWS:,})",
+    )
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where the torch math runs (default auto: cuda if torch sees a GPU)")
+    p.add_argument(
+        "--accelerator",
+        metavar="SPEC",
+        help="accelerator resource hint for the scoring and writing steps, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'",
     )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -275,6 +285,11 @@ def parse_args(argv: list[str]) -> RunConfig:
     if not isinstance(max_group_rows, int) or isinstance(max_group_rows, bool) or max_group_rows < 1:
         raise ConfigError(f"--max-group-rows must be a positive integer, got {max_group_rows!r}")
 
+    device = args.device or config.get("device", "auto")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be one of auto, cpu, cuda, got {device!r}")
+    accelerator = args.accelerator or config.get("accelerator")
+
     beam_args = _option_flags(config.get("pipeline_options") or {}) + rest
     _check_beam_args(beam_args)
     return RunConfig(
@@ -289,6 +304,8 @@ def parse_args(argv: list[str]) -> RunConfig:
         skip_bad_files=bool(args.skip_bad_files if args.skip_bad_files is not None else config.get("skip_bad_files", False)),
         max_reject_fraction=float(fraction),
         max_group_rows=max_group_rows,
+        device=device,
+        accelerator=str(accelerator) if accelerator else None,
         quiet=args.quiet,
         log_level=args.log_level,
         beam_args=_with_worker_log_level(_with_default_runner(beam_args), args.log_level),

@@ -21,11 +21,12 @@ import time
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
 from pipelines import __version__
-from pipelines.config import RunConfig, parse_args
+from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args
 from schemas import SchemaError
+from transforms import device as devices
 from transforms import storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
@@ -45,10 +46,12 @@ USER_ERRORS = (ConfigError, SchemaError, InputError)
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
     light = p | "ReadExperiences" >> ReadExperiences(plan, needs=scoring.needs, buckets=cfg.buckets)
     records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
-        scoring, max_group_rows=cfg.max_group_rows
+        scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator
     )
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
-    files, row_metrics = outcomes | "WriteScored" >> WriteScored(plan, cfg.output, scoring, copy_plans)
+    files, row_metrics = outcomes | "WriteScored" >> WriteScored(
+        plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator
+    )
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
     finalize(
         p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics,
@@ -75,15 +78,29 @@ def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
         storage.delete(stale)
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the job; returns the metrics.json document. Raises on failure."""
-    cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
+def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
+    """--device cuda fails before anything runs where the job runs on this machine; a remote
+    runner's workers check for themselves when they start (the launcher may have no GPU)."""
+    runner = options.view_as(StandardOptions).runner or DEFAULT_RUNNER
+    if cfg.device == "cuda" and runner in devices.LOCAL_RUNNERS:
+        try:
+            devices.resolve("cuda")
+        except devices.DeviceError as e:
+            raise ConfigError(str(e)) from None
+
+
+def build_job(argv: list[str]) -> tuple[beam.Pipeline, RunConfig, dict[str, Any]]:
+    """Parse, plan the input, prepare the output and build the pipeline (not run)."""
+    cfg = parse_args(argv)
     logging.getLogger().setLevel(cfg.log_level)
     scoring = build_plan(cfg.strategies, cfg.params)
+    options = PipelineOptions(cfg.beam_args)
+    _check_local_device(cfg, options)
     plan = plan_input(cfg.inputs, needs=scoring.needs, shard_rows=cfg.shard_rows, skip_bad_files=cfg.skip_bad_files)
     for warning in plan.warnings:
         log.warning(warning)
-    prepare_output(cfg.output, plan, cfg.overwrite)
+    if not options.view_as(TestOptions).dry_run:
+        prepare_output(cfg.output, plan, cfg.overwrite)
     run_info = {
         "rescore_version": __version__,
         "strategy": scoring.name,
@@ -95,10 +112,24 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "shard_rows": cfg.shard_rows,
         "max_reject_fraction": cfg.max_reject_fraction,
         "max_group_rows": cfg.max_group_rows,
+        "device": cfg.device,
     }
-    options = PipelineOptions(cfg.beam_args)
-    with beam.Pipeline(options=options) as p:
-        build(p, plan, scoring, cfg, run_info)
+    p = beam.Pipeline(options=options)
+    build(p, plan, scoring, cfg, run_info)
+    return p, cfg, run_info
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the job; returns the metrics.json document. Raises on failure.
+
+    With Beam's --dry_run=True (Dataflow) the job graph is built and not submitted; the result
+    is {"dry_run": True, "job": the runner's job object, ...}.
+    """
+    p, cfg, run_info = build_job(list(sys.argv[1:] if argv is None else argv))
+    result = p.run()
+    result.wait_until_finish()
+    if p.options.view_as(TestOptions).dry_run:
+        return {**run_info, "dry_run": True, "job": getattr(result, "job", None)}
     success = storage.join(cfg.output, SUCCESS)
     metrics = storage.join(cfg.output, METRICS)
     doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
@@ -154,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         last = [line for line in str(e).strip().splitlines() if line.strip()]
         print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
         return EXIT_FAILED
+    if doc.get("dry_run"):
+        if not quiet:
+            print(f"rescore: dry run: the job graph for {doc['strategy']} was built and not submitted", file=sys.stderr)
+        return EXIT_OK
     if not quiet:
         print(_summary(doc, time.monotonic() - started), file=sys.stderr)
     return EXIT_OK

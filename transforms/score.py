@@ -13,6 +13,8 @@ import torch
 from apache_beam.metrics import Metrics
 
 from transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
+from transforms import device as devices
+from transforms.device import to_device
 from transforms.light import ID_KEYS, SORT_KEYS, split_by, task_hash
 from transforms.metrics import COPY_METRICS, group_metrics
 from transforms.records import FILTERED, REJECTED, SCORED, records
@@ -56,21 +58,21 @@ def group_offsets(light: pa.Table) -> np.ndarray:
 
 
 def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
+    """The light rows of a bucket (sorted) as tensors on `device`, each copied once."""
+
     def t(name, dtype):
-        return torch.from_numpy(np.array(light[name].to_numpy(), dtype=dtype)).to(device)
+        return to_device(np.asarray(light[name].to_numpy(zero_copy_only=False), dtype=dtype), device)
 
     names = light.column_names
     return GroupedRows(
         reward=t("reward", np.float64),
-        offsets=torch.from_numpy(group_offsets(light)).to(device),
+        offsets=to_device(group_offsets(light), device),
         batch=t("batch", np.int64),
         run=t("run", np.int64),
         step=t("step", np.int64),
         action_tokens=t("action_tokens", np.int64),
         mean_logprob=t("mean_logprob", np.float64) if "mean_logprob" in names else None,
-        expert=torch.from_numpy(np.asarray(light["expert"].to_numpy(zero_copy_only=False), dtype=bool)).to(device)
-        if "expert" in names
-        else None,
+        expert=t("expert", bool) if "expert" in names else None,
     )
 
 
@@ -156,11 +158,12 @@ class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
     COPY_META = "copy_meta"
 
-    def __init__(self, plan: ScoringPlan):
+    def __init__(self, plan: ScoringPlan, device: str = "auto"):
         self._plan = plan
+        self._device_choice = device
 
     def setup(self):
-        self._device = torch.device("cpu")
+        self._device = devices.resolve(self._device_choice)
         self._groups = Metrics.counter("rescore", "groups_scored")
 
     def process(self, element, batch_stats=None):
@@ -171,7 +174,7 @@ class _ScoreBucket(beam.DoFn):
         if batch_stats is not None:
             batches, inverse = np.unique(light["batch"].to_numpy(), return_inverse=True)
             stats = np.array([batch_stats[int(b)] for b in batches], dtype=np.float64).reshape(len(batches), -1)
-            per_row_stats = torch.from_numpy(stats[inverse]).to(self._device)
+            per_row_stats = to_device(stats[inverse], self._device)
         with torch.no_grad():
             scores = self._plan.score(rows, per_row_stats)
         self._groups.inc(rows.num_groups)
@@ -293,10 +296,12 @@ class ScoreGroups(beam.PTransform):
     the writer) and COPY_METRICS tables; both None without one.
     """
 
-    def __init__(self, plan: ScoringPlan, max_group_rows: int = 1_000_000):
+    def __init__(self, plan: ScoringPlan, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None):
         super().__init__()
         self._plan = plan
         self._max_group_rows = max_group_rows
+        self._device = device
+        self._hints = {"accelerator": accelerator} if accelerator else {}
 
     def expand(self, keyed):
         prepared = (
@@ -314,9 +319,12 @@ class ScoreGroups(beam.PTransform):
                 | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
             )
             side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
-        scored = prepared.rows | "Score" >> beam.ParDo(_ScoreBucket(self._plan), **side).with_outputs(
+        score = beam.ParDo(_ScoreBucket(self._plan, self._device), **side).with_outputs(
             _ScoreBucket.METRICS, _ScoreBucket.COPY_META, main="records"
         )
+        if self._hints:
+            score = score.with_resource_hints(**self._hints)
+        scored = prepared.rows | "Score" >> score
         records_out = (scored.records, prepared.duplicates) | "AllRecords" >> beam.Flatten()
         copy_plans = copy_metrics = None
         if self._plan.duplicates:

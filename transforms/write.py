@@ -16,7 +16,9 @@ from apache_beam.metrics import Metrics
 from schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
 from schemas.experience import SCORE_FIELDS
 from schemas.lists import flat_list
+from transforms import device as devices
 from transforms import faults, storage
+from transforms.device import to_device
 from transforms.metrics import row_metrics, summarize
 from transforms.read import InputPlan, conform, read_unit
 from transforms.records import DUPLICATED, REJECTED, SCORED
@@ -49,11 +51,6 @@ def response_lengths(table: pa.Table) -> tuple[np.ndarray, Any]:
     return np.zeros(table.num_rows, dtype=np.int64), None
 
 
-def _writable(a: np.ndarray) -> np.ndarray:
-    # Arrow hands out read-only views; torch warns on those even though it only reads here.
-    return a if a.flags.writeable else a.copy()
-
-
 def _chunk_bounds(lengths: np.ndarray) -> list[int]:
     """Row boundaries such that each chunk holds at most ~2^30 tokens (int32 list offsets)."""
     ends = np.cumsum(lengths)
@@ -72,13 +69,16 @@ def score_columns(
     score: np.ndarray,
     valid: np.ndarray | None = None,
     token_values: np.ndarray | None = None,
+    device: torch.device | None = None,
 ) -> list[pa.ChunkedArray]:
     """advantages, returns (list<float32>) and score (float32) for the rows of `table`.
 
     advantages = row_value * action_mask, or `token_values` (flat, already masked) for a
     token-level strategy. `returns` equals `advantages`; both columns share one buffer in
-    memory. Rows where `valid` is False (no advantage computed) get nulls in all three.
+    memory. Rows where `valid` is False (no advantage computed) get nulls in all three. The
+    broadcast runs on `device` (default CPU) over flat token arrays: one copy in, one out.
     """
+    device = device or torch.device("cpu")
     lengths, mask = response_lengths(table)
     if valid is not None:
         row_value = np.where(valid, row_value, 0.0)
@@ -86,10 +86,10 @@ def score_columns(
         flat = np.asarray(token_values, dtype=np.float32)
     else:
         flat = token_advantages(
-            torch.from_numpy(np.ascontiguousarray(row_value)),
-            torch.from_numpy(lengths),
-            None if mask is None else torch.from_numpy(_writable(mask)),
-        ).numpy()
+            to_device(np.asarray(row_value, dtype=np.float64), device),
+            to_device(np.asarray(lengths, dtype=np.int64), device),
+            None if mask is None else to_device(np.asarray(mask), device),
+        ).cpu().numpy()
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     bounds = _chunk_bounds(lengths)
@@ -153,12 +153,14 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
 class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
-    def __init__(self, plan: InputPlan, staging: str, scoring: ScoringPlan):
+    def __init__(self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto"):
         self._plan = plan
         self._staging = staging
         self._scoring = scoring
+        self._device_choice = device
 
     def setup(self):
+        self._device = devices.resolve(self._device_choice)
         self._copies = self._scoring.duplicates
         self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + self._scoring.output_fields(self._plan.schema)
         self._scored_schema = output_schema(self._plan.schema, self._extra)
@@ -202,7 +204,7 @@ class _WriteUnit(beam.DoFn):
         if self._scoring.token_level:
             token_values, score = self._scoring.token_values(scored)
         columns = scored.select(self._base_names).columns + score_columns(
-            scored, row_value, score, None if valid.all() else valid, token_values
+            scored, row_value, score, None if valid.all() else valid, token_values, self._device
         )
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files.append(self._name("scored", unit_index))
@@ -236,23 +238,25 @@ class WriteScored(beam.PTransform):
     Outputs: `files` ((unit, [staged paths])) and `metrics` (one ROW_METRICS table per unit).
     """
 
-    def __init__(self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None):
+    def __init__(
+        self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None, *, device: str = "auto",
+        accelerator: str | None = None,
+    ):
         super().__init__()
         self._plan = plan
         self._output = output
         self._scoring = scoring
         self._copy_plans = copy_plans
+        self._device = device
+        self._accelerator = accelerator
 
     def expand(self, unit_records):
         side = {} if self._copy_plans is None else {"copy_plans": beam.pvalue.AsDict(self._copy_plans)}
-        written = (
-            unit_records
-            | "GroupByUnit" >> beam.GroupByKey()
-            | "ReadBackAndWrite"
-            >> beam.ParDo(_WriteUnit(self._plan, staging_dir(self._output), self._scoring), **side).with_outputs(
-                _WriteUnit.METRICS, main="files"
-            )
-        )
+        write = beam.ParDo(_WriteUnit(self._plan, staging_dir(self._output), self._scoring, self._device), **side)
+        write = write.with_outputs(_WriteUnit.METRICS, main="files")
+        if self._accelerator:
+            write = write.with_resource_hints(accelerator=self._accelerator)
+        written = unit_records | "GroupByUnit" >> beam.GroupByKey() | "ReadBackAndWrite" >> write
         return written.files, written.metrics
 
 

@@ -1,0 +1,49 @@
+"""Where the torch math runs: `--device auto|cpu|cuda`, resolved once per worker in setup().
+
+auto takes the GPU when torch sees one. Moving data: a bucket's light columns are built on the
+host once, copied once (from pinned memory when the target is a GPU, so the copy can run
+asynchronously) and the results come back once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CHOICES = ("auto", "cpu", "cuda")
+LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+
+
+class DeviceError(RuntimeError):
+    """--device cuda where no CUDA device is visible."""
+
+
+def _no_cuda_reason() -> str:
+    built = torch.version.cuda
+    if built is None:
+        return f"torch {torch.__version__} is a CPU-only build (install the CUDA build, see README: GPU)"
+    return f"torch {torch.__version__} (CUDA {built}) sees no GPU: check the driver and CUDA_VISIBLE_DEVICES"
+
+
+def resolve(choice: str) -> torch.device:
+    """The device for `choice`; raises DeviceError for cuda without a visible GPU."""
+    if choice not in CHOICES:
+        raise ValueError(f"--device must be one of {', '.join(CHOICES)}, got {choice!r}")
+    if choice == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if choice == "cuda":
+        raise DeviceError(f"--device cuda: no CUDA device is available here; {_no_cuda_reason()}")
+    return torch.device("cpu")
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A numpy array as a tensor on `device`: zero-copy on the CPU, one pinned-memory copy to a
+    GPU."""
+    if not array.flags.writeable:  # Arrow hands out read-only views; torch warns on those
+        array = array.copy()
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
