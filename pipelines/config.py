@@ -40,6 +40,7 @@ CONFIG_KEYS = {
     "max_group_rows": "fail the run when one task group has more rows than this",
     "device": "where the torch math runs: auto, cpu or cuda",
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
+    "incremental": "score only input files not yet in the output's manifest, into a new run directory",
     "pipeline_options": "mapping of Beam pipeline options",
 }
 
@@ -59,6 +60,9 @@ class RunConfig:
     max_group_rows: int = DEFAULT_MAX_GROUP_ROWS
     device: str = "auto"
     accelerator: str | None = None
+    incremental: bool = False
+    run_name: str | None = None
+    wait: bool = True
     quiet: bool = False
     log_level: str = "WARNING"
     beam_args: list[str] = field(default_factory=list)
@@ -89,21 +93,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML run config (see run_configs/)")
     p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS})")
-    p.add_argument("--shard-rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
+    p.add_argument("--shard-rows", "--shard_rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
     p.add_argument("--overwrite", action="store_true", default=None, help="replace a finished run in --output")
     p.add_argument(
         "--skip-bad-files",
+        "--skip_bad_files",
         action="store_true",
         default=None,
         help="leave out unreadable or contract-breaking input files instead of stopping (listed in metrics.json)",
     )
     p.add_argument(
         "--max-reject-fraction",
+        "--max_reject_fraction",
         type=float,
         help=f"fail (no _SUCCESS) when more than this fraction of rows is rejected (default {DEFAULT_MAX_REJECT_FRACTION})",
     )
     p.add_argument(
         "--max-group-rows",
+        "--max_group_rows",
         type=int,
         help=f"fail with a clear message when one task group has more rows (default {DEFAULT_MAX_GROUP_ROWS:,})",
     )
@@ -113,8 +120,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="accelerator resource hint for the scoring and writing steps, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'",
     )
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        default=None,
+        help="score only input files not yet in OUTPUT/_manifest.json, into OUTPUT/run=<UTC time>/",
+    )
+    p.add_argument("--run-name", "--run_name", help="with --incremental: the run directory's name (default run=YYYYMMDDTHHMMSS, UTC)")
+    p.add_argument(
+        "--no-wait", "--no_wait", action="store_true", help="submit to a remote runner and return without waiting (Flex Templates)"
+    )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
-    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
@@ -306,6 +323,9 @@ def parse_args(argv: list[str]) -> RunConfig:
         max_group_rows=max_group_rows,
         device=device,
         accelerator=str(accelerator) if accelerator else None,
+        incremental=bool(args.incremental if args.incremental is not None else config.get("incremental", False)),
+        run_name=args.run_name,
+        wait=not args.no_wait,
         quiet=args.quiet,
         log_level=args.log_level,
         beam_args=_with_worker_log_level(_with_default_runner(beam_args), args.log_level),

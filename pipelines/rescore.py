@@ -18,12 +18,13 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
-from pipelines import __version__
+from pipelines import __version__, incremental
 from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args
 from schemas import SchemaError
 from transforms import device as devices
@@ -89,10 +90,8 @@ def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
             raise ConfigError(str(e)) from None
 
 
-def build_job(argv: list[str]) -> tuple[beam.Pipeline, RunConfig, dict[str, Any]]:
-    """Parse, plan the input, prepare the output and build the pipeline (not run)."""
-    cfg = parse_args(argv)
-    logging.getLogger().setLevel(cfg.log_level)
+def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, dict[str, Any]]:
+    """Plan the input, prepare the output and build the pipeline (not run)."""
     scoring = build_plan(cfg.strategies, cfg.params)
     options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)
@@ -113,23 +112,58 @@ def build_job(argv: list[str]) -> tuple[beam.Pipeline, RunConfig, dict[str, Any]
         "max_reject_fraction": cfg.max_reject_fraction,
         "max_group_rows": cfg.max_group_rows,
         "device": cfg.device,
+        **(extra_info or {}),
     }
     p = beam.Pipeline(options=options)
     build(p, plan, scoring, cfg, run_info)
-    return p, cfg, run_info
+    return p, run_info
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the job; returns the metrics.json document. Raises on failure.
 
     With Beam's --dry_run=True (Dataflow) the job graph is built and not submitted; the result
-    is {"dry_run": True, "job": the runner's job object, ...}.
+    is {"dry_run": True, "job": the runner's job object, ...}. With --no-wait the job is
+    submitted and {"submitted": True, ...} returned. With --incremental, see
+    pipelines/incremental.py; {"nothing_new": True, ...} when every input file is scored.
     """
-    p, cfg, run_info = build_job(list(sys.argv[1:] if argv is None else argv))
+    cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
+    logging.getLogger().setLevel(cfg.log_level)
+    if cfg.incremental:
+        return _run_incremental(cfg)
+    return _run_once(cfg)
+
+
+def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
+    manifest = incremental.load_manifest(cfg.output)
+    files = incremental.list_inputs(cfg.inputs)
+    chosen = incremental.select(files, manifest)
+    for path in chosen.changed:
+        log.warning("%s changed since it was scored (size or mtime); scoring it again", path)
+    if not chosen.new:
+        return {"nothing_new": True, "input_files": len(files), "output": cfg.output, "strategy": ",".join(cfg.strategies)}
+    if not cfg.wait:
+        raise ConfigError("--incremental waits for the run to finish before it records it; drop --no-wait")
+    for path in incremental.remove_failed_runs(cfg.output, manifest):
+        log.info("removed %s, a failed earlier run", path)
+    name = cfg.run_name or incremental.run_name()
+    run_output = storage.join(cfg.output, name)
+    if storage.exists(storage.join(run_output, SUCCESS)):
+        raise ConfigError(f"{run_output} already holds a finished run; pick another --run-name")
+    info = {"incremental": {"run": name, "new_files": len(chosen.new), "already_scored": chosen.already}}
+    doc = _run_once(replace(cfg, inputs=[f.path for f in chosen.new], output=run_output, incremental=False), info)
+    incremental.record(cfg.output, name, chosen.new)
+    return doc
+
+
+def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    p, run_info = build_job(cfg, extra_info)
     result = p.run()
-    result.wait_until_finish()
     if p.options.view_as(TestOptions).dry_run:
         return {**run_info, "dry_run": True, "job": getattr(result, "job", None)}
+    if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:
+        return {**run_info, "submitted": True, "job_id": getattr(result, "job_id", lambda: None)()}
+    result.wait_until_finish()
     success = storage.join(cfg.output, SUCCESS)
     metrics = storage.join(cfg.output, METRICS)
     doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
@@ -188,6 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     if doc.get("dry_run"):
         if not quiet:
             print(f"rescore: dry run: the job graph for {doc['strategy']} was built and not submitted", file=sys.stderr)
+        return EXIT_OK
+    if doc.get("submitted"):
+        if not quiet:
+            print(f"rescore: submitted job {doc.get('job_id') or ''} -> {doc['output']} (not waiting)", file=sys.stderr)
+        return EXIT_OK
+    if doc.get("nothing_new"):
+        if not quiet:
+            print(
+                f"rescore: nothing new to score: all {doc['input_files']} input files are already in "
+                f"{incremental.manifest_path(doc['output'])}",
+                file=sys.stderr,
+            )
         return EXIT_OK
     if not quiet:
         print(_summary(doc, time.monotonic() - started), file=sys.stderr)

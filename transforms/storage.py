@@ -22,21 +22,24 @@ def join(base: str, *parts: str) -> str:
     return FileSystems.join(base, *parts) if not is_local(base) else os.path.join(base, *parts)
 
 
-def match(pattern: str) -> list[tuple[str, int]]:
-    """(path, size in bytes) of every file the pattern matches, sorted by path.
-
-    A local directory matches the *.parquet files directly inside it.
-    """
+def match_stats(pattern: str) -> list[tuple[str, int, float]]:
+    """(path, size in bytes, modification time in seconds) of every file the pattern matches,
+    sorted by path. A local directory matches the *.parquet files directly inside it."""
     if is_local(pattern) and os.path.isdir(pattern):
         pattern = os.path.join(pattern, "*.parquet")
     try:
         result = FileSystems.match([pattern])[0]
-    except Exception:  # Beam raises BeamIOError for a pattern that matches nothing
+    except Exception:  # noqa: BLE001  (Beam raises BeamIOError for a pattern that matches nothing)
         return []
-    found = [(m.path, m.size_in_bytes) for m in result.metadata_list]
+    found = [(m.path, m.size_in_bytes, float(m.last_updated_in_seconds or 0.0)) for m in result.metadata_list]
     if is_local(pattern):
-        found = [(p, s) for p, s in found if os.path.isfile(p)]
+        found = [f for f in found if os.path.isfile(f[0])]
     return sorted(found)
+
+
+def match(pattern: str) -> list[tuple[str, int]]:
+    """(path, size in bytes) of every file the pattern matches, sorted by path."""
+    return [(p, size) for p, size, _ in match_stats(pattern)]
 
 
 def open_parquet(path: str) -> pq.ParquetFile:

@@ -1,0 +1,257 @@
+"""Every runner path this offline machine can run, the shipped run configs, scheduled
+incremental runs and the Flex Template parameters."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    PortableOptions,
+    StandardOptions,
+    WorkerOptions,
+)
+
+from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
+from pipelines.config import parse_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "run_configs")
+KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
+STRATEGY = ["--strategy", "reward_variance,grpo,duplicate_informative", "--set", "std_cal_level=batch"]
+
+
+def config(name):
+    return os.path.join(CONFIGS, name)
+
+
+def options_of(name, *extra):
+    cfg = parse_args(["--config", config(name), "--input", "in", "--output", "out", *extra])
+    return cfg, PipelineOptions(cfg.beam_args)
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(CONFIGS)))
+def test_every_run_config_parses_into_pipeline_options(name):
+    cfg, options = options_of(name)
+    assert options.view_as(StandardOptions).runner
+    assert cfg.strategies and cfg.buckets > 0
+    options.get_all_options()  # every option known to Beam (unknown ones raised in parse_args)
+
+
+def test_run_config_specifics():
+    _, local = options_of("local.yaml")
+    assert local.view_as(StandardOptions).runner == "FnApiRunner"  # never the Prism download
+    _, multi = options_of("local_multiprocess.yaml")
+    assert multi.get_all_options()["direct_running_mode"] == "multi_processing"
+    _, portable = options_of("portable.yaml")
+    assert portable.view_as(PortableOptions).job_endpoint == "embed"
+    assert portable.view_as(PortableOptions).environment_type == "LOOPBACK"
+    _, flink = options_of("flink.yaml")
+    f = flink.view_as(FlinkRunnerOptions)
+    assert flink.view_as(StandardOptions).runner == "FlinkRunner"
+    assert f.flink_master.endswith(":8081") and f.flink_version in FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS
+    assert f.parallelism > 0 and f.flink_submit_uber_jar
+    p = flink.view_as(PortableOptions)
+    assert p.environment_type == "DOCKER" and p.environment_config.endswith("rescore/worker:0.1.0")
+    for name in ("dataflow.yaml", "dataflow_gpu.yaml"):
+        cfg, df = options_of(name)
+        g, w = df.view_as(GoogleCloudOptions), df.view_as(WorkerOptions)
+        assert df.view_as(StandardOptions).runner == "DataflowRunner"
+        assert g.region and g.temp_location.startswith("gs://") and g.project
+        assert w.sdk_container_image.endswith("rescore/worker:0.1.0") and w.max_num_workers >= w.num_workers
+        assert "use_runner_v2" in df.get_all_options()["experiments"]
+    assert options_of("dataflow_gpu.yaml")[0].device == "cuda"
+
+
+@pytest.fixture(scope="module")
+def experience(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runners")
+    return write_parquet(multi_step_rows(12), str(d / "in"), files=3, row_group_size=8, schema=SCHEMA_MULTI_STEP)
+
+
+@pytest.fixture(scope="module")
+def in_process(experience, tmp_path_factory):
+    from pipelines.rescore import run
+
+    out = str(tmp_path_factory.mktemp("inproc") / "out")
+    run(["--config", config("local.yaml"), "--input", experience, "--output", out, *STRATEGY])
+    return read_output(out).sort_by(KEYS)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def worker_pool():
+    """A Beam worker pool in its own process, started and stopped by the test."""
+    port = _free_port()
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("localhost", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield f"localhost:{port}"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("local_multiprocess.yaml", []),
+        ("portable.yaml", []),
+        ("portable.yaml", ["--environment_type=EXTERNAL"]),
+    ],
+    ids=["multi-process", "portable-loopback", "portable-worker-pool"],
+)
+def test_runner_paths_give_identical_output(tmp_path, experience, in_process, name, extra, request):
+    from pipelines.rescore import run
+
+    if extra:
+        pool = request.getfixturevalue("worker_pool")
+        extra = [*extra, f"--environment_config={pool}"]
+    out = str(tmp_path / "out")
+    doc = run(["--config", config(name), "--input", experience, "--output", out, *STRATEGY, *extra])
+    assert doc["totals"]["rows_duplicated"] > 0
+    assert read_output(out).sort_by(KEYS).equals(in_process)
+
+
+def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
+    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
+    from pipelines.rescore import run
+
+    doc = run([
+        "--config", config("dataflow.yaml"), "--input", experience, "--output", "gs://rescore-test-bucket/scored",
+        "--project=rescore-test", "--temp_location=gs://rescore-test-bucket/tmp",
+        "--staging_location=gs://rescore-test-bucket/staging", "--job_name=rescore-dry-run", "--no_auth", "--dry_run=True",
+        *STRATEGY,
+    ])
+    names = [t.unique_name for t in doc["job"].proto_pipeline.components.transforms.values()]
+    for step in ("ReadExperiences", "ScoreGroups/GroupByBucket", "ScoreGroups/PlanCopies", "WriteScored/GroupByUnit", "Finalize"):
+        assert any(n.startswith(step) for n in names), step
+
+
+# --- scheduled, incremental runs ------------------------------------------------------------
+
+
+def _incremental(capsys, glob, out, *extra):
+    from pipelines.rescore import main
+
+    code = main(["--input", glob, "--output", out, "--strategy", "grpo", "--incremental", "--runner=FnApiRunner", *extra])
+    return code, capsys.readouterr().err
+
+
+def _write_day(rows, directory, name):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(directory, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA_MULTI_STEP), os.path.join(directory, name))
+
+
+def test_incremental_runs_score_only_new_files(tmp_path, capsys, monkeypatch):
+    inp, out = tmp_path / "in", str(tmp_path / "out")
+    day1, day2 = multi_step_rows(1, batches=2), [dict(r, batch=r["batch"] + 10) for r in multi_step_rows(2, batches=2)]
+    _write_day(day1, inp, "day1.parquet")
+    glob = str(inp / "*.parquet")
+
+    code, err = _incremental(capsys, glob, out, "--run-name", "run=day1")
+    assert code == 0, err
+    manifest = json.loads(open(os.path.join(out, "_manifest.json")).read())["files"]
+    assert list(manifest) == [str(inp / "day1.parquet")] and manifest[str(inp / "day1.parquet")]["run"] == "run=day1"
+    assert read_output(os.path.join(out, "run=day1")).num_rows == len(day1)
+
+    # Nothing new: no work, a clear message, success.
+    code, err = _incremental(capsys, glob, out)
+    assert code == 0 and "nothing new to score: all 1 input files are already in" in err
+    assert sorted(os.listdir(out)) == ["_manifest.json", "run=day1"]
+
+    # A new file: only it is scored, into a new run directory.
+    _write_day(day2, inp, "day2.parquet")
+    monkeypatch.setenv("RESCORE_FAULT", f"fail_once:{tmp_path / 'marker'}")
+    code, err = _incremental(capsys, glob, out, "--run-name", "run=day2-try1")
+    assert code == 1 and "injected fault" in err
+    assert list(json.loads(open(os.path.join(out, "_manifest.json")).read())["files"]) == [str(inp / "day1.parquet")]
+    assert not os.path.exists(os.path.join(out, "run=day2-try1", "_SUCCESS"))
+
+    # The next run retries the same file (the marker lets it through) and clears the failed one.
+    code, err = _incremental(capsys, glob, out, "--run-name", "run=day2")
+    assert code == 0, err
+    assert sorted(os.listdir(out)) == ["_manifest.json", "run=day1", "run=day2"]
+    scored = read_output(os.path.join(out, "run=day2"))
+    assert scored.num_rows == len(day2) and min(scored["batch"].to_pylist()) >= 10
+    manifest = json.loads(open(os.path.join(out, "_manifest.json")).read())["files"]
+    assert {v["run"] for v in manifest.values()} == {"run=day1", "run=day2"}
+    doc = json.loads(open(os.path.join(out, "run=day2", "metrics.json")).read())
+    assert doc["incremental"] == {"run": "run=day2", "new_files": 1, "already_scored": 1}
+
+
+def test_incremental_default_run_name_is_utc_time(tmp_path, capsys):
+    inp = tmp_path / "in"
+    _write_day(multi_step_rows(4, batches=1), inp, "a.parquet")
+    code, err = _incremental(capsys, str(inp), str(tmp_path / "out"))
+    assert code == 0, err
+    (name,) = [n for n in os.listdir(tmp_path / "out") if n.startswith("run=")]
+    assert len(name) == len("run=20261122T030000") and name[12] == "T"
+
+
+# --- Flex Template --------------------------------------------------------------------------
+
+SAMPLES = {
+    "input": "gs://bucket/experience/*.parquet",
+    "output": "gs://bucket/scored/day",
+    "strategy": "reward_variance,grpo",
+    "algorithm": "grpo",
+    "set": "std_cal_level=batch",
+    "buckets": "128",
+    "shard_rows": "32768",
+    "max_reject_fraction": "0.2",
+    "device": "cuda",
+}
+
+
+def test_flex_template_parameters_are_cli_options():
+    with open(os.path.join(ROOT, "flex_template", "metadata.json")) as f:
+        metadata = json.load(f)
+    names = [p["name"] for p in metadata["parameters"]]
+    assert {"input", "output"} <= set(names)
+    base = {"--input=gs://bucket/in/*.parquet", "--output=gs://bucket/out", "--strategy=grpo"}
+    for name in names:
+        assert name in SAMPLES, f"add a sample value for {name}"
+        argv = [a for a in base if not a.startswith(f"--{name}=")]
+        if name == "algorithm":
+            argv = [a for a in argv if not a.startswith("--strategy=")]
+        cfg = parse_args([*argv, f"--{name}={SAMPLES[name]}"])  # raises ConfigError if not an option
+        assert cfg.inputs and cfg.output
+    cfg = parse_args([f"--{n}={SAMPLES[n]}" for n in names if n not in ("algorithm",)])
+    assert cfg.buckets == 128 and cfg.shard_rows == 32768 and cfg.max_reject_fraction == 0.2
+    assert cfg.params == {"std_cal_level": "batch"} and cfg.device == "cuda"
+
+
+def test_airflow_example_uses_real_cli_options():
+    import ast
+
+    tree = ast.parse(open(os.path.join(ROOT, "examples", "airflow_dag.py")).read())
+    assign = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "RESCORE_OPTIONS")
+    options = ast.literal_eval(assign.value)
+    options["config"] = config(os.path.basename(options["config"]))  # the image's copy of run_configs/
+    argv = [f"--{k}" if v is True else f"--{k}={v}" for k, v in options.items()]
+    cfg = parse_args([*argv, "--runner=DataflowRunner"])
+    assert cfg.incremental and cfg.strategies == ["reward_variance", "grpo", "duplicate_informative"]
+    assert cfg.max_reject_fraction == 0.2
