@@ -3,6 +3,7 @@
     rescore --input 'PATH_OR_GLOB' --output DIR --strategy NAME [--set key=value ...]
             [--config FILE.yaml] [beam options...]
     rescore sample --output DIR [--rows N]      # write sample experience to try it on
+    rescore report OUTPUT_DIR [--to DIR]        # report.html and charts of a finished run
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
@@ -13,6 +14,7 @@ Exit status: 0 success, 1 the pipeline failed, 2 bad configuration or input.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,6 +28,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from pipelines import __version__, incremental
 from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args
+from pipelines.progress import Progress
 from schemas import SchemaError
 from transforms import device as devices
 from transforms import storage
@@ -51,13 +54,32 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfi
     )
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(
-        plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator
+        plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator,
+        file_metadata=file_metadata(run_info),
     )
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
     finalize(
         p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics,
         max_reject_fraction=cfg.max_reject_fraction,
     )
+
+
+def config_hash(strategy: str, params: dict, algorithm: str | None) -> str:
+    """sha256 of what decides the scores: the strategies, their parameters (defaults filled in)
+    and the algorithm preset, canonical JSON."""
+    canonical = json.dumps({"strategy": strategy, "params": params, "algorithm": algorithm}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def file_metadata(run_info: dict[str, Any]) -> dict[str, str]:
+    """Key-value metadata in every output Parquet file: how its rows were scored."""
+    return {
+        "rescore.version": run_info["rescore_version"],
+        "rescore.strategy": run_info["strategy"],
+        "rescore.algorithm": run_info["algorithm"] or "",
+        "rescore.params": json.dumps(run_info["params"], sort_keys=True),
+        "rescore.config_hash": run_info["config_hash"],
+    }
 
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
@@ -105,6 +127,7 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         "strategy": scoring.name,
         "algorithm": cfg.algorithm,
         "params": scoring.params,
+        "config_hash": config_hash(scoring.name, scoring.params, cfg.algorithm),
         "input": cfg.inputs,
         "output": cfg.output,
         "buckets": cfg.buckets,
@@ -116,6 +139,7 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     }
     p = beam.Pipeline(options=options)
     build(p, plan, scoring, cfg, run_info)
+    run_info["_plan"] = plan
     return p, run_info
 
 
@@ -158,12 +182,14 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
 
 def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
     p, run_info = build_job(cfg, extra_info)
-    result = p.run()
+    plan = run_info.pop("_plan")
     if p.options.view_as(TestOptions).dry_run:
-        return {**run_info, "dry_run": True, "job": getattr(result, "job", None)}
+        return {**run_info, "dry_run": True, "job": getattr(p.run(), "job", None)}
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:
+        result = p.run()
         return {**run_info, "submitted": True, "job_id": getattr(result, "job_id", lambda: None)()}
-    result.wait_until_finish()
+    with Progress(cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet):
+        p.run().wait_until_finish()
     success = storage.join(cfg.output, SUCCESS)
     metrics = storage.join(cfg.output, METRICS)
     doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
@@ -179,18 +205,20 @@ def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[
 def _summary(doc: dict[str, Any], seconds: float) -> str:
     t = doc["totals"]
     rate = t["rows_read"] / seconds if seconds > 0 else 0.0
+    reasons = ", ".join(f"{k} {v:,}" for k, v in t["reject_reasons"].items())
     lines = [
-        f"rescore: {doc['strategy']} done in {seconds:.1f} s ({rate:,.0f} rows/s) -> {doc['output']}",
-        f"  rows read      {t['rows_read']:>12,}",
-        f"  rows written   {t['rows_written']:>12,}"
-        + (f"  ({t['rows_duplicated']:,} copies)" if t["rows_duplicated"] else ""),
-        f"  rows filtered  {t['rows_filtered']:>12,}",
-        f"  rows rejected  {t['rows_rejected']:>12,}" + (f"  {t['reject_reasons']}" if t["reject_reasons"] else ""),
-        f"  groups         {t['groups']:>12,}  ({t['groups_filtered']:,} filtered)",
-        f"  batches        {len(doc['batches']):>12,}",
+        f"rescore: {doc['strategy']} done -> {doc['output']}",
+        f"  rows read        {t['rows_read']:>12,}",
+        f"  rows written     {t['rows_written']:>12,}",
+        f"  rows duplicated  {t['rows_duplicated']:>12,}",
+        f"  rows filtered    {t['rows_filtered']:>12,}",
+        f"  rows rejected    {t['rows_rejected']:>12,}" + (f"  ({reasons})" if reasons else ""),
+        f"  groups           {t['groups']:>12,}  ({t['groups_filtered']:,} filtered, {t['groups_duplicated']:,} copies)",
+        f"  batches          {len([b for b in doc['batches'] if b['batch'] is not None]):>12,}",
+        f"  wall time        {seconds:>11.1f}s  ({rate:,.0f} rows/s)",
     ]
     for skipped in doc.get("skipped_files", []):
-        lines.append(f"  skipped file   {skipped['reason']}")
+        lines.append(f"  skipped file     {skipped['reason']}")
     return "\n".join(lines)
 
 
@@ -201,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines import sample
 
         return sample.main(argv[1:])
+    if argv[:1] == ["report"]:
+        from pipelines import report
+
+        return report.main(argv[1:])
     quiet = "--quiet" in argv
     started = time.monotonic()
     try:

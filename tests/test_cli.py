@@ -35,7 +35,7 @@ def test_run_writes_outputs_and_a_summary(data_dir):
     assert (out / "_SUCCESS").exists()
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["strategy"] == "correct_bias" and doc["params"]["correct_bias"]["rank_penalty"] == 0.3
-    assert "rows read" in err and "correct_bias done" in err
+    assert "rows read" in err and "correct_bias done" in err and "rows/s" in err
 
     code, _, err = cli("--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo")
     assert code == 2 and err.strip().endswith("pass --overwrite to replace it")

@@ -104,6 +104,7 @@ def _batch_summary(groups: pa.Table, rows: pa.Table, copies: pa.Table, stages) -
         "groups": groups.num_rows,
         "groups_filtered": int((dropped == size).sum()) if groups.num_rows else 0,
         "groups_duplicated": int(pc.sum(copies["groups_duplicated"]).as_py() or 0),
+        "groups_zero_std": int((groups["reward_std"].to_numpy() == 0).sum()) if groups.num_rows else 0,
     }
     n = groups.num_rows
     out[MEAN_KEY] = math.fsum(groups["reward_mean"].to_pylist()) / n if n else None

@@ -153,20 +153,22 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
 class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
-    def __init__(self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto"):
+    def __init__(self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None):
         self._plan = plan
         self._staging = staging
         self._scoring = scoring
         self._device_choice = device
+        self._file_metadata = dict(file_metadata or {})
 
     def setup(self):
         self._device = devices.resolve(self._device_choice)
         self._copies = self._scoring.duplicates
         self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + self._scoring.output_fields(self._plan.schema)
-        self._scored_schema = output_schema(self._plan.schema, self._extra)
+        metadata = {**(self._plan.schema.metadata or {}), **{k.encode(): v.encode() for k, v in self._file_metadata.items()}}
+        self._scored_schema = output_schema(self._plan.schema, self._extra).with_metadata(metadata)
         added = {f.name for f in (*SCORE_FIELDS, *self._extra)}
         self._base_names = [n for n in self._scored_schema.names if n not in added]
-        self._rejected_schema = rejected_schema(self._plan.schema)
+        self._rejected_schema = rejected_schema(self._plan.schema).with_metadata(metadata)
         self._rows_written = Metrics.counter("rescore", "rows_written")
 
     def _name(self, kind: str, unit: int) -> str:
@@ -216,6 +218,7 @@ class _WriteUnit(beam.DoFn):
         if len(bad):
             rejected = table.take(pa.array(bad)).select(self._rejected_schema.names[:-1])
             rejected = rejected.append_column(REJECT_REASON, pa.array(reasons, pa.string()))
+            rejected = rejected.replace_schema_metadata(self._rejected_schema.metadata)
             files.append(self._name("rejected", unit_index))
             storage.write_parquet(rejected, files[-1])
         self._rows_written.inc(scored.num_rows)
@@ -240,7 +243,7 @@ class WriteScored(beam.PTransform):
 
     def __init__(
         self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None, *, device: str = "auto",
-        accelerator: str | None = None,
+        accelerator: str | None = None, file_metadata: dict[str, str] | None = None,
     ):
         super().__init__()
         self._plan = plan
@@ -249,10 +252,13 @@ class WriteScored(beam.PTransform):
         self._copy_plans = copy_plans
         self._device = device
         self._accelerator = accelerator
+        self._file_metadata = file_metadata
 
     def expand(self, unit_records):
         side = {} if self._copy_plans is None else {"copy_plans": beam.pvalue.AsDict(self._copy_plans)}
-        write = beam.ParDo(_WriteUnit(self._plan, staging_dir(self._output), self._scoring, self._device), **side)
+        write = beam.ParDo(
+            _WriteUnit(self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata), **side
+        )
         write = write.with_outputs(_WriteUnit.METRICS, main="files")
         if self._accelerator:
             write = write.with_resource_hints(accelerator=self._accelerator)
