@@ -16,7 +16,7 @@ def rescore(tmp_path):
 
     def _run(input_glob, *args, output=None):
         out = output or str(tmp_path / "out")
-        doc = run(["--input", input_glob, "--output", out, RUNNER, *args])
+        doc = run(["--input", input_glob, "--output", out, RUNNER, "--quiet", *args])
         return doc, out
 
     return _run
