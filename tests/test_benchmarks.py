@@ -18,3 +18,20 @@ def test_gpu_kernel_benchmark_runs_and_reports():
     assert cpu["device"] == "cpu" and cpu["groups"] == 256 and cpu["rows"] == 2048
     assert cpu["groups_per_s"] > 0 and cpu["broadcast_gbps"] > 0
     assert lines[1]["device"] != "cpu"  # the cuda line: measured, or skipped without a GPU
+
+
+def test_end_to_end_benchmark_scripts_agree_on_tiny_data(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from generate import generate
+    from run import compare, rescore_cmd, timed
+
+    for multi_step, strategy in ((False, "grpo"), (True, "step_wise_grpo")):
+        inp = generate(700, str(tmp_path / f"in-{strategy}.parquet"), multi_step=multi_step)
+        wall, rss = timed(rescore_cmd(inp, str(tmp_path / f"a-{strategy}"), strategy))
+        assert wall > 0 and rss > 50
+        timed([sys.executable, "benchmarks/baseline.py", inp, str(tmp_path / f"b-{strategy}.parquet"), "--strategy", strategy])
+        assert compare(str(tmp_path / f"a-{strategy}"), str(tmp_path / f"b-{strategy}.parquet")).startswith("agree: 700 scores")
+    timed([sys.executable, "benchmarks/io_floor.py", inp, str(tmp_path / "c.parquet")])
+    import pyarrow.parquet as pq
+
+    assert "advantages" in pq.read_schema(str(tmp_path / "c.parquet")).names

@@ -44,7 +44,7 @@ def match(pattern: str) -> list[tuple[str, int]]:
 
 def open_parquet(path: str) -> pq.ParquetFile:
     if is_local(path):
-        return pq.ParquetFile(path, memory_map=True)
+        return pq.ParquetFile(path, memory_map=False)
     return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
 
 
