@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent

@@ -24,7 +24,11 @@ from dataclasses import replace
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import (
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+)
 
 from pipelines import __version__, incremental
 from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args
@@ -112,7 +116,7 @@ def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
             raise ConfigError(str(e)) from None
 
 
-def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, dict[str, Any]]:
+def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:
     """Plan the input, prepare the output and build the pipeline (not run)."""
     scoring = build_plan(cfg.strategies, cfg.params)
     options = PipelineOptions(cfg.beam_args)
@@ -139,8 +143,7 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     }
     p = beam.Pipeline(options=options)
     build(p, plan, scoring, cfg, run_info)
-    run_info["_plan"] = plan
-    return p, run_info
+    return p, plan, run_info
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
@@ -181,8 +184,7 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    p, run_info = build_job(cfg, extra_info)
-    plan = run_info.pop("_plan")
+    p, plan, run_info = build_job(cfg, extra_info)
     if p.options.view_as(TestOptions).dry_run:
         return {**run_info, "dry_run": True, "job": getattr(p.run(), "job", None)}
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:

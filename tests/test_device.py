@@ -7,9 +7,9 @@ import tomllib
 import numpy as np
 import pytest
 import torch
-
 from conftest import RUNNER
 from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
+
 from transforms.strategies import GroupedRows, plan_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,8 +77,9 @@ def test_scores_on_a_device_match_the_cpu(device, strategy, params):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_token_broadcast_on_a_device(device):
-    from transforms.write import score_columns
     import pyarrow as pa
+
+    from transforms.write import score_columns
 
     rng = np.random.default_rng(1)
     lengths = rng.integers(0, 50, 200)

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
 DOCUMENTED = {

@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import reference
 from conftest import RUNNER
 from data import SCHEMA_INT_TASK, by_id, random_rows, read_output, write_parquet

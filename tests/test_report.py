@@ -4,7 +4,6 @@ import json
 import os
 
 import pytest
-
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -17,8 +17,8 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     WorkerOptions,
 )
-
 from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
+
 from pipelines.config import parse_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

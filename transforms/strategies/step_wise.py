@@ -21,7 +21,7 @@ from torch import Tensor
 from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from transforms.strategies.grpo import grpo_scores
 from transforms.strategies.registry import choice, flag, number, register
-from transforms.strategies.segments import per_row, run_offsets, segment_sum, std_of
+from transforms.strategies.segments import per_row, run_offsets, std_of
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,6 @@ class StepWiseGRPO:
             batch_std=batch_std,
             std_threshold=self.std_threshold,
         )
-
-
-def steps_per_run(rows: GroupedRows) -> Tensor:
-    """(n,) number of steps of each row's run."""
-    offsets = run_offsets(rows.run, rows.offsets)
-    return per_row(segment_sum(torch.ones(rows.num_rows, dtype=torch.int64), offsets), offsets)
 
 
 @register(
