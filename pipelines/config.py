@@ -38,6 +38,7 @@ CONFIG_KEYS = {
     "skip_bad_files": "leave out unreadable or contract-breaking files (listed in metrics.json)",
     "max_reject_fraction": "fail the run when more than this fraction of rows is rejected",
     "max_group_rows": "fail the run when one task group has more rows than this",
+    "io_threads": "read units each worker reads or writes at once (0: one per core, at most 4)",
     "device": "where the torch math runs: auto, cpu or cuda",
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
     "incremental": "score only input files not yet in the output's manifest, into a new run directory",
@@ -58,6 +59,7 @@ class RunConfig:
     skip_bad_files: bool = False
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION
     max_group_rows: int = DEFAULT_MAX_GROUP_ROWS
+    io_threads: int = 0
     device: str = "auto"
     accelerator: str | None = None
     incremental: bool = False
@@ -113,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max_group_rows",
         type=int,
         help=f"fail with a clear message when one task group has more rows (default {DEFAULT_MAX_GROUP_ROWS:,})",
+    )
+    p.add_argument(
+        "--io-threads",
+        "--io_threads",
+        type=int,
+        help="read units each worker reads, validates or writes at once (default 0: one per core, at most 4)",
     )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where the torch math runs (default auto: cuda if torch sees a GPU)")
     p.add_argument(
@@ -302,6 +310,10 @@ def parse_args(argv: list[str]) -> RunConfig:
     if not isinstance(max_group_rows, int) or isinstance(max_group_rows, bool) or max_group_rows < 1:
         raise ConfigError(f"--max-group-rows must be a positive integer, got {max_group_rows!r}")
 
+    io_threads = args.io_threads if args.io_threads is not None else config.get("io_threads", 0)
+    if not isinstance(io_threads, int) or isinstance(io_threads, bool) or io_threads < 0:
+        raise ConfigError(f"--io-threads must be 0 (one per core) or a positive integer, got {io_threads!r}")
+
     device = args.device or config.get("device", "auto")
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be one of auto, cpu, cuda, got {device!r}")
@@ -321,6 +333,7 @@ def parse_args(argv: list[str]) -> RunConfig:
         skip_bad_files=bool(args.skip_bad_files if args.skip_bad_files is not None else config.get("skip_bad_files", False)),
         max_reject_fraction=float(fraction),
         max_group_rows=max_group_rows,
+        io_threads=io_threads,
         device=device,
         accelerator=str(accelerator) if accelerator else None,
         incremental=bool(args.incremental if args.incremental is not None else config.get("incremental", False)),

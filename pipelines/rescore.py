@@ -52,14 +52,16 @@ USER_ERRORS = (ConfigError, SchemaError, InputError)
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
-    light = p | "ReadExperiences" >> ReadExperiences(plan, needs=scoring.needs, buckets=cfg.buckets)
+    light = p | "ReadExperiences" >> ReadExperiences(
+        plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads
+    )
     records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
         scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator
     )
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(
         plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator,
-        file_metadata=file_metadata(run_info),
+        file_metadata=file_metadata(run_info), threads=cfg.io_threads,
     )
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
     finalize(

@@ -62,6 +62,7 @@ def test_run_writes_outputs_and_a_summary(data_dir):
         (["--algorithm", "grpoo"], "unknown algorithm 'grpoo' (did you mean 'grpo'?)"),
         (["--algorithm", "grpo", "--strategy", "grpo"], "pass --strategy or --algorithm, not both"),
         (["--strategy", "mix_chord"], "missing column 'expert', which the chosen strategy needs"),
+        (["--strategy", "grpo", "--io-threads", "-1"], "--io-threads must be 0 (one per core) or a positive integer, got -1"),
     ],
 )
 def test_bad_configuration_fails_with_one_line(data_dir, tmp_path, args, message):

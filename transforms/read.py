@@ -18,6 +18,7 @@ from transforms import (
     storage,
 )
 from transforms.light import bucket_of, light_rows, split_by
+from transforms.overlap import Overlap, resolve_threads
 from transforms.records import rejected_records
 
 
@@ -167,29 +168,47 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 class _ReadLight(beam.DoFn):
     REJECTED = "rejected"
 
-    def __init__(self, plan: InputPlan, needs: tuple[str, ...], buckets: int):
+    def __init__(self, plan: InputPlan, needs: tuple[str, ...], buckets: int, threads: int = 0):
         self._units = plan.units
         self._task_type = plan.task_type
         self._needs = tuple(needs)
         self._buckets = buckets
+        self._threads = threads
+
+    def setup(self):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
+        self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
 
-    def process(self, unit_index: int):
+    def _work(self, unit_index: int):
+        """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
         table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs])))
         check = check_rows(table, needs=self._needs)
-        self._rows_read.inc(table.num_rows)
         bad = np.flatnonzero(~check.ok)
+        rejected = None
         if len(bad):
-            self._rows_rejected.inc(len(bad))
             batch = table["batch"].take(pa.array(bad))
-            yield beam.pvalue.TaggedOutput(
-                self.REJECTED, (unit.index, rejected_records(bad, batch, check.reasons[bad]))
-            )
+            rejected = (unit.index, rejected_records(bad, batch, check.reasons[bad]))
         light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs)
-        for bucket, part in split_by(light, bucket_of(light, self._buckets)):
-            yield bucket, part
+        return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._buckets)))
+
+    def _outputs(self, result):
+        rows, rejected, parts = result
+        self._rows_read.inc(rows)
+        if rejected is not None:
+            self._rows_rejected.inc(rejected[1].num_rows)
+            yield beam.pvalue.TaggedOutput(self.REJECTED, rejected)
+        yield from parts
+
+    def process(self, unit_index: int, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        yield from self._overlap.submit(self._work, unit_index, window=window, timestamp=timestamp)
+
+    def finish_bundle(self):
+        yield from self._overlap.drain()
+
+    def teardown(self):
+        self._overlap.close()
 
 
 class ReadExperiences(beam.PTransform):
@@ -199,14 +218,15 @@ class ReadExperiences(beam.PTransform):
     Output `rejected`: (unit, records) for rows that failed validation.
     """
 
-    def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int):
+    def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0):
         super().__init__()
         self._plan = plan
         self._needs = tuple(needs)
         self._buckets = buckets
+        self._threads = threads
 
     def expand(self, pbegin):
         units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
         return units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._needs, self._buckets)
+            _ReadLight(self._plan, self._needs, self._buckets, self._threads)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="rows")

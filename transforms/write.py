@@ -20,6 +20,7 @@ from transforms import device as devices
 from transforms import faults, storage
 from transforms.device import to_device
 from transforms.metrics import row_metrics, summarize
+from transforms.overlap import Overlap, resolve_threads
 from transforms.read import InputPlan, conform, read_unit
 from transforms.records import DUPLICATED, REJECTED, SCORED
 from transforms.strategies import ScoringPlan
@@ -153,12 +154,15 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
 class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
-    def __init__(self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None):
+    def __init__(
+        self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None, threads: int = 0
+    ):
         self._plan = plan
         self._staging = staging
         self._scoring = scoring
         self._device_choice = device
         self._file_metadata = dict(file_metadata or {})
+        self._threads = threads
 
     def setup(self):
         self._device = devices.resolve(self._device_choice)
@@ -170,12 +174,29 @@ class _WriteUnit(beam.DoFn):
         self._base_names = [n for n in self._scored_schema.names if n not in added]
         self._rejected_schema = rejected_schema(self._plan.schema).with_metadata(metadata)
         self._rows_written = Metrics.counter("rescore", "rows_written")
+        self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
 
     def _name(self, kind: str, unit: int) -> str:
         return storage.join(self._staging, f"{kind}-{unit:05d}-of-{len(self._plan.units):05d}.parquet")
 
-    def process(self, element, copy_plans=None):
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam, copy_plans=None):
         unit_index, parts = element
+        yield from self._overlap.submit(self._work, unit_index, list(parts), copy_plans, window=window, timestamp=timestamp)
+
+    def finish_bundle(self):
+        yield from self._overlap.drain()
+
+    def teardown(self):
+        self._overlap.close()
+
+    def _outputs(self, result):
+        unit_index, files, rows_written, metrics = result
+        self._rows_written.inc(rows_written)
+        yield unit_index, files
+        yield beam.pvalue.TaggedOutput(self.METRICS, metrics)
+
+    def _work(self, unit_index: int, parts: list[pa.Table], copy_plans):
+        """Read the unit back, attach its records and write its files (on an Overlap thread)."""
         unit = self._plan.units[unit_index]
         rec = pa.concat_tables(parts)
         rec = rec.take(pa.array(np.argsort(rec["row"].to_numpy(), kind="stable")))
@@ -221,10 +242,7 @@ class _WriteUnit(beam.DoFn):
             rejected = rejected.replace_schema_metadata(self._rejected_schema.metadata)
             files.append(self._name("rejected", unit_index))
             storage.write_parquet(rejected, files[-1])
-        self._rows_written.inc(scored.num_rows)
-
-        yield unit_index, files
-        yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rec, status, reasons, copied_batch))
+        return unit_index, files, scored.num_rows, self._metrics(rec, status, reasons, copied_batch)
 
     @staticmethod
     def _metrics(rec: pa.Table, status: np.ndarray, reasons: np.ndarray, copied_batch: pa.Array) -> pa.Table:
@@ -243,9 +261,10 @@ class WriteScored(beam.PTransform):
 
     def __init__(
         self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None, *, device: str = "auto",
-        accelerator: str | None = None, file_metadata: dict[str, str] | None = None,
+        accelerator: str | None = None, file_metadata: dict[str, str] | None = None, threads: int = 0,
     ):
         super().__init__()
+        self._threads = threads
         self._plan = plan
         self._output = output
         self._scoring = scoring
@@ -257,7 +276,8 @@ class WriteScored(beam.PTransform):
     def expand(self, unit_records):
         side = {} if self._copy_plans is None else {"copy_plans": beam.pvalue.AsDict(self._copy_plans)}
         write = beam.ParDo(
-            _WriteUnit(self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata), **side
+            _WriteUnit(self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata, self._threads),
+            **side,
         )
         write = write.with_outputs(_WriteUnit.METRICS, main="files")
         if self._accelerator:
