@@ -155,3 +155,17 @@ def test_yaml_strategy_list_with_nested_params(tmp_path):
     assert rc.strategies == ["rloo"] and rc.algorithm == "rloo"
     assert parse_args(["--input", "x", "--output", "y", "--strategy", "reward_variance", "--strategy", "grpo"]).strategies == [
         "reward_variance", "grpo"]
+
+
+def test_console_entry_exits_fast_with_the_right_code_and_flushed_output(data_dir, tmp_path):
+    """The `rescore` script (pipelines.cli) leaves via os._exit: exit codes and stderr must survive it."""
+    entry = [sys.executable, "-c", "from pipelines.cli import main; main()"]
+    out = tmp_path / "o"
+    proc = subprocess.run([*entry, "--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "rows read" in proc.stderr and "grpo done" in proc.stderr
+    assert (out / "_SUCCESS").exists() and json.loads((out / "metrics.json").read_text())["totals"]["rows_read"] > 0
+    proc = subprocess.run([*entry, "--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpoo"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("rescore: error: unknown strategy 'grpoo'"), proc.stderr

@@ -48,14 +48,26 @@ def open_parquet(path: str) -> pq.ParquetFile:
     return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
 
 
-def write_parquet(table: pa.Table, path: str) -> None:
+def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:
+    """The Parquet column paths of `schema` ('tokens.list.element' for a list column) except
+    those under the top-level columns `plain`: the `use_dictionary` list that dictionary-encodes
+    every column but those."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    plain = set(plain)
+    paths = [parquet_schema.column(i).path for i in range(len(parquet_schema))]
+    return [p for p in paths if p.split(".", 1)[0] not in plain]
+
+
+def write_parquet(table: pa.Table, path: str, *, use_dictionary: bool | list[str] = True) -> None:
     """Write `table` to `path` in one go (callers write to a staging name, then rename)."""
     if is_local(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        pq.write_table(table, path)
+        pq.write_table(table, path, use_dictionary=use_dictionary)
         return
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        pq.write_table(table, f)
+        pq.write_table(table, f, use_dictionary=use_dictionary)
 
 
 def write_text(path: str, text: str) -> None:

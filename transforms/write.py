@@ -31,6 +31,8 @@ STAGING = "_staging"
 SUCCESS = "_SUCCESS"
 METRICS = "metrics.json"
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
+PLAIN_COLUMNS = ("advantages", "returns")
+"""Written without dictionary encoding (see _WriteUnit.setup)."""
 
 
 def staging_dir(output: str) -> str:
@@ -173,6 +175,10 @@ class _WriteUnit(beam.DoFn):
         added = {f.name for f in (*SCORE_FIELDS, *self._extra)}
         self._base_names = [n for n in self._scored_schema.names if n not in added]
         self._rejected_schema = rejected_schema(self._plan.schema).with_metadata(metadata)
+        # advantages and returns hold a value per token: a dictionary saves ~10 % of their size
+        # and costs ~40 % of the file's encoding time, so they are written plain (snappy still
+        # compresses the runs of equal values).
+        self._dictionary = storage.dictionary_columns(self._scored_schema, PLAIN_COLUMNS)
         self._rows_written = Metrics.counter("rescore", "rows_written")
         self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
 
@@ -231,7 +237,7 @@ class _WriteUnit(beam.DoFn):
         )
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files.append(self._name("scored", unit_index))
-        storage.write_parquet(scored, files[-1])
+        storage.write_parquet(scored, files[-1], use_dictionary=self._dictionary)
         faults.maybe_slow_write()
 
         bad = np.flatnonzero(status == REJECTED)

@@ -1,4 +1,5 @@
-"""Overlap: per-element work on a few threads, outputs in arrival order, bounded, failures safe."""
+"""Reading and writing read units fast without changing the output: Overlap threads (outputs in
+arrival order, bounded, failures safe), even read units, plain-encoded score columns."""
 
 import json
 import threading
@@ -6,6 +7,7 @@ import time
 from pathlib import Path
 
 import apache_beam as beam
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.pvalue import TaggedOutput
@@ -117,3 +119,33 @@ def test_beam_step_emits_finished_units_from_finish_bundle():
 
     with beam.Pipeline(runner="FnApiRunner") as p:
         assert_that(p | beam.Create(range(7)) | beam.ParDo(Square()), equal_to([x * x for x in range(7)]))
+
+
+def test_row_groups_split_into_even_units_under_the_cap():
+    from transforms.read import split_row_groups
+
+    assert split_row_groups([16384] * 13, 65536) == [(0, 1, 2), (3, 4, 5, 6), (7, 8, 9), (10, 11, 12)]
+    assert split_row_groups([16384] * 12, 65536) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    assert split_row_groups([100_000, 10, 10], 65536) == [(0,), (1, 2)]  # a big row group stands alone
+    assert split_row_groups([0, 5, 0, 5], 4) == [(1,), (3,)]  # empty row groups are left out
+    assert split_row_groups([], 10) == []
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        counts = [int(c) for c in rng.integers(0, 50, size=rng.integers(0, 30))]
+        cap = int(rng.integers(1, 120))
+        units = split_row_groups(counts, cap)
+        assert [g for u in units for g in u] == [g for g, n in enumerate(counts) if n > 0]
+        sizes = [sum(counts[g] for g in u) for u in units]
+        assert all(len(u) == 1 or s <= cap for u, s in zip(units, sizes))
+        if counts and all(n == 16 for n in counts) and cap >= 64:  # equal row groups: units differ by at most one group
+            assert max(sizes) - min(sizes) <= 16
+
+
+def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
+    glob = write_parquet(multi_step_rows(4), str(tmp_path / "in"), files=1, row_group_size=50, schema=SCHEMA_MULTI_STEP)
+    _, out = rescore(glob, "--strategy", "grpo")
+    meta = pq.ParquetFile(next(Path(out).glob("scored-*.parquet"))).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" not in encodings["advantages.list.element"]
+    assert "RLE_DICTIONARY" not in encodings["returns.list.element"]
+    assert "RLE_DICTIONARY" in encodings["action_mask.list.element"] and "RLE_DICTIONARY" in encodings["score"]
