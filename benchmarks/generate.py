@@ -39,7 +39,8 @@ def rewards(batch, task, run, rng):
     return np.where(flat, 0.5, base)
 
 
-def generate(rows: int, path: str, multi_step: bool = False, seed: int = 0) -> str:
+def generate(rows: int, path: str, multi_step: bool = False, seed: int = 0, row_group_rows: int = ROW_GROUP) -> str:
+    """Write the experience to `path`; `row_group_rows` regroups the same rows (default 16,384)."""
     rng = np.random.default_rng(seed)
     batch, task, run, step = ids(rows, multi_step, rng)
     reward = rewards(batch, task, run, rng)
@@ -68,6 +69,9 @@ def generate(rows: int, path: str, multi_step: bool = False, seed: int = 0) -> s
                 schema=schema,
             )
             writer.write_table(table, row_group_size=ROW_GROUP)
+    if row_group_rows != ROW_GROUP:  # the same rows (the generator draws per 16k block), regrouped
+        pq.write_table(pq.read_table(tmp), tmp + ".regrouped", row_group_size=row_group_rows)
+        os.replace(tmp + ".regrouped", tmp)
     os.replace(tmp, path)
     return path
 
@@ -78,8 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--multi-step", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--row-group-rows", type=int, default=ROW_GROUP, help="rows per row group (default 16384)")
     args = ap.parse_args(argv)
-    generate(args.rows, args.out, args.multi_step, args.seed)
+    generate(args.rows, args.out, args.multi_step, args.seed, args.row_group_rows)
     return 0
 
 

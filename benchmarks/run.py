@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
     ap.add_argument("--multi-step", action="store_true", help="also step_wise_grpo and duplicate_informative")
     ap.add_argument("--multi-process", action="store_true", help="also the 2-worker multi-process mode (largest size)")
+    ap.add_argument("--row-group-rows", type=int, default=16_384,
+                    help="rows per row group of the generated input (default 16384; 1048576: pyarrow's default, one row group)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -111,11 +113,12 @@ def main(argv=None) -> int:
     fixed = statistics.median(timed(rescore_cmd(str(tiny), str(work / "tiny"), "grpo"))[0] for _ in range(args.repeats))
     results["fixed_cost_s"] = round(fixed, 2)
     print(f"fixed cost (512 rows: imports, pipeline start-up): {fixed:.2f} s", flush=True)
+    layout = "" if args.row_group_rows == 16_384 else f"-rg{args.row_group_rows}"
     for rows in args.sizes:
-        inp = Path(args.data) / f"grpo-{rows}.parquet"
+        inp = Path(args.data) / f"grpo-{rows}{layout}.parquet"
         if not inp.exists():
             print(f"generating {inp}", flush=True)
-            generate(rows, str(inp))
+            generate(rows, str(inp), row_group_rows=args.row_group_rows)
         a, b, c = str(work / f"a-{rows}"), str(work / f"b-{rows}.parquet"), str(work / f"c-{rows}.parquet")
         work.mkdir(parents=True, exist_ok=True)
         print(f"{rows:,} rows, GRPO", flush=True)
@@ -135,10 +138,10 @@ def main(argv=None) -> int:
         print(f"  a/b = {r / s:.2f}, a/c = {r / f:.2f}, rescore {rows / r:,.0f} rows/s", flush=True)
 
         if args.multi_step:
-            ms = Path(args.data) / f"multistep-{rows}.parquet"
+            ms = Path(args.data) / f"multistep-{rows}{layout}.parquet"
             if not ms.exists():
                 print(f"generating {ms}", flush=True)
-                generate(rows, str(ms), multi_step=True)
+                generate(rows, str(ms), multi_step=True, row_group_rows=args.row_group_rows)
             print(f"{rows:,} rows, multi-step", flush=True)
             sw = bench("step_wise_grpo", {
                 "rescore": rescore_cmd(str(ms), a + "-sw", "step_wise_grpo"),
@@ -156,7 +159,7 @@ def main(argv=None) -> int:
 
     largest = max(args.sizes)
     if args.multi_process:
-        inp = str(Path(args.data) / f"grpo-{largest}.parquet")
+        inp = str(Path(args.data) / f"grpo-{largest}{layout}.parquet")
         mp = bench("modes", {
             "in_process": rescore_cmd(inp, str(work / "mode-in"), "grpo"),
             "multi_process": rescore_cmd(inp, str(work / "mode-mp"), "grpo",

@@ -1,7 +1,7 @@
 """A progress line on stderr while the pipeline runs: read units written so far.
 
 The driver cannot see inside every runner's workers while they run, but every runner writes
-one staged file per read unit, so counting `_staging/scored-*` shows how far the job is, the
+staged files named by read unit, so counting the units in `_staging/scored-*` shows how far the job is, the
 same way locally, on Flink or on Dataflow. On a terminal the line is rewritten in place every
 half second; elsewhere (cron, CI logs) a line is printed every 15 s when it has changed.
 """
@@ -32,7 +32,8 @@ class Progress:
 
     def _done(self) -> int:
         try:
-            return len(storage.list_dir(self._staging, "scored-*.parquet"))
+            # A unit larger than --shard-rows is staged as parts: count units, not files.
+            return len({p.rsplit("/", 1)[-1].split("-of-")[0] for p in storage.list_dir(self._staging, "scored-*.parquet")})
         except Exception:  # noqa: BLE001  (a progress line must never break the run)
             return 0
 

@@ -66,7 +66,7 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfi
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(
         plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator,
-        file_metadata=file_metadata(run_info), threads=cfg.io_threads,
+        file_metadata=file_metadata(run_info), threads=cfg.io_threads, shard_rows=cfg.shard_rows,
     )
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
     finalize(

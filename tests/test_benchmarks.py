@@ -35,3 +35,14 @@ def test_end_to_end_benchmark_scripts_agree_on_tiny_data(tmp_path):
     import pyarrow.parquet as pq
 
     assert "advantages" in pq.read_schema(str(tmp_path / "c.parquet")).names
+
+
+def test_generator_regroups_the_same_rows(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import pyarrow.parquet as pq
+    from generate import generate
+
+    default = pq.ParquetFile(generate(40_000, str(tmp_path / "a.parquet")))
+    one = pq.ParquetFile(generate(40_000, str(tmp_path / "b.parquet"), row_group_rows=1 << 20))
+    assert default.num_row_groups == 3 and one.num_row_groups == 1
+    assert default.read().equals(one.read())

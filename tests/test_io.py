@@ -8,6 +8,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.pvalue import TaggedOutput
@@ -149,3 +150,27 @@ def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
     assert "RLE_DICTIONARY" not in encodings["advantages.list.element"]
     assert "RLE_DICTIONARY" not in encodings["returns.list.element"]
     assert "RLE_DICTIONARY" in encodings["action_mask.list.element"] and "RLE_DICTIONARY" in encodings["score"]
+
+
+def test_a_unit_larger_than_shard_rows_is_written_in_parts(tmp_path, rescore):
+    """One row group past --shard-rows: its rows go to consecutive parts of at most shard-rows,
+    in input order, and the rows are those of a run that writes it whole."""
+    rows = multi_step_rows(6)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=1, row_group_size=len(rows), schema=SCHEMA_MULTI_STEP)
+    _, whole = rescore(glob, "--strategy", "grpo", "--shard-rows", str(len(rows)), output=str(tmp_path / "whole"))
+    _, parts = rescore(glob, "--strategy", "grpo", "--shard-rows", "40", output=str(tmp_path / "parts"))
+    names = sorted(p.name for p in Path(parts).glob("scored-*.parquet"))
+    n = -(-len(rows) // 40)
+    assert names == [f"scored-00000-of-00001-part-{k:03d}.parquet" for k in range(n)]
+    sizes = [pq.read_metadata(Path(parts) / name).num_rows for name in names]
+    assert max(sizes) <= 40 and max(sizes) - min(sizes) <= 1 and sum(sizes) == len(rows)
+    joined = pa.concat_tables([pq.read_table(Path(parts) / name) for name in names])
+    assert joined.equals(pq.read_table(next(Path(whole).glob("scored-*.parquet"))))
+
+
+def test_part_bounds():
+    from transforms.write import part_bounds
+
+    assert part_bounds(10, 4) == [0, 3, 6, 10]
+    assert part_bounds(8, 4) == [0, 4, 8]
+    assert part_bounds(3, 4) == [0, 3] and part_bounds(0, 4) == [0, 0]

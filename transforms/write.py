@@ -4,6 +4,7 @@ scored and rejected rows; Finalize: publish the staged files, metrics.json, then
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import apache_beam as beam
@@ -107,6 +108,13 @@ def score_columns(
     return [advantages, advantages, pa.chunked_array([score32])]
 
 
+def part_bounds(rows: int, shard_rows: int) -> list[int]:
+    """Row boundaries of ceil(rows / shard_rows) consecutive parts of about equal size
+    ([0, rows] for a single part)."""
+    parts = max(1, -(-rows // shard_rows))
+    return [rows * k // parts for k in range(parts + 1)]
+
+
 def copy_fields(task_type: pa.DataType) -> list[pa.Field]:
     """The columns a run with duplication adds: 0 / the copy number, and the copied group."""
     return [pa.field(COPY_INDEX, pa.int32()), pa.field(SOURCE_TASK, task_type)]
@@ -157,8 +165,10 @@ class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
     def __init__(
-        self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None, threads: int = 0
+        self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None, threads: int = 0,
+        shard_rows: int = 65536,
     ):
+        self._shard_rows = shard_rows
         self._plan = plan
         self._staging = staging
         self._scoring = scoring
@@ -180,10 +190,33 @@ class _WriteUnit(beam.DoFn):
         # compresses the runs of equal values).
         self._dictionary = storage.dictionary_columns(self._scored_schema, PLAIN_COLUMNS)
         self._rows_written = Metrics.counter("rescore", "rows_written")
-        self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
+        threads = resolve_threads(self._threads)
+        self._overlap = Overlap(threads, self._outputs)
+        self._part_pool = ThreadPoolExecutor(threads, thread_name_prefix="rescore-part") if threads > 1 else None
 
-    def _name(self, kind: str, unit: int) -> str:
-        return storage.join(self._staging, f"{kind}-{unit:05d}-of-{len(self._plan.units):05d}.parquet")
+    def _name(self, kind: str, unit: int, part: int | None = None) -> str:
+        suffix = "" if part is None else f"-part-{part:03d}"
+        return storage.join(self._staging, f"{kind}-{unit:05d}-of-{len(self._plan.units):05d}{suffix}.parquet")
+
+    def _write_scored(self, table: pa.Table, unit_index: int) -> list[str]:
+        """Stage the unit's scored rows: one file, or (a row group larger than --shard-rows, or
+        copies past it) consecutive parts of at most shard_rows rows, written side by side."""
+        bounds = part_bounds(table.num_rows, self._shard_rows)
+        if len(bounds) == 2:
+            names = [self._name("scored", unit_index)]
+        else:
+            names = [self._name("scored", unit_index, k) for k in range(len(bounds) - 1)]
+
+        def write(k: int) -> None:
+            part = table.slice(bounds[k], bounds[k + 1] - bounds[k])
+            storage.write_parquet(part, names[k], use_dictionary=self._dictionary)
+
+        if self._part_pool is None or len(names) == 1:
+            for k in range(len(names)):
+                write(k)
+        else:
+            list(self._part_pool.map(write, range(len(names))))
+        return names
 
     def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam, copy_plans=None):
         unit_index, parts = element
@@ -194,6 +227,8 @@ class _WriteUnit(beam.DoFn):
 
     def teardown(self):
         self._overlap.close()
+        if self._part_pool is not None:
+            self._part_pool.shutdown(wait=True)
 
     def _outputs(self, result):
         unit_index, files, rows_written, metrics = result
@@ -236,8 +271,7 @@ class _WriteUnit(beam.DoFn):
             scored, row_value, score, None if valid.all() else valid, token_values, self._device
         )
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
-        files.append(self._name("scored", unit_index))
-        storage.write_parquet(scored, files[-1], use_dictionary=self._dictionary)
+        files += self._write_scored(scored, unit_index)
         faults.maybe_slow_write()
 
         bad = np.flatnonzero(status == REJECTED)
@@ -268,9 +302,11 @@ class WriteScored(beam.PTransform):
     def __init__(
         self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None, *, device: str = "auto",
         accelerator: str | None = None, file_metadata: dict[str, str] | None = None, threads: int = 0,
+        shard_rows: int = 65536,
     ):
         super().__init__()
         self._threads = threads
+        self._shard_rows = shard_rows
         self._plan = plan
         self._output = output
         self._scoring = scoring
@@ -282,7 +318,10 @@ class WriteScored(beam.PTransform):
     def expand(self, unit_records):
         side = {} if self._copy_plans is None else {"copy_plans": beam.pvalue.AsDict(self._copy_plans)}
         write = beam.ParDo(
-            _WriteUnit(self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata, self._threads),
+            _WriteUnit(
+                self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata, self._threads,
+                self._shard_rows,
+            ),
             **side,
         )
         write = write.with_outputs(_WriteUnit.METRICS, main="files")
