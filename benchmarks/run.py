@@ -34,7 +34,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from generate import generate  # noqa: E402
 
 
 def timed(cmd: list[str]) -> tuple[float, int]:
@@ -74,6 +73,19 @@ def compare(rescore_out: str, baseline_out: str) -> str:
     return f"agree: {a.num_rows:,} scores (max rel diff {worst:.1e}), advantages of 200 sampled rows"
 
 
+def in_child(call: str) -> str:
+    """Run `call` (Python, in this directory's modules) in a fresh process; its last stdout line.
+
+    Reading the outputs to compare them (or generating input) takes gigabytes; done in this
+    process, they would count toward every later child's peak RSS, since Linux carries the
+    parent's high-water mark over fork and exec into ru_maxrss."""
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import run, generate; print({call})"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def bench(name: str, commands: dict[str, list[str]], repeats: int) -> dict[str, dict]:
     runs: dict[str, list[tuple[float, int]]] = {k: [] for k in commands}
     for _ in range(repeats):  # interleaved, so drift hits every program alike
@@ -109,7 +121,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     tiny = Path(args.data) / "grpo-512.parquet"
     if not tiny.exists():
-        generate(512, str(tiny))
+        in_child(f"generate.generate(512, {str(tiny)!r})")
     fixed = statistics.median(timed(rescore_cmd(str(tiny), str(work / "tiny"), "grpo"))[0] for _ in range(args.repeats))
     results["fixed_cost_s"] = round(fixed, 2)
     print(f"fixed cost (512 rows: imports, pipeline start-up): {fixed:.2f} s", flush=True)
@@ -118,7 +130,7 @@ def main(argv=None) -> int:
         inp = Path(args.data) / f"grpo-{rows}{layout}.parquet"
         if not inp.exists():
             print(f"generating {inp}", flush=True)
-            generate(rows, str(inp), row_group_rows=args.row_group_rows)
+            in_child(f"generate.generate({rows}, {str(inp)!r}, row_group_rows={args.row_group_rows})")
         a, b, c = str(work / f"a-{rows}"), str(work / f"b-{rows}.parquet"), str(work / f"c-{rows}.parquet")
         work.mkdir(parents=True, exist_ok=True)
         print(f"{rows:,} rows, GRPO", flush=True)
@@ -127,7 +139,7 @@ def main(argv=None) -> int:
             "script": [sys.executable, str(HERE / "baseline.py"), str(inp), b],
             "io_floor": [sys.executable, str(HERE / "io_floor.py"), str(inp), c],
         }, args.repeats)
-        check = compare(a, b)
+        check = in_child(f"run.compare({a!r}, {b!r})")
         print(f"  {check}", flush=True)
         r, s, f = (times[k]["median_s"] for k in ("rescore", "script", "io_floor"))
         results["sizes"][rows] = {
@@ -141,14 +153,14 @@ def main(argv=None) -> int:
             ms = Path(args.data) / f"multistep-{rows}{layout}.parquet"
             if not ms.exists():
                 print(f"generating {ms}", flush=True)
-                generate(rows, str(ms), multi_step=True, row_group_rows=args.row_group_rows)
+                in_child(f"generate.generate({rows}, {str(ms)!r}, multi_step=True, row_group_rows={args.row_group_rows})")
             print(f"{rows:,} rows, multi-step", flush=True)
             sw = bench("step_wise_grpo", {
                 "rescore": rescore_cmd(str(ms), a + "-sw", "step_wise_grpo"),
                 "script": [sys.executable, str(HERE / "baseline.py"), str(ms), b + "-sw", "--strategy", "step_wise_grpo"],
                 "io_floor": [sys.executable, str(HERE / "io_floor.py"), str(ms), c + "-sw"],
             }, args.repeats)
-            sw_check = compare(a + "-sw", b + "-sw")
+            sw_check = in_child(f"run.compare({a + '-sw'!r}, {b + '-sw'!r})")
             dup = bench("duplicate_informative", {
                 "rescore": rescore_cmd(str(ms), a + "-dup", "grpo,duplicate_informative"),
             }, args.repeats)

@@ -46,3 +46,34 @@ def test_generator_regroups_the_same_rows(tmp_path):
     one = pq.ParquetFile(generate(40_000, str(tmp_path / "b.parquet"), row_group_rows=1 << 20))
     assert default.num_row_groups == 3 and one.num_row_groups == 1
     assert default.read().equals(one.read())
+
+
+def test_timeline_reports_every_step(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from generate import generate
+
+    inp = generate(700, str(tmp_path / "in.parquet"))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/timeline.py", "--input", inp, "--output", str(tmp_path / "out"), "--strategy", "grpo",
+         "--quiet", "--runner=FnApiRunner"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    )
+    labels = [line[:24].strip() for line in proc.stdout.splitlines()]
+    for label in ("imports", "read+validate unit", "parquet read", "score bucket", "read back+write unit", "parquet write",
+                  "finalize", "total (before exit)"):
+        assert label in labels, proc.stdout
+    assert (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_run_command_end_to_end_on_tiny_data(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--sizes", "1500", "3000", "--repeats", "1", "--data", str(tmp_path),
+         "--json", str(tmp_path / "r.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
+    )
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert set(result["sizes"]) == {"1500", "3000"} and result["fixed_cost_s"] > 0
+    assert result["sizes"]["3000"]["check"].startswith("agree: 3,000 scores")
+    # Peak RSS is the child's own: the driver reads the outputs to compare them in a child process.
+    assert 0 < result["sizes"]["3000"]["io_floor"]["peak_rss_mb"] < 1500
+    assert "targets:" in proc.stdout and "time per row within 1.5x across sizes" in proc.stdout

@@ -1,0 +1,83 @@
+"""Where a local rescore run spends its time: imports, then each step's first start, last end
+and busy seconds (summed over the threads that ran it).
+
+    python benchmarks/timeline.py --input benchmarks/data/grpo-200000.parquet --output /tmp/tl --strategy grpo --overwrite
+
+Takes the rescore command line. It wraps the step functions of the in-process run (read and
+validate, sort and score, read back and write, finalize) and the Parquet reads and writes inside
+them, runs the job once and prints one line per function, in order of first start. Busy time can
+exceed the span where read units overlap (--io-threads).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from pathlib import Path
+
+T0 = time.perf_counter()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines import rescore  # noqa: E402
+
+IMPORTED = time.perf_counter() - T0
+
+from transforms import read, score, storage, write  # noqa: E402
+
+_events: list[tuple[str, float, float]] = []
+_lock = threading.Lock()
+
+
+def _wrap(owner, name: str, label: str) -> None:
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            result = inner(*args, **kwargs)
+            return list(result) if hasattr(result, "__next__") else result  # time a generator's work too
+        finally:
+            with _lock:
+                _events.append((label, start - T0, time.perf_counter() - T0))
+
+    setattr(owner, name, timed)
+
+
+STEPS = [
+    (read._ReadLight, "_work", "read+validate unit"),
+    (read, "read_unit", "  parquet read"),
+    (read, "check_rows", "  check_rows"),
+    (read, "light_rows", "  light_rows"),
+    (score._PrepareBucket, "process", "sort+dedupe bucket"),
+    (score._ScoreBucket, "process", "score bucket"),
+    (write._WriteUnit, "_work", "read back+write unit"),
+    (write, "read_unit", "  parquet read (again)"),
+    (write, "score_columns", "  token broadcast"),
+    (storage, "write_parquet", "  parquet write"),
+    (write._Finalize, "process", "finalize"),
+]
+
+
+def main(argv: list[str]) -> int:
+    for owner, name, label in STEPS:
+        _wrap(owner, name, label)
+    code = rescore.main(argv)
+    total = time.perf_counter() - T0
+    print(f"{'imports':24s} {0.0:6.2f} - {IMPORTED:6.2f} s")
+    spans: dict[str, list[float]] = {}
+    for label, start, end in _events:
+        span = spans.setdefault(label, [start, end, 0.0, 0])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+        span[2] += end - start
+        span[3] += 1
+    for label, (start, end, busy, calls) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        print(f"{label:24s} {start:6.2f} - {end:6.2f} s  busy {busy:6.2f} s  calls {calls}")
+    print(f"{'total (before exit)':24s} {total:6.2f} s")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
