@@ -43,7 +43,12 @@ CONFIG_KEYS = {
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
     "incremental": "score only input files not yet in the output's manifest, into a new run directory",
     "pipeline_options": "mapping of Beam pipeline options",
+    "input_table": "with a database URL as input: the Trinity-RFT experience buffer (table) to read",
+    "input_format": "parquet (default) or verl-rollouts (verl rollout_data_dir *.jsonl)",
+    "output_db": "also write the scored experience as a Trinity-RFT buffer into this database URL",
+    "output_table": "with output_db: the buffer (table) name to write",
 }
+INPUT_FORMATS = ("parquet", "verl-rollouts")
 
 
 @dataclass
@@ -68,6 +73,10 @@ class RunConfig:
     quiet: bool = False
     log_level: str = "WARNING"
     beam_args: list[str] = field(default_factory=list)
+    input_table: str | None = None
+    input_format: str = "parquet"
+    output_db: str | None = None
+    output_table: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -138,6 +147,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-wait", "--no_wait", action="store_true", help="submit to a remote runner and return without waiting (Flex Templates)"
     )
+    p.add_argument("--input-table", "--input_table", metavar="NAME",
+                   help="read the Trinity-RFT experience buffer NAME from the database URL given as --input")
+    p.add_argument("--input-format", "--input_format", choices=INPUT_FORMATS,
+                   help="parquet (default) or verl-rollouts (verl trainer.rollout_data_dir {step}.jsonl files)")
+    p.add_argument("--output-db", "--output_db", metavar="URL",
+                   help="also write the scored experience as a Trinity-RFT buffer into this SQLAlchemy database URL")
+    p.add_argument("--output-table", "--output_table", metavar="NAME", help="with --output-db: the buffer name to write")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -319,6 +335,17 @@ def parse_args(argv: list[str]) -> RunConfig:
         raise ConfigError(f"device must be one of auto, cpu, cuda, got {device!r}")
     accelerator = args.accelerator or config.get("accelerator")
 
+    input_table = args.input_table or config.get("input_table")
+    input_format = args.input_format or config.get("input_format", "parquet")
+    if input_format not in INPUT_FORMATS:
+        raise ConfigError(f"input format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+    output_db = args.output_db or config.get("output_db")
+    output_table = args.output_table or config.get("output_table")
+    if bool(output_db) != bool(output_table):
+        raise ConfigError("--output-db URL and --output-table NAME go together")
+    if input_table and input_format != "parquet":
+        raise ConfigError("--input-table reads a Trinity-RFT SQL buffer; it takes no --input-format")
+
     beam_args = _option_flags(config.get("pipeline_options") or {}) + rest
     _check_beam_args(beam_args)
     return RunConfig(
@@ -342,4 +369,8 @@ def parse_args(argv: list[str]) -> RunConfig:
         quiet=args.quiet,
         log_level=args.log_level,
         beam_args=_with_worker_log_level(_with_default_runner(beam_args), args.log_level),
+        input_table=str(input_table) if input_table else None,
+        input_format=str(input_format),
+        output_db=str(output_db) if output_db else None,
+        output_table=str(output_table) if output_table else None,
     )

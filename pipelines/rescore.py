@@ -163,6 +163,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
+    from pipelines import sources  # Trinity SQL buffers, verl rollout dumps
+
+    if sources.wanted(cfg):
+        return sources.run(cfg, _run_once)
     if cfg.incremental:
         return _run_incremental(cfg)
     return _run_once(cfg)

@@ -2,6 +2,8 @@
 
     rescore sample --output data/sample [--batches 4] [--tasks 16] [--runs 8] [--steps 1]
                    [--files 2] [--row-group-rows 1000] [--string-tasks] [--seed 0]
+    rescore sample --format trinity-sql --output buffer.db [--table experience] [...]
+    rescore sample --format verl-rollouts --output rollouts/ [...]
 
 Rows are shuffled and spread over several files and row groups, as logged experience is.
 """
@@ -82,7 +84,11 @@ def write_files(table: pa.Table, directory: str, *, files: int = 2, row_group_ro
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rescore sample", description="Write sample experience Parquet.")
-    p.add_argument("--output", required=True, help="directory to write experience-*.parquet into")
+    p.add_argument("--output", required=True,
+                   help="directory to write experience-*.parquet into (trinity-sql: the SQLite file; verl-rollouts: a directory)")
+    p.add_argument("--format", choices=["parquet", "trinity-sql", "verl-rollouts"], default="parquet",
+                   help="parquet files, a Trinity-RFT SQLite experience buffer, or verl rollout dumps ({step}.jsonl)")
+    p.add_argument("--table", default="experience", help="trinity-sql: the buffer (table) name")
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--tasks", type=int, default=16, help="tasks per batch")
     p.add_argument("--runs", type=int, default=8, help="runs (rollouts) per task")
@@ -95,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     table = make_experience(
         batches=a.batches, tasks=a.tasks, runs=a.runs, steps=a.steps, string_tasks=a.string_tasks, seed=a.seed
     )
+    if a.format != "parquet":
+        from pipelines import sample_formats
+
+        try:
+            message = sample_formats.write(a.format, table, a.output, table_name=a.table)
+        except FileExistsError as e:
+            print(f"rescore: error: {e}", file=sys.stderr)
+            return 2
+        print(message, file=sys.stderr)
+        return 0
     paths = write_files(table, a.output, files=a.files, row_group_rows=a.row_group_rows)
     print(f"wrote {table.num_rows} rows to {len(paths)} files in {a.output}", file=sys.stderr)
     return 0

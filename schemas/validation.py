@@ -136,6 +136,13 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             values = np.asarray(_np(expert.fill_null(0)), dtype=np.int64)
             out.add((values != 0) & (values != 1), lambda i: f"bad_expert: expert must be 0 or 1, got {values[i]}")
 
+    if "source_error" in names:  # rows a staging reader (SQL buffer, verl dump) could not decode
+        has_error = _np(table["source_error"].is_valid())
+        if has_error.any():
+            texts = table["source_error"].to_pylist()
+            out.reasons[has_error] = [texts[i] for i in np.flatnonzero(has_error)]
+            out.bad |= has_error
+
     ok = ~out.bad
     response_length = np.where(ok, response_length, 0)
     return RowCheck(ok=ok, reasons=out.reasons, response_length=response_length, lists=lists)

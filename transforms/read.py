@@ -203,7 +203,7 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs])))
+        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs, "source_error"])))
         check = check_rows(table, needs=self._needs)
         bad = np.flatnonzero(~check.ok)
         rejected = None

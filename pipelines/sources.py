@@ -1,0 +1,175 @@
+"""Input that is not experience Parquet, and a Trinity-RFT buffer as a second output.
+
+    rescore --input sqlite:///buffer.db --input-table experience --output DIR --algorithm grpo \\
+            [--output-db sqlite:///scored.db --output-table experience]
+    rescore --input 'rollouts/*.jsonl' --input-format verl-rollouts --output DIR --strategy grpo
+
+The flow: stage (a Beam job: id ranges of the buffer, or dump files, are read in parallel and
+written as Parquet into OUTPUT/_source/) -> the usual job on those files (unchanged: the same
+read units, validation, scoring, output and _SUCCESS) -> with --output-db, a Beam job inserts
+the scored rows into staging tables, then one transaction renames them to the buffer's name ->
+OUTPUT/_source/ is removed. docs/trainers.md says why the input is staged as Parquet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import replace
+from typing import Any, Callable
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
+
+from pipelines.config import RunConfig
+from transforms import storage
+from transforms.read import InputError
+from transforms.strategies import ConfigError
+from transforms.write import SUCCESS
+
+log = logging.getLogger("rescore")
+
+SOURCE_DIR = "_source"
+DB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
+
+
+def is_db_url(text: str) -> bool:
+    scheme = text.split("://", 1)[0] if "://" in text else ""
+    return scheme.split("+", 1)[0].lower() in DB_SCHEMES
+
+
+def wanted(cfg: RunConfig) -> bool:
+    """Does this run need this module (rather than plain Parquet in, Parquet out)?"""
+    return bool(cfg.input_table or cfg.input_format != "parquet" or cfg.output_db or any(map(is_db_url, cfg.inputs)))
+
+
+def _check(cfg: RunConfig) -> None:
+    if any(map(is_db_url, cfg.inputs)) and not cfg.input_table:
+        raise ConfigError(f"--input {cfg.inputs[0]} is a database URL: name the Trinity buffer to read with --input-table NAME")
+    if cfg.input_table and len(cfg.inputs) != 1:
+        raise ConfigError("--input-table reads one buffer: pass one --input database URL")
+    if cfg.input_table and not is_db_url(cfg.inputs[0]):
+        raise ConfigError(f"--input-table needs a database URL as --input (e.g. sqlite:///buffer.db), got {cfg.inputs[0]!r}")
+    if cfg.incremental:
+        raise ConfigError("--incremental tracks Parquet input files; it does not combine with --input-table, "
+                          "--input-format verl-rollouts or --output-db")
+    options = PipelineOptions(cfg.beam_args)
+    if options.view_as(TestOptions).dry_run or not cfg.wait:
+        raise ConfigError("SQL buffers and verl dumps are staged before the job runs: --dry_run and --no-wait do not apply")
+    if storage.exists(storage.join(cfg.output, SUCCESS)) and not cfg.overwrite:
+        raise ConfigError(f"{cfg.output} already holds a finished run (_SUCCESS); pass --overwrite to replace it")
+    if cfg.output_db and cfg.input_format == "verl-rollouts":
+        raise ConfigError("--output-db writes Trinity experiences, which need token ids; verl rollout dumps hold text only")
+
+
+def _run_pipeline(cfg: RunConfig, build: Callable[[beam.Pipeline], Any]) -> None:
+    p = beam.Pipeline(options=PipelineOptions(cfg.beam_args))
+    build(p)
+    p.run().wait_until_finish()
+
+
+def _fresh_dir(path: str) -> str:
+    stale = storage.list_dir(path, "*")
+    if stale:
+        storage.delete(stale)
+    return path
+
+
+def _stage_buffer(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
+    from transforms import sql_buffer
+
+    plan = sql_buffer.plan_source(cfg.inputs[0], cfg.input_table, cfg.shard_rows)
+    _run_pipeline(cfg, lambda p: p | "StageBuffer" >> sql_buffer.StageBuffer(plan, directory))
+    info = {"format": "trinity-sql", "url": sql_buffer.safe_url(plan.url), "table": plan.table, "rows": plan.rows,
+            "id_ranges": len(plan.ranges)}
+    return storage.list_dir(directory, "*.parquet"), info
+
+
+def _stage_verl(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
+    from transforms import verl_rollouts
+
+    files: list[str] = []
+    for pattern in cfg.inputs:
+        if storage.is_local(pattern) and not any(c in pattern for c in "*?[") and not pattern.endswith(".jsonl"):
+            pattern = storage.join(pattern, "*.jsonl")  # a dump directory
+        found = [p for p, _ in storage.match(pattern)]
+        if not found:
+            raise InputError(f"no verl rollout files match {pattern!r}")
+        files += found
+    files = sorted(set(files))
+    _run_pipeline(cfg, lambda p: p | "StageRollouts" >> verl_rollouts.StageRollouts(files, directory))
+    staged = storage.list_dir(directory, "*.parquet")
+    if not staged:
+        raise InputError(f"the {len(files)} verl rollout files hold no lines")
+    return staged, {"format": verl_rollouts.FORMAT, "files": len(files)}
+
+
+def _check_parquet_sink(cfg: RunConfig) -> None:
+    """Plain Parquet in, buffer out: the input must carry token ids (checked before the run)."""
+    from transforms import sql_buffer
+
+    first = storage.match(cfg.inputs[0])
+    if first:
+        sql_buffer.sink_columns(storage.open_parquet(first[0][0]).schema_arrow)
+
+
+def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
+    from transforms import sql_buffer
+
+    files = sorted(storage.list_dir(cfg.output, "scored-*.parquet"))
+    placed, first_id = [], 1
+    columns: list[str] | None = None
+    for path in files:
+        pf = storage.open_parquet(path)
+        columns = columns or sql_buffer.sink_columns(pf.schema_arrow)
+        if pf.metadata.num_rows:
+            placed.append((path, first_id))
+            first_id += pf.metadata.num_rows
+    token = sql_buffer.new_token()
+    sql_buffer.prepare_staging(cfg.output_db, cfg.output_table, token)
+    if placed:
+        _run_pipeline(cfg, lambda p: p | "WriteBuffer" >> sql_buffer.InsertScored(
+            placed, cfg.output_db, cfg.output_table, token, columns or []))
+    else:
+        log.warning("no scored rows: the buffer %s is written empty", cfg.output_table)
+    rows = sql_buffer.commit_staging(cfg.output_db, cfg.output_table, token, cfg.overwrite)
+    if rows != first_id - 1:  # pragma: no cover - the commit counts what the workers inserted
+        raise RuntimeError(f"buffer {cfg.output_table} holds {rows} rows, the scored files {first_id - 1}")
+    return {"url": sql_buffer.safe_url(cfg.output_db), "table": cfg.output_table, "rows": rows}
+
+
+def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """Stage the input if it is not Parquet, run the job, write the buffer if asked."""
+    _check(cfg)
+    if cfg.output_db:
+        from transforms import sql_buffer
+
+        sql_buffer.check_sink(cfg.output_db, cfg.output_table, cfg.overwrite)
+        if not cfg.input_table and cfg.input_format == "parquet":
+            _check_parquet_sink(cfg)
+    inner, info = cfg, {}
+    staging = storage.join(cfg.output, SOURCE_DIR)
+    if cfg.input_table or cfg.input_format != "parquet":
+        _fresh_dir(staging)
+        stage = _stage_buffer if cfg.input_table else _stage_verl
+        staged, source = stage(cfg, staging)
+        inner = replace(cfg, inputs=[storage.join(staging, "*.parquet")])
+        info = {"source": source}
+    doc = run_once(inner, info)
+    if cfg.output_db:
+        doc["buffer"] = _write_buffer(cfg)
+        if not cfg.quiet:
+            b = doc["buffer"]
+            print(f"rescore: wrote {b['rows']:,} experiences to buffer {b['table']!r} in {b['url']}", file=sys.stderr)
+    if inner is not cfg:
+        storage.delete(storage.list_dir(staging, "*"))
+        if storage.is_local(staging):
+            try:
+                os.rmdir(staging)
+            except OSError:
+                pass
+    return doc
+
+
+__all__ = ["run", "wanted", "is_db_url"]

@@ -1,0 +1,325 @@
+"""Trinity-RFT SQL buffers (SQLite): TRXP blobs, the id-range source, the atomic sink, bad input.
+
+The round trip through the real trinity-rft code is in test_trinity_roundtrip.py; the same
+against a live PostgreSQL server in test_postgres_buffers.py.
+"""
+
+import os
+import pickle
+import sqlite3
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import RUNNER
+from data import read_output
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from transforms import sql_buffer  # noqa: E402
+from transforms import trinity_format as trxp  # noqa: E402
+
+
+def _blob(batch=0, task=0, run=0, step=0, reward=1.0, prompt=3, response=4, **overrides):
+    item = trxp.new_item(eid={"batch": batch, "task": task, "run": run, "step": step, "suffix": "abc"},
+                         reward=reward, prompt_length=prompt)
+    fields = {
+        "tokens": torch.arange(prompt + response, dtype=torch.int32),
+        "logprobs": -torch.rand(response),
+        "action_mask": torch.ones(response, dtype=torch.bool),
+    }
+    fields.update(overrides)
+    return trxp.encode([(item, fields)])
+
+
+def _raw_blob(meta_pickle: bytes, tensor_bytes: bytes = None) -> bytes:
+    tensor_bytes = tensor_bytes if tensor_bytes is not None else trxp.save_tensors({"0:tokens": torch.arange(5)})
+    return b"TRXP" + struct.pack("<B", 1) + struct.pack("<QQ", len(meta_pickle), len(tensor_bytes)) + meta_pickle + tensor_bytes
+
+
+class _Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _sample_buffer(path, **kw):
+    from pipelines.sample import make_experience
+    from pipelines.sample_formats import write_trinity_sqlite
+
+    write_trinity_sqlite(make_experience(seed=kw.pop("seed", 0), **kw), str(path), "experience")
+    return f"sqlite:///{path}"
+
+
+def _insert(url, name, rows):
+    """rows: (task_id, run_id, reward, blob or None)."""
+    db = url[len("sqlite:///"):]
+    con = sqlite3.connect(db)
+    start = con.execute(f"SELECT coalesce(max(id), 0) FROM {name}").fetchone()[0] + 1
+    for i, (task, run, reward, blob) in enumerate(rows):
+        con.execute(f"INSERT INTO {name} (id, task_id, run_id, msg_id, model_version, reward, consumed) "
+                    "VALUES (?, ?, ?, ?, 0, ?, 0)", (start + i, task, run, f"bad{i}", reward))
+        if blob is not None:
+            con.execute(f"INSERT INTO {name}_blob (id, experience_bytes) VALUES (?, ?)", (start + i, blob))
+    con.commit()
+    con.close()
+    return list(range(start, start + len(rows)))
+
+
+def _cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-m", "pipelines.rescore", *args, RUNNER], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def _grpo(rows, eps=1e-6):
+    """Independent GRPO: unbiased std per (batch, task), a group of one has mean 0, std 1."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["batch"], r["task"]), []).append(r["reward"])
+    out = {}
+    for r in rows:
+        g = np.array(groups[(r["batch"], r["task"])], dtype=np.float64)
+        mean, std = (g.mean(), g.std(ddof=1)) if len(g) > 1 else (0.0, 1.0)
+        std = 0.0 if np.all(g == g[0]) and len(g) > 1 else std
+        out[(r["batch"], r["task"], r["run"], r["step"])] = (r["reward"] - mean) / (std + eps)
+    return out
+
+
+# --- the TRXP format ---------------------------------------------------------------------------
+
+def test_blob_round_trip_keeps_every_field_and_dtype():
+    item = trxp.new_item(eid={"batch": 3, "task": "t", "run": 1, "step": 0, "suffix": "x"}, reward=0.5, prompt_length=2)
+    item["messages"] = [{"role": "user", "content": "hi"}]
+    item["metrics"] = {"m": np.float64(0.25)}
+    fields = {"tokens": torch.tensor([1, 2, 3, 4], dtype=torch.int32), "logprobs": torch.tensor([-0.5, -1.5]),
+              "action_mask": torch.tensor([True, False]), "routed_experts": torch.zeros(3, 2, 2, dtype=torch.uint8),
+              "multi_modal_inputs:pixel": torch.ones(2, 2, dtype=torch.bfloat16)}
+    ((back, t),) = trxp.decode(trxp.encode([(item, fields)]))
+    assert back["eid"] == item["eid"] and back["messages"] == item["messages"] and back["metrics"]["m"] == 0.25
+    assert set(t) == set(fields)
+    for k, v in fields.items():
+        assert t[k].dtype == v.dtype and t[k].shape == v.shape and torch.equal(t[k], v)
+
+
+def test_malicious_pickle_runs_nothing_and_names_the_callable(tmp_path):
+    marker = tmp_path / "pwned"
+    blob = _raw_blob(pickle.dumps({"version": 1, "num_items": 1, "items": [_Evil(marker)]}))
+    with pytest.raises(trxp.BlobError, match=r"unsafe_pickle: .*(posix|os)\.system"):
+        trxp.decode(blob)
+    assert not marker.exists()
+    # builtins.eval / exec and Trinity's own classes are refused the same way
+    for module, name in (("builtins", "eval"), ("subprocess", "Popen"), ("trinity.common.experience", "Experience")):
+        evil = f"c{module}\n{name}\n(S'1'\ntR.".encode()
+        with pytest.raises(trxp.BlobError, match=f"unsafe_pickle: the metadata pickle names {module}.{name}"):
+            trxp.loads_plain(evil)
+
+
+def test_legacy_and_garbage_blobs_are_refused():
+    legacy = pickle.dumps({"tokens": [1, 2]})
+    with pytest.raises(trxp.BlobError, match="not a TRXP blob"):
+        trxp.decode(legacy)
+    with pytest.raises(trxp.BlobError, match="truncated"):
+        trxp.decode(_blob()[:-10])
+    with pytest.raises(trxp.BlobError, match="bad_blob"):
+        trxp.decode(_raw_blob(b"not a pickle at all"))
+
+
+def test_id_ranges_cover_every_id_once():
+    for lo, hi, count, shard in ((1, 100, 100, 7), (5, 5, 1, 10), (1, 10**6, 10, 3), (1, 9, 9, 100)):
+        ranges = sql_buffer.id_ranges(lo, hi, count, shard)
+        ids = [i for a, b in ranges for i in range(a, b)] if hi - lo < 10**5 else None
+        assert ranges[0][0] == lo and ranges[-1][1] == hi + 1
+        assert all(a < b for a, b in ranges) and all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))
+        assert len(ranges) == -(-count // shard)
+        if ids is not None:
+            assert ids == list(range(lo, hi + 1))
+
+
+# --- reading a buffer --------------------------------------------------------------------------
+
+def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore):
+    url = _sample_buffer(tmp_path / "buffer.db", batches=2, tasks=5, runs=4)
+    plan = sql_buffer.plan_source(url, "experience", 7)
+    assert plan.rows == 40 and len(plan.ranges) == 6
+    doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo", "--shard-rows", "7")
+    assert doc["source"] == {"format": "trinity-sql", "url": url, "table": "experience", "rows": 40, "id_ranges": 6}
+    assert doc["totals"]["rows_read"] == 40 and doc["totals"]["rows_written"] == 40
+    assert os.path.exists(os.path.join(out, "_SUCCESS")) and not os.path.exists(os.path.join(out, "_source"))
+    scored = read_output(out).to_pylist()
+    # every buffer row once, with the ids Trinity's reader gives it (task from task_id: a string)
+    assert sorted(r["sql_id"] for r in scored) == list(range(1, 41))
+    assert all(isinstance(r["task"], str) for r in scored)
+    expected = _grpo(scored)
+    for r in scored:
+        score = expected[(r["batch"], r["task"], r["run"], r["step"])]
+        assert r["score"] == pytest.approx(score, abs=1e-5)
+        np.testing.assert_allclose(r["advantages"], np.float32(score) * np.asarray(r["action_mask"], np.float32), atol=1e-5)
+        assert len(r["advantages"]) == len(r["tokens"]) - r["prompt_length"]
+        assert r["trinity_blob"][:4] == b"TRXP"
+
+
+def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore):
+    url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
+    marker = tmp_path / "pwned"
+    evil = _raw_blob(pickle.dumps({"version": 1, "num_items": 1, "items": [_Evil(marker)]}))
+    ids = _insert(url, "experience", [
+        ("0", 9, 1.0, b"\x00garbage"),
+        ("0", 10, 1.0, _blob(response=4, logprobs=torch.zeros(6))),   # 6 logprobs, 4 response tokens
+        ("0", 11, 1.0, evil),
+        ("0", 12, 1.0, None),                                          # no blob row
+        ("0", 13, 1.0, _blob(batch="", response=4)),                   # eid.batch never set
+    ])
+    doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo")
+    assert not marker.exists()
+    rejected = {r["sql_id"]: r["reject_reason"] for r in read_output(out, "rejected").to_pylist()}
+    assert sorted(rejected) == ids
+    assert rejected[ids[0]].startswith("bad_blob: not a TRXP blob")
+    assert rejected[ids[1]].startswith("length_mismatch: logprobs has 6 values but tokens - prompt_length is 7 - 3 = 4")
+    assert rejected[ids[2]].startswith("unsafe_pickle:") and "system" in rejected[ids[2]]
+    assert rejected[ids[3]] == f"missing_blob: no row {ids[3]} in the _blob table"
+    assert rejected[ids[4]].startswith("bad_eid: eid.batch is ''")
+    reasons = doc["totals"]["reject_reasons"]
+    assert reasons == {"bad_blob": 1, "length_mismatch": 1, "unsafe_pickle": 1, "missing_blob": 1, "bad_eid": 1}
+    assert doc["totals"]["rows_written"] == 12
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input", "sqlite:///{d}/buffer.db", "--input-table", "nope"], "no table 'nope' in sqlite:///"),
+    (["--input", "sqlite:///{d}/missing.db", "--input-table", "experience"], "no SQLite database file"),
+    (["--input", "postgresql://u:secret@127.0.0.1:1/db", "--input-table", "experience"], "cannot connect to postgresql://u:***@127.0.0.1:1/db"),
+    (["--input", "nosuchdb://x/y", "--input-table", "experience"], "is not a database URL"),
+    (["--input", "sqlite:///{d}/buffer.db"], "is a database URL: name the Trinity buffer to read with --input-table"),
+    (["--input", "sqlite:///{d}/buffer.db", "--input-table", "experience", "--output-db", "sqlite:///{d}/o.db"],
+     "--output-db URL and --output-table NAME go together"),
+])
+def test_bad_source_is_one_line_exit_2(tmp_path, args, message):
+    _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
+    argv = [a.format(d=tmp_path) for a in args] + ["--output", str(tmp_path / "out"), "--strategy", "grpo"]
+    proc = _cli(*argv)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], proc.stderr
+    assert "secret" not in proc.stderr
+    assert not (tmp_path / "missing.db").exists()
+
+
+# --- writing a buffer --------------------------------------------------------------------------
+
+def _read_buffer(url, name):
+    """(meta rows, decoded blobs) by id, with this package's decoder."""
+    con = sqlite3.connect(url[len("sqlite:///"):])
+    meta = {r[0]: r for r in con.execute(f"SELECT id, task_id, run_id, msg_id, model_version, reward, consumed FROM {name}")}
+    blobs = {i: trxp.decode(b)[0] for i, b in con.execute(f"SELECT id, experience_bytes FROM {name}_blob")}
+    con.close()
+    return meta, blobs
+
+
+def test_output_db_holds_every_scored_row_once(tmp_path, rescore):
+    url = _sample_buffer(tmp_path / "buffer.db", batches=2, tasks=4, runs=4)
+    out_url = f"sqlite:///{tmp_path}/scored.db"
+    doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo,duplicate_informative",
+                       "--output-db", out_url, "--output-table", "rescored", "--shard-rows", "9")
+    scored = read_output(out).to_pylist()
+    assert doc["buffer"] == {"url": out_url, "table": "rescored", "rows": len(scored)}
+    meta, blobs = _read_buffer(out_url, "rescored")
+    assert sorted(meta) == list(range(1, len(scored) + 1)) and sorted(blobs) == sorted(meta)
+    src_meta, src_blobs = _read_buffer(url, "experience")
+    suffixes = set()
+    for i, (item, t) in blobs.items():
+        _, task, run, msg, version, reward, consumed = meta[i]
+        assert consumed == 0 and msg == item["eid"]["suffix"]
+        suffixes.add(msg)
+        row = next(r for r in scored if str(r["task"]) == task and r["run"] == run and r["batch"] == item["eid"]["batch"]
+                   and msg.startswith(r["msg_id"]) and (r.get("copy_index") or 0) == (int(msg.split("-c")[1]) if "-c" in msg else 0))
+        assert reward == row["reward"] and version == row["model_version"]
+        np.testing.assert_array_equal(t["advantages"].numpy(), np.asarray(row["advantages"], np.float32))
+        np.testing.assert_array_equal(t["returns"].numpy(), np.asarray(row["returns"], np.float32))
+        _, src_t = src_blobs[row["sql_id"]]
+        for name in ("tokens", "logprobs", "action_mask"):  # the tensors read, bit for bit, dtype too
+            assert t[name].dtype == src_t[name].dtype and torch.equal(t[name], src_t[name])
+    assert len(suffixes) == len(blobs)  # copies get ids of their own
+    assert doc["totals"]["rows_duplicated"] > 0
+
+
+def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
+    url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
+    out_url = f"sqlite:///{tmp_path}/scored.db"
+    rescore(url, "--input-table", "experience", "--strategy", "grpo", "--output-db", out_url, "--output-table", "t")
+    proc = _cli("--input", url, "--input-table", "experience", "--strategy", "rloo", "--output", str(tmp_path / "o2"),
+                "--output-db", out_url, "--output-table", "t")
+    assert proc.returncode == 2 and "table 't' already exists" in proc.stderr and "--overwrite" in proc.stderr
+    assert not (tmp_path / "o2" / "_source").exists()
+
+    # a run killed while inserting leaves staging tables only: 't' keeps its old rows
+    env = {**os.environ, "PYTHONPATH": ROOT, "RESCORE_FAULT": "fail_insert:1"}
+    proc = subprocess.run([sys.executable, "-m", "pipelines.rescore", "--input", url, "--input-table", "experience",
+                           "--strategy", "rloo", "--output", str(tmp_path / "o3"), "--output-db", out_url,
+                           "--output-table", "t", "--overwrite", RUNNER], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    con = sqlite3.connect(f"{tmp_path}/scored.db")
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"t", "t_blob"} <= names and any(n.startswith("t__rescore_") for n in names)
+    before = con.execute("SELECT count(*) FROM t").fetchone()[0]
+    con.close()
+    _, old = _read_buffer(out_url, "t")
+    grpo_adv = {i: t["advantages"] for i, (_, t) in old.items()}
+
+    doc, _ = rescore(url, "--input-table", "experience", "--strategy", "rloo", "--output-db", out_url,
+                     "--output-table", "t", "--overwrite", output=str(tmp_path / "o4"))
+    con = sqlite3.connect(f"{tmp_path}/scored.db")
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    con.close()
+    assert names == {"t", "t_blob"}  # the killed run's staging tables are gone
+    _, new = _read_buffer(out_url, "t")
+    assert len(new) == before == doc["buffer"]["rows"]
+    assert any(not torch.equal(new[i][1]["advantages"], grpo_adv[i]) for i in new)  # RLOO replaced GRPO
+
+
+def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
+    from pipelines.sample import make_experience, write_files
+
+    write_files(make_experience(batches=1, tasks=3, runs=3), str(tmp_path / "data"))
+    out_url = f"sqlite:///{tmp_path}/scored.db"
+    doc, out = rescore(str(tmp_path / "data" / "*.parquet"), "--strategy", "grpo", "--output-db", out_url,
+                       "--output-table", "exp")
+    meta, blobs = _read_buffer(out_url, "exp")
+    assert len(meta) == doc["totals"]["rows_written"] == 9
+    scored = {(r["task"], r["run"]): r for r in read_output(out).to_pylist()}
+    for i, (item, t) in blobs.items():
+        row = scored[(item["eid"]["task"], item["eid"]["run"])]
+        assert t["tokens"].dtype == torch.int32 and t["tokens"].tolist() == row["tokens"]
+        assert item["prompt_length"] == row["prompt_length"] and meta[i][1] == str(row["task"])
+        np.testing.assert_array_equal(t["advantages"].numpy(), np.asarray(row["advantages"], np.float32))
+
+
+def test_sample_buffer_command(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-m", "pipelines.rescore", "sample", "--format", "trinity-sql", "--output",
+                           str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 6 experiences to the Trinity buffer 'experience'" in proc.stderr
+    meta, blobs = _read_buffer(f"sqlite:///{tmp_path}/b.db", "experience")
+    assert len(meta) == len(blobs) == 6
+    again = subprocess.run([sys.executable, "-m", "pipelines.rescore", "sample", "--format", "trinity-sql", "--output",
+                            str(tmp_path / "b.db")], capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_staged_schema_parquet_is_valid_input(tmp_path):
+    """The staged files pass the input contract as they are (a column type drift would fail here)."""
+    from schemas import validate_file_schema
+
+    url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
+    table = sql_buffer.read_range(url, "experience", 1, 100)
+    pq.write_table(table, tmp_path / "x.parquet")
+    assert validate_file_schema(str(tmp_path / "x.parquet"), pq.read_schema(tmp_path / "x.parquet")) == []
+    assert table.num_rows == 4 and table["source_error"].null_count == 4

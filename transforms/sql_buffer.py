@@ -1,0 +1,569 @@
+"""Trinity-RFT SQL experience buffers as a Beam source and sink.
+
+A buffer named NAME (trinity/buffer/schema/sql_schema.py) is two tables:
+    NAME       id, timestamp, task_id, run_id, msg_id, model_version, reward, consumed
+    NAME_blob  id, experience_bytes (a TRXP blob, see transforms/trinity_format.py)
+Trinity's reader takes task, run, suffix (msg_id) and reward from NAME and everything else
+(batch, step, tensors, texts) from the blob; so does this one.
+
+Source (`StageBuffer`): the launcher reads only count/min/max of NAME's ids and cuts the id span
+into ranges; each range is read, decoded and written as one Parquet file by a worker, so
+workers read in parallel and the launcher reads no experience. The rest of the pipeline then
+reads those files like any other input.
+
+Sink (`write_buffer`): the scored Parquet rows are inserted by workers into a pair of staging
+tables with ids fixed by file (file k starts after the rows of files 0..k-1), then one
+transaction drops nothing but what --overwrite allows and renames the staging tables to NAME
+and NAME_blob. A run killed before that leaves only `NAME__rescore_*` staging tables, which
+the next run removes; NAME never holds half the rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import torch
+from apache_beam.metrics import Metrics
+
+from transforms import faults, storage
+from transforms import trinity_format as trxp
+from transforms.strategies import ConfigError
+
+log = logging.getLogger(__name__)
+
+STAGING_INFIX = "__rescore_"
+INSERT_ROWS = 256
+"""Rows per INSERT round trip (blobs are tens of KB each)."""
+
+STAGED_SCHEMA = pa.schema(
+    [
+        pa.field("batch", pa.int64()),
+        pa.field("task", pa.string()),
+        pa.field("run", pa.int64()),
+        pa.field("step", pa.int64()),
+        pa.field("reward", pa.float64()),
+        pa.field("tokens", pa.list_(pa.int64())),
+        pa.field("prompt_length", pa.int64()),
+        pa.field("logprobs", pa.list_(pa.float32())),
+        pa.field("action_mask", pa.list_(pa.bool_())),
+        pa.field("teacher_logprobs", pa.list_(pa.float32())),
+        pa.field("sql_id", pa.int64()),
+        pa.field("msg_id", pa.string()),
+        pa.field("model_version", pa.int64()),
+        pa.field("prompt_text", pa.string()),
+        pa.field("response_text", pa.string()),
+        pa.field("info", pa.string()),
+        pa.field("trinity_blob", pa.binary()),
+        pa.field("source_error", pa.string()),
+    ]
+)
+"""The columns a buffer row becomes. `info` is the experience's info dict as JSON,
+`trinity_blob` the original blob (the sink writes it back with new advantages, so every field
+Rescore does not model, e.g. messages or multi-modal inputs, survives), `source_error` the
+reason a row could not be decoded (the validation step rejects such rows with it)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Connections and tables
+# ---------------------------------------------------------------------------------------------
+
+
+def _sqlalchemy():
+    try:
+        import sqlalchemy
+    except ImportError:  # pragma: no cover - a core dependency; a broken install
+        raise ConfigError("SQL buffers need SQLAlchemy: pip install 'sqlalchemy>=2'") from None
+    return sqlalchemy
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password hidden (for messages and metrics.json)."""
+    sa = _sqlalchemy()
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001
+        return url.split("@")[-1]
+
+
+def engine(url: str, *, must_exist: bool = True):
+    """An engine for `url`; ConfigError (one line) for a malformed URL, an unknown driver or a
+    SQLite file that does not exist (SQLite would create an empty one)."""
+    sa = _sqlalchemy()
+    try:
+        parsed = sa.engine.make_url(url)
+    except Exception:  # noqa: BLE001  (ArgumentError and friends)
+        raise ConfigError(f"{url!r} is not a database URL (e.g. sqlite:///buffer.db, postgresql://user@host/db)") from None
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if must_exist and db not in (None, "", ":memory:") and not os.path.exists(db):
+            raise ConfigError(f"no SQLite database file {db} ({safe_url(url)})")
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
+    else:
+        kwargs = {"pool_pre_ping": True}
+    if parsed.drivername == "postgresql":  # Trinity's examples say postgresql://; use psycopg 3
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    try:
+        return sa.create_engine(parsed, **kwargs)
+    except Exception as e:  # noqa: BLE001  (NoSuchModuleError, a driver not installed)
+        hint = " (pip install 'psycopg[binary]')" if parsed.get_backend_name() == "postgresql" else ""
+        raise ConfigError(f"cannot open {safe_url(url)}: {_line(e)}{hint}") from None
+
+
+def _line(e: BaseException) -> str:
+    lines = [x for x in str(e).strip().splitlines() if x.strip()]
+    return lines[0][:300] if lines else type(e).__name__
+
+
+def tables(name: str, metadata=None):
+    """(meta table, blob table) with Trinity's columns (ExperienceModel, BlobModel)."""
+    sa = _sqlalchemy()
+    md = metadata if metadata is not None else sa.MetaData()
+    meta = sa.Table(
+        name, md,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("timestamp", sa.DateTime, server_default=sa.func.now()),
+        sa.Column("task_id", sa.String(64), nullable=True, index=True),
+        sa.Column("run_id", sa.Integer, nullable=True, index=True),
+        sa.Column("msg_id", sa.String(64), nullable=True, index=True),
+        sa.Column("model_version", sa.Integer, nullable=True, index=True),
+        sa.Column("reward", sa.Float, nullable=True, index=True),
+        sa.Column("consumed", sa.Integer, default=0, index=True),
+    )
+    blob = sa.Table(
+        f"{name}_blob", md,
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("experience_bytes", sa.LargeBinary, nullable=False),
+    )
+    return meta, blob
+
+
+def _connect_check(eng, url: str):
+    sa = _sqlalchemy()
+    try:
+        return sa.inspect(eng)
+    except Exception as e:  # noqa: BLE001  (OperationalError: refused, auth, no such database)
+        raise ConfigError(f"cannot connect to {safe_url(url)}: {_line(e)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Source
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    url: str
+    table: str
+    rows: int
+    ranges: tuple[tuple[int, int], ...]
+    """[lo, hi) id ranges covering every id of the table."""
+
+
+def plan_source(url: str, table: str, shard_rows: int) -> SourcePlan:
+    """Check the buffer's tables and cut its ids into ranges of about `shard_rows` rows.
+
+    Reads count(id), min(id), max(id) of NAME and nothing else."""
+    sa = _sqlalchemy()
+    eng = engine(url)
+    try:
+        inspector = _connect_check(eng, url)
+        names = set(inspector.get_table_names())
+        for needed in (table, f"{table}_blob"):
+            if needed not in names:
+                have = ", ".join(sorted(n for n in names if not n.endswith("_blob"))) or "none"
+                raise ConfigError(f"no table {needed!r} in {safe_url(url)} (experience tables there: {have})")
+        columns = {c["name"] for c in inspector.get_columns(table)}
+        missing = [c for c in ("id", "task_id", "run_id", "msg_id", "model_version", "reward") if c not in columns]
+        if missing:
+            raise ConfigError(f"table {table!r} in {safe_url(url)} is not a Trinity experience buffer (no column {missing[0]!r})")
+        meta, _ = tables(table)
+        with eng.connect() as conn:
+            count, lo, hi = conn.execute(sa.select(sa.func.count(meta.c.id), sa.func.min(meta.c.id), sa.func.max(meta.c.id))).one()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"cannot read table {table!r} in {safe_url(url)}: {_line(e)}") from None
+    finally:
+        eng.dispose()
+    if not count:
+        raise ConfigError(f"table {table!r} in {safe_url(url)} holds no experiences")
+    return SourcePlan(url, table, int(count), tuple(id_ranges(int(lo), int(hi), int(count), shard_rows)))
+
+
+def id_ranges(lo: int, hi: int, count: int, shard_rows: int) -> list[tuple[int, int]]:
+    """[lo, hi] cut into ceil(count / shard_rows) half-open ranges of equal id span."""
+    parts = max(1, math.ceil(count / shard_rows))
+    span = hi - lo + 1
+    bounds = [lo + (span * k) // parts for k in range(parts)] + [hi + 1]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _as_int(value, what: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"bad_eid: {what} is {value!r}, not an integer")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ValueError(f"bad_eid: {what} is {value!r}, not an integer")
+
+
+def _json(value) -> str | None:
+    if not value:
+        return None
+    return json.dumps(value, sort_keys=True, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+
+
+def row_columns(meta_row: dict, blob) -> dict[str, Any]:
+    """One buffer row (its NAME columns and its blob) as STAGED_SCHEMA values.
+
+    A blob that cannot be read safely, or whose tensors disagree in length, gives a row whose
+    `source_error` says why (with the ids NAME holds, so the rejected row can be traced)."""
+    row: dict[str, Any] = {f.name: None for f in STAGED_SCHEMA}
+    row.update(
+        sql_id=int(meta_row["id"]),
+        task=None if meta_row["task_id"] is None else str(meta_row["task_id"]),
+        run=meta_row["run_id"],
+        msg_id=meta_row["msg_id"],
+        model_version=meta_row["model_version"],
+        reward=meta_row["reward"],
+    )
+    if blob is None:
+        row["source_error"] = f"missing_blob: no row {meta_row['id']} in the _blob table"
+        return row
+    row["trinity_blob"] = bytes(blob)
+    try:
+        items = trxp.decode(blob)
+        if len(items) != 1:
+            raise ValueError(f"bad_blob: holds {len(items)} experiences, a buffer row holds one")
+        item, t = items[0]
+        eid = item.get("eid") or {}
+        if not isinstance(eid, dict):
+            raise ValueError("bad_blob: eid is not a mapping")
+        row["batch"] = _as_int(eid.get("batch"), "eid.batch")
+        row["step"] = _as_int(eid.get("step", 0), "eid.step")
+        if row["task"] is None:
+            row["task"] = str(eid.get("task", ""))
+        if row["run"] is None:
+            row["run"] = _as_int(eid.get("run", 0), "eid.run")
+        if row["msg_id"] is None and eid.get("suffix") is not None:
+            row["msg_id"] = str(eid["suffix"])
+        if "tokens" not in t:
+            raise ValueError("bad_blob: no tokens tensor (a DPO or SFT buffer?)")
+        for name in ("chosen", "rejected"):
+            if name in t:
+                raise ValueError("bad_blob: a DPO experience (chosen/rejected tokens); Rescore scores RL experience")
+        tokens = t["tokens"].reshape(-1)
+        prompt_length = _as_int(item.get("prompt_length", 1), "prompt_length")
+        response = len(tokens) - prompt_length
+        for name in trxp.RESPONSE_FIELDS:
+            if name in t and t[name].dim() != 1:
+                raise ValueError(f"bad_blob: {name} has shape {list(t[name].shape)}, expected one value per response token")
+            if name in t and len(t[name]) != response:
+                raise ValueError(
+                    f"length_mismatch: {name} has {len(t[name])} values but tokens - prompt_length is "
+                    f"{len(tokens)} - {prompt_length} = {response}"
+                )
+        row["tokens"] = tokens.to(torch.int64).tolist()
+        row["prompt_length"] = prompt_length
+        if "logprobs" in t:
+            row["logprobs"] = t["logprobs"].to(torch.float32).tolist()
+        if "teacher_logprobs" in t:
+            row["teacher_logprobs"] = t["teacher_logprobs"].to(torch.float32).tolist()
+        if "action_mask" in t:
+            row["action_mask"] = t["action_mask"].to(torch.bool).tolist()
+        for name in ("prompt_text", "response_text"):
+            if isinstance(item.get(name), str):
+                row[name] = item[name]
+        row["info"] = _json(item.get("info"))
+    except (trxp.BlobError, ValueError) as e:
+        keep = {k: row[k] for k in ("sql_id", "task", "run", "msg_id", "model_version", "reward", "trinity_blob")}
+        row = {f.name: None for f in STAGED_SCHEMA} | keep
+        row["source_error"] = _line(e)
+    return row
+
+
+def read_range(url: str, table: str, lo: int, hi: int, eng=None) -> pa.Table:
+    """The decoded rows with lo <= id < hi, in id order (STAGED_SCHEMA)."""
+    sa = _sqlalchemy()
+    meta, blob = tables(table)
+    own = eng is None
+    eng = eng or engine(url)
+    try:
+        query = (
+            sa.select(meta.c.id, meta.c.task_id, meta.c.run_id, meta.c.msg_id, meta.c.model_version, meta.c.reward,
+                      blob.c.experience_bytes)
+            .select_from(meta.outerjoin(blob, blob.c.id == meta.c.id))
+            .where(meta.c.id >= lo, meta.c.id < hi)
+            .order_by(meta.c.id)
+        )
+        with eng.connect() as conn:
+            rows = [row_columns(dict(r._mapping), r._mapping["experience_bytes"]) for r in conn.execute(query)]
+    finally:
+        if own:
+            eng.dispose()
+    return pa.Table.from_pylist(rows, schema=STAGED_SCHEMA)
+
+
+def staged_name(lo: int, hi: int) -> str:
+    return f"buffer-{lo:012d}-{hi - 1:012d}.parquet"
+
+
+class _StageRange(beam.DoFn):
+    def __init__(self, url: str, table: str, directory: str):
+        self._url, self._table, self._directory = url, table, directory
+
+    def setup(self):
+        self._engine = engine(self._url)
+        self._rows = Metrics.counter("rescore", "buffer_rows_staged")
+
+    def process(self, id_range):
+        lo, hi = id_range
+        table = read_range(self._url, self._table, lo, hi, self._engine)
+        if not table.num_rows:
+            return
+        path = storage.join(self._directory, staged_name(lo, hi))
+        storage.write_parquet(table, path)
+        self._rows.inc(table.num_rows)
+        yield path
+
+    def teardown(self):
+        self._engine.dispose()
+
+
+class StageBuffer(beam.PTransform):
+    """Id ranges of a Trinity buffer -> one Parquet file per range in `directory` (paths out)."""
+
+    def __init__(self, plan: SourcePlan, directory: str):
+        super().__init__()
+        self._plan, self._directory = plan, directory
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "IdRanges" >> beam.Create(list(self._plan.ranges))
+            | "Spread" >> beam.Reshuffle()
+            | "ReadDecodeStage" >> beam.ParDo(_StageRange(self._plan.url, self._plan.table, self._directory))
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sink
+# ---------------------------------------------------------------------------------------------
+
+
+def check_sink(url: str, table: str, overwrite: bool) -> None:
+    """Before the run: the database answers and NAME is free (or --overwrite)."""
+    eng = engine(url, must_exist=False)
+    try:
+        names = set(_connect_check(eng, url).get_table_names())
+    finally:
+        eng.dispose()
+    taken = [n for n in (table, f"{table}_blob") if n in names]
+    if taken and not overwrite:
+        raise ConfigError(f"table {taken[0]!r} already exists in {safe_url(url)}; pass --overwrite to replace it")
+
+
+def sink_columns(schema: pa.Schema) -> list[str]:
+    """The scored columns the sink reads; ConfigError where a buffer cannot be built from them."""
+    names = set(schema.names)
+    if "trinity_blob" not in names and not {"tokens", "prompt_length"} <= names:
+        raise ConfigError(
+            "--output-db writes Trinity experiences, which need token ids: the input has no "
+            "'tokens' and 'prompt_length' columns (verl rollout dumps hold text only)"
+        )
+    wanted = ("batch", "task", "run", "step", "reward", "tokens", "prompt_length", "logprobs", "action_mask",
+              "teacher_logprobs", "advantages", "returns", "score", "copy_index", "msg_id", "model_version",
+              "trinity_blob")
+    return [c for c in wanted if c in names]
+
+
+def _suffix(row: dict) -> str:
+    key = f"{row.get('batch')}/{row.get('task')}/{row.get('run')}/{row.get('step')}"
+    return hashlib.sha1(key.encode()).hexdigest()[:6]
+
+
+def experience_blob(row: dict) -> tuple[bytes, dict[str, Any]]:
+    """(TRXP blob, NAME column values) for one scored row.
+
+    With the original blob (`trinity_blob`) every field is kept and only advantages/returns are
+    replaced; otherwise the experience is built from the row's columns."""
+    adv = torch.tensor(row["advantages"], dtype=torch.float32)
+    ret = torch.tensor(row.get("returns") if row.get("returns") is not None else row["advantages"], dtype=torch.float32)
+    copy = row.get("copy_index")
+    if row.get("trinity_blob") is not None:
+        ((item, fields),) = trxp.decode(row["trinity_blob"])
+        suffix = row.get("msg_id") or (item.get("eid") or {}).get("suffix") or _suffix(row)
+    else:
+        suffix = row.get("msg_id") or _suffix(row)
+        tokens = torch.tensor(row["tokens"], dtype=torch.int64)
+        if len(tokens) and int(tokens.max()) < 2**31 and int(tokens.min()) >= -(2**31):
+            tokens = tokens.to(torch.int32)  # what Trinity's Experience(tokens=list) stores
+        eid = {"batch": row["batch"], "task": row["task"], "run": row["run"], "step": row.get("step") or 0, "suffix": suffix}
+        item = trxp.new_item(eid=eid, reward=row["reward"], prompt_length=row["prompt_length"])
+        fields = {"tokens": tokens}
+        if row.get("logprobs") is not None:
+            fields["logprobs"] = torch.tensor(row["logprobs"], dtype=torch.float32)
+        if row.get("teacher_logprobs") is not None:
+            fields["teacher_logprobs"] = torch.tensor(row["teacher_logprobs"], dtype=torch.float32)
+        mask = row.get("action_mask")
+        response = len(row["tokens"]) - int(row["prompt_length"])
+        fields["action_mask"] = (
+            torch.tensor([bool(m) for m in mask], dtype=torch.bool) if mask is not None else torch.ones(response, dtype=torch.bool)
+        )
+    if copy:  # a duplicated row (POLARIS) is an experience of its own: its id must differ
+        suffix = f"{suffix}-c{copy}"
+    eid = dict(item.get("eid") or {})
+    eid["suffix"] = suffix
+    item = {**item, "eid": eid}
+    fields = {**fields, "advantages": adv, "returns": ret}
+    columns = {
+        "task_id": str(row["task"]),
+        "run_id": int(row["run"]),
+        "msg_id": str(suffix)[:64],
+        "model_version": row.get("model_version"),
+        "reward": None if row.get("reward") is None else float(row["reward"]),
+    }
+    return trxp.encode([(item, fields)]), columns
+
+
+def staging_names(table: str, token: str) -> tuple[str, str]:
+    return f"{table}{STAGING_INFIX}{token}", f"{table}{STAGING_INFIX}{token}_blob"
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def prepare_staging(url: str, table: str, token: str) -> None:
+    """Drop staging tables that killed runs left for NAME, then create this run's."""
+    sa = _sqlalchemy()
+    eng = engine(url, must_exist=False)
+    try:
+        prefix = f"{table}{STAGING_INFIX}"
+        names = [n for n in sa.inspect(eng).get_table_names() if n.startswith(prefix)]
+        md = sa.MetaData()
+        for n in names:
+            sa.Table(n, md)
+        with eng.begin() as conn:
+            for n in sorted(names, key=lambda n: not n.endswith("_blob")):
+                log.info("dropping %s, left by an unfinished run", n)
+                md.tables[n].drop(conn)
+        staged, _ = staging_names(table, token)
+        meta, blob = tables(staged)
+        meta.metadata.create_all(eng)
+    finally:
+        eng.dispose()
+
+
+def insert_rows(conn, table: str, token: str, rows: list[dict], first_id: int) -> int:
+    """Insert scored rows as experiences with ids first_id, first_id + 1, ... into the staging tables."""
+    staged, _ = staging_names(table, token)
+    meta, blob = tables(staged)
+    metas, blobs = [], []
+    for i, row in enumerate(rows):
+        data, columns = experience_blob(row)
+        metas.append({"id": first_id + i, "consumed": 0, **columns})
+        blobs.append({"id": first_id + i, "experience_bytes": data})
+    for start in range(0, len(rows), INSERT_ROWS):
+        conn.execute(meta.insert(), metas[start : start + INSERT_ROWS])
+        conn.execute(blob.insert(), blobs[start : start + INSERT_ROWS])
+    return len(rows)
+
+
+def commit_staging(url: str, table: str, token: str, overwrite: bool) -> int:
+    """In one transaction: drop NAME (with --overwrite), rename the staging tables to NAME and
+    NAME_blob. Returns the rows published."""
+    sa = _sqlalchemy()
+    staged, staged_blob = staging_names(table, token)
+    eng = engine(url, must_exist=False)
+    q = eng.dialect.identifier_preparer.quote
+    sqlite = eng.dialect.name == "sqlite"
+    if sqlite:
+        # pysqlite opens no transaction before DDL; take over and BEGIN ourselves.
+        eng = eng.execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with eng.connect() as conn:
+            if sqlite:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            tx = None if sqlite else conn.begin()
+            try:
+                names = set(sa.inspect(conn).get_table_names())
+                taken = [n for n in (f"{table}_blob", table) if n in names]
+                if taken and not overwrite:
+                    raise ConfigError(f"table {taken[-1]!r} appeared in {safe_url(url)} during the run; not replaced (use --overwrite)")
+                for n in taken:
+                    conn.exec_driver_sql(f"DROP TABLE {q(n)}")
+                if eng.dialect.name == "postgresql":  # keep Trinity's own inserts after ours
+                    conn.exec_driver_sql(
+                        f"SELECT setval(pg_get_serial_sequence('{q(staged)}', 'id'), "
+                        f"COALESCE((SELECT max(id) FROM {q(staged)}), 0) + 1, false)"
+                    )
+                conn.exec_driver_sql(f"ALTER TABLE {q(staged)} RENAME TO {q(table)}")
+                conn.exec_driver_sql(f"ALTER TABLE {q(staged_blob)} RENAME TO {q(table + '_blob')}")
+                count = conn.exec_driver_sql(f"SELECT count(*) FROM {q(table)}").scalar()
+            except BaseException:
+                if sqlite:
+                    conn.exec_driver_sql("ROLLBACK")
+                else:
+                    tx.rollback()
+                raise
+            if sqlite:
+                conn.exec_driver_sql("COMMIT")
+            else:
+                tx.commit()
+    finally:
+        eng.dispose()
+    return int(count)
+
+
+class _InsertFile(beam.DoFn):
+    def __init__(self, url: str, table: str, token: str, columns: list[str]):
+        self._url, self._table, self._token, self._columns = url, table, token, columns
+
+    def setup(self):
+        self._engine = engine(self._url, must_exist=False)
+        self._rows = Metrics.counter("rescore", "buffer_rows_written")
+
+    def process(self, element):
+        path, first_id = element
+        pf = storage.open_parquet(path)
+        present = [c for c in self._columns if c in pf.schema_arrow.names]
+        next_id = first_id
+        for batch in pf.iter_batches(batch_size=INSERT_ROWS * 4, columns=present):
+            rows = batch.to_pylist()
+            with self._engine.begin() as conn:
+                next_id += insert_rows(conn, self._table, self._token, rows, next_id)
+        self._rows.inc(next_id - first_id)
+        if os.environ.get(faults.ENV, "").startswith("fail_insert:"):  # tests: a run killed mid-insert
+            raise faults.InjectedFault(f"injected fault after inserting {path} ({faults.ENV})")
+        yield next_id - first_id
+
+    def teardown(self):
+        self._engine.dispose()
+
+
+class InsertScored(beam.PTransform):
+    """(scored file, first id) -> rows inserted into the staging tables (counts out)."""
+
+    def __init__(self, files: list[tuple[str, int]], url: str, table: str, token: str, columns: list[str]):
+        super().__init__()
+        self._files, self._url, self._table, self._token, self._columns = files, url, table, token, columns
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "ScoredFiles" >> beam.Create(self._files)
+            | "Spread" >> beam.Reshuffle()
+            | "InsertExperiences" >> beam.ParDo(_InsertFile(self._url, self._table, self._token, self._columns))
+        )
