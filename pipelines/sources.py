@@ -49,8 +49,6 @@ def _check(cfg: RunConfig) -> None:
         raise ConfigError(f"--input {cfg.inputs[0]} is a database URL: name the Trinity buffer to read with --input-table NAME")
     if cfg.input_table and len(cfg.inputs) != 1:
         raise ConfigError("--input-table reads one buffer: pass one --input database URL")
-    if cfg.input_table and not is_db_url(cfg.inputs[0]):
-        raise ConfigError(f"--input-table needs a database URL as --input (e.g. sqlite:///buffer.db), got {cfg.inputs[0]!r}")
     if cfg.incremental:
         raise ConfigError("--incremental tracks Parquet input files; it does not combine with --input-table, "
                           "--input-format verl-rollouts or --output-db")
