@@ -20,13 +20,17 @@ def write(fmt: str, table: pa.Table, output: str, *, table_name: str = "experien
 
 
 def write_trinity_sqlite(table: pa.Table, path: str, name: str) -> str:
-    from transforms import sql_buffer
-    from transforms import trinity_format as trxp
-
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists; remove it or pick another --output")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    url = f"sqlite:///{path}"
+    return write_trinity_buffer(table, f"sqlite:///{path}", name)
+
+
+def write_trinity_buffer(table: pa.Table, url: str, name: str) -> str:
+    """The rows as experiences of buffer `name` in database `url` (ids 1..n, TRXP blobs)."""
+    from transforms import sql_buffer
+    from transforms import trinity_format as trxp
+
     eng = sql_buffer.engine(url, must_exist=False)
     meta, blob = sql_buffer.tables(name)
     meta.metadata.create_all(eng)
@@ -48,7 +52,7 @@ def write_trinity_sqlite(table: pa.Table, path: str, name: str) -> str:
         conn.execute(meta.insert(), metas)
         conn.execute(blob.insert(), blobs)
     eng.dispose()
-    return f"wrote {len(metas)} experiences to the Trinity buffer {name!r} in {url}"
+    return f"wrote {len(metas)} experiences to the Trinity buffer {name!r} in {sql_buffer.safe_url(url)}"
 
 
 def write_verl_rollouts(table: pa.Table, directory: str) -> str:
