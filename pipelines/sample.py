@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", choices=["parquet", "trinity-sql", "verl-rollouts"], default="parquet",
                    help="parquet files, a Trinity-RFT SQLite experience buffer, or verl rollout dumps ({step}.jsonl)")
     p.add_argument("--table", default="experience", help="trinity-sql: the buffer (table) name")
+    p.add_argument("--overwrite", action="store_true", help="trinity-sql: replace an existing database file")
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--tasks", type=int, default=16, help="tasks per batch")
     p.add_argument("--runs", type=int, default=8, help="runs (rollouts) per task")
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines import sample_formats
 
         try:
+            if a.overwrite and a.format == "trinity-sql" and os.path.isfile(a.output):
+                os.remove(a.output)
             message = sample_formats.write(a.format, table, a.output, table_name=a.table)
         except FileExistsError as e:
             print(f"rescore: error: {e}", file=sys.stderr)

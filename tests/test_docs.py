@@ -104,6 +104,8 @@ def sample_dir(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("docs-sample")
     assert sample_main(["--output", str(d / "sample"), "--batches", "3", "--tasks", "6"]) == 0
+    for fmt, name in (("trinity-sql", "buffer.db"), ("verl-rollouts", "rollouts")):  # docs/trainers.md
+        assert sample_main(["--format", fmt, "--output", str(d / name), "--batches", "2", "--tasks", "4"]) == 0
     return str(d / "sample")
 
 
@@ -114,6 +116,8 @@ def scratch(tmp_path, sample_dir, monkeypatch):
     for name in os.listdir(sample_dir):
         os.symlink(os.path.join(sample_dir, name), tmp_path / "data" / name)
     os.symlink(sample_dir, tmp_path / "data" / "sample")
+    for name in ("buffer.db", "rollouts"):
+        os.symlink(os.path.join(os.path.dirname(sample_dir), name), tmp_path / "data" / name)
     os.symlink(sample_dir, tmp_path / "exp")
     os.symlink(os.path.join(ROOT, "run_configs"), tmp_path / "run_configs")
     monkeypatch.chdir(tmp_path)

@@ -107,6 +107,8 @@ def engine(url: str, *, must_exist: bool = True):
         db = parsed.database
         if must_exist and db not in (None, "", ":memory:") and not os.path.exists(db):
             raise ConfigError(f"no SQLite database file {db} ({safe_url(url)})")
+        if not must_exist and db not in (None, "", ":memory:") and not db.startswith("file:"):
+            os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}
