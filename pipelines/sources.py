@@ -153,7 +153,9 @@ def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, An
         stage = _stage_buffer if cfg.input_table else _stage_verl
         staged, source = stage(cfg, staging)
         inner = replace(cfg, inputs=[storage.join(staging, "*.parquet")])
-        info = {"source": source}
+        # metrics.json names what the user gave (the URL, password hidden), not OUTPUT/_source/
+        shown = [source["url"]] if cfg.input_table else list(cfg.inputs)
+        info = {"source": source, "input": shown}
     doc = run_once(inner, info)
     if cfg.output_db:
         doc["buffer"] = _write_buffer(cfg)

@@ -151,7 +151,7 @@ def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore):
     assert plan.rows == 40 and len(plan.ranges) == 6
     doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo", "--shard-rows", "7")
     assert doc["source"] == {"format": "trinity-sql", "url": url, "table": "experience", "rows": 40, "id_ranges": 6}
-    assert doc["totals"]["rows_read"] == 40 and doc["totals"]["rows_written"] == 40
+    assert doc["totals"]["rows_read"] == 40 and doc["totals"]["rows_written"] == 40 and doc["input"] == [url]
     assert os.path.exists(os.path.join(out, "_SUCCESS")) and not os.path.exists(os.path.join(out, "_source"))
     scored = read_output(out).to_pylist()
     # every buffer row once, with the ids Trinity's reader gives it (task from task_id: a string)
@@ -175,7 +175,7 @@ def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore)
         ("0", 10, 1.0, _blob(response=4, logprobs=torch.zeros(6))),   # 6 logprobs, 4 response tokens
         ("0", 11, 1.0, evil),
         ("0", 12, 1.0, None),                                          # no blob row
-        ("0", 13, 1.0, _blob(batch="", response=4)),                   # eid.batch never set
+        ("0", 13, 1.0, _blob(batch="eval-3", response=4)),             # a batch id that is no integer
     ])
     doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo")
     assert not marker.exists()
@@ -185,7 +185,7 @@ def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore)
     assert rejected[ids[1]].startswith("length_mismatch: logprobs has 6 values but tokens - prompt_length is 7 - 3 = 4")
     assert rejected[ids[2]].startswith("unsafe_pickle:") and "system" in rejected[ids[2]]
     assert rejected[ids[3]] == f"missing_blob: no row {ids[3]} in the _blob table"
-    assert rejected[ids[4]].startswith("bad_eid: eid.batch is ''")
+    assert rejected[ids[4]].startswith("bad_eid: eid.batch is 'eval-3', not an integer")
     reasons = doc["totals"]["reject_reasons"]
     assert reasons == {"bad_blob": 1, "length_mismatch": 1, "unsafe_pickle": 1, "missing_blob": 1, "bad_eid": 1}
     assert doc["totals"]["rows_written"] == 12

@@ -112,3 +112,23 @@ def test_rescore_blob_is_what_trinity_deserialises(tmp_path):
         assert e.tokens.tolist() == row["tokens"] and e.prompt_length == row["prompt_length"]
         assert e.action_mask.tolist() == row["action_mask"] and e.reward == row["reward"]
         np.testing.assert_array_equal(e.logprobs.numpy(), np.asarray(row["logprobs"], np.float32))
+
+
+def test_unset_batch_and_string_tasks_group_as_trinity_does(tmp_path):
+    """EID() leaves batch "" (one batch for all such rows, as Trinity's tid '/task' groups them)."""
+    from pipelines.rescore import run
+
+    rewards = {"alpha": [1.0, 0.0, 0.0], "beta": [0.5, 0.25]}
+    exps = [trinity.Experience(eid=trinity.EID(task=t, run=r), tokens=[1, 2, 3, 4], prompt_length=2,
+                               logprobs=[-0.5, -0.25], reward=x)
+            for t, xs in rewards.items() for r, x in enumerate(xs)]
+    src, dst = f"sqlite:///{tmp_path}/e.db", f"sqlite:///{tmp_path}/t.db"
+    trinity.write(src, "unset_in", exps)
+    run(["--input", src, "--input-table", "unset_in", "--output", str(tmp_path / "o"), "--strategy", "grpo",
+         "--output-db", dst, "--output-table", "unset_out", "--quiet", RUNNER])
+    back = trinity.read(dst, "unset_out", len(exps))
+    for e in back:
+        g = np.array(rewards[e.eid.task])
+        want = (e.reward - g.mean()) / (g.std(ddof=1) + 1e-6)
+        torch.testing.assert_close(e.advantages, torch.full((2,), want, dtype=torch.float32), atol=2e-6, rtol=1e-6)
+        assert e.eid.batch == ""  # the blob's eid comes back as Trinity wrote it

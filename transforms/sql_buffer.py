@@ -252,7 +252,8 @@ def row_columns(meta_row: dict, blob) -> dict[str, Any]:
         eid = item.get("eid") or {}
         if not isinstance(eid, dict):
             raise ValueError("bad_blob: eid is not a mapping")
-        row["batch"] = _as_int(eid.get("batch"), "eid.batch")
+        # EID's default batch is "" (unset): Trinity groups all such rows as one batch; so does 0 here
+        row["batch"] = 0 if eid.get("batch") in ("", None) else _as_int(eid.get("batch"), "eid.batch")
         row["step"] = _as_int(eid.get("step", 0), "eid.step")
         if row["task"] is None:
             row["task"] = str(eid.get("task", ""))
