@@ -145,7 +145,8 @@ def test_id_ranges_cover_every_id_once():
 
 # --- reading a buffer --------------------------------------------------------------------------
 
-def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore):
+def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore, monkeypatch):
+    monkeypatch.setattr(sql_buffer, "STAGE_ROWS", 3)  # several row groups per staged range
     url = _sample_buffer(tmp_path / "buffer.db", batches=2, tasks=5, runs=4)
     plan = sql_buffer.plan_source(url, "experience", 7)
     assert plan.rows == 40 and len(plan.ranges) == 6
@@ -321,6 +322,12 @@ def test_staged_schema_parquet_is_valid_input(tmp_path):
 
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
     table = sql_buffer.read_range(url, "experience", 1, 100)
+    eng = sql_buffer.engine(url)
+    assert sql_buffer.stage_range(url, "experience", 1, 100, str(tmp_path / "s.parquet"), eng) == 4
+    assert sql_buffer.stage_range(url, "experience", 100, 200, str(tmp_path / "empty.parquet"), eng) == 0
+    eng.dispose()
+    assert pq.read_table(tmp_path / "s.parquet").equals(table) and not (tmp_path / "empty.parquet").exists()
+    assert not [n for n in os.listdir(tmp_path) if n.endswith('.tmp')]
     pq.write_table(table, tmp_path / "x.parquet")
     assert validate_file_schema(str(tmp_path / "x.parquet"), pq.read_schema(tmp_path / "x.parquet")) == []
     assert table.num_rows == 4 and table["source_error"].null_count == 4

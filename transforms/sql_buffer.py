@@ -32,6 +32,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from apache_beam.metrics import Metrics
 
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 STAGING_INFIX = "__rescore_"
 INSERT_ROWS = 256
 """Rows per INSERT round trip (blobs are tens of KB each)."""
+STAGE_ROWS = 1024
+"""Rows fetched, decoded and written as one Parquet row group at a time by the source."""
 
 STAGED_SCHEMA = pa.schema(
     [
@@ -296,26 +299,68 @@ def row_columns(meta_row: dict, blob) -> dict[str, Any]:
     return row
 
 
-def read_range(url: str, table: str, lo: int, hi: int, eng=None) -> pa.Table:
-    """The decoded rows with lo <= id < hi, in id order (STAGED_SCHEMA)."""
+def _range_batches(url: str, table: str, lo: int, hi: int, eng):
+    """The decoded rows with lo <= id < hi, in id order, STAGE_ROWS at a time (pa.Table each):
+    a worker holds one batch of blobs in memory, never the whole range."""
     sa = _sqlalchemy()
     meta, blob = tables(table)
+    query = (
+        sa.select(meta.c.id, meta.c.task_id, meta.c.run_id, meta.c.msg_id, meta.c.model_version, meta.c.reward,
+                  blob.c.experience_bytes)
+        .select_from(meta.outerjoin(blob, blob.c.id == meta.c.id))
+        .where(meta.c.id >= lo, meta.c.id < hi)
+        .order_by(meta.c.id)
+    )
+    with eng.connect() as conn:
+        result = conn.execution_options(yield_per=STAGE_ROWS).execute(query)
+        for part in result.partitions():
+            rows = [row_columns(dict(r._mapping), r._mapping["experience_bytes"]) for r in part]
+            yield pa.Table.from_pylist(rows, schema=STAGED_SCHEMA)
+
+
+def read_range(url: str, table: str, lo: int, hi: int, eng=None) -> pa.Table:
+    """The decoded rows with lo <= id < hi, in id order (STAGED_SCHEMA)."""
     own = eng is None
     eng = eng or engine(url)
     try:
-        query = (
-            sa.select(meta.c.id, meta.c.task_id, meta.c.run_id, meta.c.msg_id, meta.c.model_version, meta.c.reward,
-                      blob.c.experience_bytes)
-            .select_from(meta.outerjoin(blob, blob.c.id == meta.c.id))
-            .where(meta.c.id >= lo, meta.c.id < hi)
-            .order_by(meta.c.id)
-        )
-        with eng.connect() as conn:
-            rows = [row_columns(dict(r._mapping), r._mapping["experience_bytes"]) for r in conn.execute(query)]
+        parts = list(_range_batches(url, table, lo, hi, eng))
     finally:
         if own:
             eng.dispose()
-    return pa.Table.from_pylist(rows, schema=STAGED_SCHEMA)
+    return pa.concat_tables(parts) if parts else STAGED_SCHEMA.empty_table()
+
+
+def stage_range(url: str, table: str, lo: int, hi: int, path: str, eng) -> int:
+    """Write the decoded rows of [lo, hi) to Parquet at `path` (one row group per STAGE_ROWS rows;
+    nothing at `path` unless the whole range was written). Returns the rows written."""
+    rows = 0
+    if storage.is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with pq.ParquetWriter(tmp, STAGED_SCHEMA) as writer:
+                for part in _range_batches(url, table, lo, hi, eng):
+                    writer.write_table(part)
+                    rows += part.num_rows
+            if rows:
+                os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return rows
+    parts = _range_batches(url, table, lo, hi, eng)
+    first = next(parts, None)
+    if first is None:
+        return 0
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:  # visible on close
+        with pq.ParquetWriter(f, STAGED_SCHEMA) as writer:
+            for part in (first, *parts):
+                writer.write_table(part)
+                rows += part.num_rows
+    return rows
 
 
 def staged_name(lo: int, hi: int) -> str:
@@ -332,13 +377,11 @@ class _StageRange(beam.DoFn):
 
     def process(self, id_range):
         lo, hi = id_range
-        table = read_range(self._url, self._table, lo, hi, self._engine)
-        if not table.num_rows:
-            return
         path = storage.join(self._directory, staged_name(lo, hi))
-        storage.write_parquet(table, path)
-        self._rows.inc(table.num_rows)
-        yield path
+        rows = stage_range(self._url, self._table, lo, hi, path, self._engine)
+        if rows:
+            self._rows.inc(rows)
+            yield path
 
     def teardown(self):
         self._engine.dispose()
