@@ -331,3 +331,21 @@ def test_staged_schema_parquet_is_valid_input(tmp_path):
     pq.write_table(table, tmp_path / "x.parquet")
     assert validate_file_schema(str(tmp_path / "x.parquet"), pq.read_schema(tmp_path / "x.parquet")) == []
     assert table.num_rows == 4 and table["source_error"].null_count == 4
+
+
+def test_yaml_config_keys_and_flags(tmp_path):
+    from pipelines.config import parse_args
+    from transforms.strategies import ConfigError
+
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("input: sqlite:///b.db\ninput_table: experience\noutput: out\nstrategy: grpo\n"
+                        "output_db: postgresql://u@h/db\noutput_table: rescored\n")
+    cfg = parse_args(["--config", str(cfg_file)])
+    assert (cfg.inputs, cfg.input_table, cfg.output_db, cfg.output_table) == (
+        ["sqlite:///b.db"], "experience", "postgresql://u@h/db", "rescored")
+    cfg = parse_args(["--config", str(cfg_file), "--output-table", "other", "--input-format", "parquet"])
+    assert cfg.output_table == "other" and cfg.input_format == "parquet"
+    with pytest.raises(ConfigError, match="takes no --input-format"):
+        parse_args(["--config", str(cfg_file), "--input-format", "verl-rollouts"])
+    with pytest.raises(ConfigError, match="invalid choice"):
+        parse_args(["--input", "x", "--output", "o", "--strategy", "grpo", "--input-format", "jsonl"])
