@@ -349,3 +349,13 @@ def test_yaml_config_keys_and_flags(tmp_path):
         parse_args(["--config", str(cfg_file), "--input-format", "verl-rollouts"])
     with pytest.raises(ConfigError, match="invalid choice"):
         parse_args(["--input", "x", "--output", "o", "--strategy", "grpo", "--input-format", "jsonl"])
+
+
+def test_async_driver_names_from_trinity_configs_map_to_sync_drivers():
+    assert sql_buffer._sync_driver("sqlite+aiosqlite") == "sqlite"
+    assert sql_buffer._sync_driver("postgresql+asyncpg") == "postgresql+psycopg"
+    assert sql_buffer._sync_driver("postgresql") == "postgresql+psycopg"
+    assert sql_buffer._sync_driver("mysql+pymysql") == "mysql+pymysql"
+    eng = sql_buffer.engine("sqlite+aiosqlite:///:memory:")
+    assert eng.dialect.driver == "pysqlite"
+    eng.dispose()

@@ -115,13 +115,30 @@ def engine(url: str, *, must_exist: bool = True):
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}
-    if parsed.drivername == "postgresql":  # Trinity's examples say postgresql://; use psycopg 3
-        parsed = parsed.set(drivername="postgresql+psycopg")
+    parsed = parsed.set(drivername=_sync_driver(parsed.drivername))
     try:
         return sa.create_engine(parsed, **kwargs)
     except Exception as e:  # noqa: BLE001  (NoSuchModuleError, a driver not installed)
         hint = " (pip install 'psycopg[binary]')" if parsed.get_backend_name() == "postgresql" else ""
         raise ConfigError(f"cannot open {safe_url(url)}: {_line(e)}{hint}") from None
+
+
+_ASYNC_DRIVERS = {"sqlite+aiosqlite": "sqlite", "mysql+aiomysql": "mysql+pymysql", "mysql+asyncmy": "mysql+pymysql"}
+
+
+def _sync_driver(name: str) -> str:
+    """The synchronous driver for a URL's driver name: Trinity configs name async drivers
+    (postgresql+asyncpg, sqlite+aiosqlite) or none (postgresql://, which SQLAlchemy would map to
+    psycopg2); PostgreSQL goes through psycopg 3, or psycopg2 where only that is installed."""
+    import importlib.util
+
+    if name in _ASYNC_DRIVERS:
+        return _ASYNC_DRIVERS[name]
+    if name in ("postgresql", "postgres", "postgresql+asyncpg", "postgresql+psycopg_async"):
+        if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+            return "postgresql+psycopg2"
+        return "postgresql+psycopg"
+    return name
 
 
 def _line(e: BaseException) -> str:
