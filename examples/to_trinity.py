@@ -1,5 +1,8 @@
 """Scored rows back to Trinity-RFT `Experience` fields (trinity/common/experience.py).
 
+To hand the scores to Trinity's trainer directly, let Rescore write a Trinity SQL buffer
+instead: `--output-db URL --output-table NAME` (docs/trainers.md).
+
     import polars as pl
     from examples.to_trinity import experience_kwargs
     rows = pl.read_parquet("out/scored-*.parquet").to_dicts()
