@@ -31,6 +31,7 @@ from transforms.strategies.tokens import token_advantages
 STAGING = "_staging"
 SUCCESS = "_SUCCESS"
 METRICS = "metrics.json"
+FILTERED_FILES = "filtered-*.parquet"
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
 PLAIN_COLUMNS = ("advantages", "returns")
 """Written without dictionary encoding (see _WriteUnit.setup)."""
@@ -87,7 +88,7 @@ def score_columns(
     if valid is not None:
         row_value = np.where(valid, row_value, 0.0)
     if token_values is not None:
-        flat = np.asarray(token_values, dtype=np.float32)
+        flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
     else:
         flat = token_advantages(
             to_device(np.asarray(row_value, dtype=np.float64), device),

@@ -12,6 +12,7 @@ Each stage is optional, but a run has at least one and at most one of each kind.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -192,8 +193,10 @@ def build_plan(strategies: list[str], params: Mapping[str, Any]) -> ScoringPlan:
             raise ConfigError(f"parameter {key!r} belongs to {' and '.join(owners)}; write it as {owners[0]}.{key}")
         if not owners:
             valid = sorted({f"{s.name}.{p}" if len(specs) > 1 else p for s in specs for p in s.defaults})
+            close = difflib.get_close_matches(name, sorted({p for s in specs for p in s.defaults}), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"unknown parameter {key!r} for strategy {','.join(strategies)!r}; valid parameters: {', '.join(valid) or '(none)'}"
+                f"unknown parameter {key!r} for strategy {','.join(strategies)!r}{hint}; valid parameters: {', '.join(valid) or '(none)'}"
             )
         per_stage[owners[0]][name] = value
     return ScoringPlan(tuple(create(s.name, per_stage[s.name]) for s in specs))
