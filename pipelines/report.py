@@ -32,6 +32,13 @@ from transforms.write import METRICS
 CHARTS = ("reward", "groups", "scores", "rejects")
 
 
+def report_files(output: str) -> list[str]:
+    """The report of an earlier run in `output` (report.html, report-*.png): a rerun removes
+    them with the data they describe, so a page never sits beside another run's data."""
+    html_path = storage.join(output, "report.html")
+    return storage.list_dir(output, "report-*.png") + ([html_path] if storage.exists(html_path) else [])
+
+
 class ReportError(ValueError):
     """The directory holds no finished run to report on."""
 

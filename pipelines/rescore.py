@@ -38,6 +38,7 @@ from apache_beam.options.pipeline_options import (
 from pipelines import __version__, incremental
 from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
 from pipelines.progress import Progress
+from pipelines.report import report_files
 from pipelines.wording import plural, process_seconds
 from schemas import SchemaError
 from transforms import device as devices
@@ -62,12 +63,14 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfi
         plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads
     )
     records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
-        scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator
+        scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator,
+        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(
         plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator,
         file_metadata=file_metadata(run_info), threads=cfg.io_threads, shard_rows=cfg.shard_rows,
+        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
     finalize(
@@ -107,6 +110,7 @@ def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
         # _SUCCESS goes first, so no reader takes a half-replaced directory for finished.
         storage.delete([storage.join(output, SUCCESS)])
     stale = storage.list_dir(output, "scored-*.parquet") + storage.list_dir(output, "rejected-*.parquet")
+    stale += storage.list_dir(output, FILTERED_FILES) + report_files(output)
     stale += [p for p in (storage.join(output, METRICS), storage.join(output, STAGING)) if storage.exists(p)]
     if stale:
         log.info("removing %d files of an earlier run from %s", len(stale), output)
@@ -147,6 +151,8 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         "max_reject_fraction": cfg.max_reject_fraction,
         "max_group_rows": cfg.max_group_rows,
         "device": cfg.device,
+        "keep_filtered": cfg.keep_filtered,
+        "audit_columns": cfg.audit_columns,
         **(extra_info or {}),
     }
     p = beam.Pipeline(options=options)

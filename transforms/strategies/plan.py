@@ -52,6 +52,8 @@ class PlanScores:
     """stage kind -> (G,) int64 rows of each group that stage dropped."""
     informative: Tensor | None
     """(G,) bool groups the duplicate stage may copy, or None without one."""
+    dropped_by: Tensor | None = None
+    """(n,) int8: 0 where the row is kept, else 1 + the index in KINDS of the stage that dropped it."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class ScoringPlan:
         device = rows.reward.device
         keep = self._filtered(rows)
         dropped = {}
+        dropped_by = torch.zeros(rows.num_rows, dtype=torch.int8, device=device)
+        dropped_by[~keep] = 1
         if self.stage(FILTER) is not None:
             dropped[FILTER] = segment_sum((~keep).to(torch.int64), rows.offsets)
         mean, std = group_stats(rows.reward, rows.offsets)
@@ -135,6 +139,7 @@ class ScoringPlan:
                 present = segment_sum(before.to(torch.int64), rows.offsets) > 0
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+            dropped_by[before & ~keep] = 2
 
         dup = self.stage(DUPLICATE)
         if dup is not None:
@@ -143,9 +148,10 @@ class ScoringPlan:
             if sub.num_rows:
                 keep[kept] = dup.score(sub, None).keep
             dropped[DUPLICATE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+            dropped_by[before & ~keep] = 3
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
 
-        return PlanScores(score, keep, token_scale, mean, std, dropped, informative)
+        return PlanScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
 
 
 def split_param(key: str) -> tuple[str | None, str]:
