@@ -168,3 +168,24 @@ def test_report_numbers_match_metrics_json(sample_input, tmp_path):
     assert len(bins.edges) == 40 and bins.edges[0] == (0, 24) and bins.edges[-1] == (975, 999)
     assert "40 bins of up to 25 consecutive batches" in bins.note()
     assert Bins.of([7]).edges == [(7, 7)] and Bins.of([7]).note() == ""
+
+
+def test_report_draws_extra_reward_columns(tmp_path):
+    """A model stage or a second reward column gets its own distribution chart."""
+    from pipelines.rescore import main
+    from pipelines.sample import make_experience
+
+    table = make_experience(batches=2, tasks=4, runs=4, seed=2)
+    rm = np.linspace(-3.0, 3.0, table.num_rows)
+    table = table.append_column("rm_score", __import__("pyarrow").array(rm))
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, str(tmp_path / "in" / "part.parquet"))
+    out = str(tmp_path / "out")
+    assert main(["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, RUNNER, "--quiet", "--strategy", "grpo"]) == 0
+    assert main(["report", out]) == 0
+    from pipelines.report import read_run
+
+    data = read_run(out)
+    assert sorted(data.extra) == ["rm_score"] and sorted(data.extra["rm_score"]) == pytest.approx(rm)
+    assert os.path.getsize(os.path.join(out, "report-columns.png")) > 5000
+    assert "Columns: rm_score;" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
