@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 
 from transforms.strategies import GroupedRows, PlanScores, ScoringPlan
-from transforms.strategies.base import KINDS
+from transforms.strategies.base import ADVANTAGE, KINDS
 
 AUDIT_FIELDS = [
     pa.field("group_size", pa.int64()),
@@ -137,8 +137,6 @@ def audit_values(
     mean = _np(scores.group_mean).astype(np.float64)[g]
     std = _np(scores.group_std).astype(np.float64)[g]
     nan = np.full(n, np.nan)
-    from transforms.strategies.base import ADVANTAGE
-
     adv = plan.stage(ADVANTAGE)
     batch_std = nan
     if adv is not None and adv.batch_level and adv.name in BATCH_STD and batch_stats is not None:
