@@ -130,3 +130,20 @@ def test_audit_batch_std_with_std_cal_level_batch(tmp_path):
         batch_rewards = np.concatenate([v for (b, _), v in GROUPS.items() if b == row["batch"]])
         assert row["batch_reward_std"] == pytest.approx(batch_rewards.std(ddof=1), abs=1e-12)
         assert row["score"] == pytest.approx((row["reward"] - row["baseline"]) / (row["batch_reward_std"] + 1e-6), abs=1e-5)
+
+
+def test_raft_reasons_per_row(tmp_path):
+    _, out = _run(tmp_path, "raft", "--strategy", "raft", "--keep-filtered", "--audit-columns")
+    filtered = _read(out, "filtered").sort_by([("batch", "ascending"), ("task", "ascending"), ("run", "ascending")])
+    got = list(zip(filtered["batch"].to_pylist(), filtered["task"].to_pylist(), filtered["reward"].to_pylist(),
+                   filtered["filter_reason"].to_pylist()))
+    assert got == [
+        (0, 3, 0.0, "raft: reward 0 <= 0"),
+        (0, 3, 0.5, "raft: reward 0.5 < the group's top 1"),
+        (1, 1, 0.0, "raft: reward 0 <= 0"),
+        (1, 1, 0.0, "raft: reward 0 <= 0"),
+        (1, 2, 1.0, "raft: reward 1 < the group's top 1.5"),
+        (1, 2, 1.0, "raft: reward 1 < the group's top 1.5"),
+    ]
+    scored = _read(out, "scored")
+    assert scored["baseline"].null_count == scored.num_rows  # RAFT subtracts no baseline
