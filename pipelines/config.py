@@ -41,6 +41,8 @@ CONFIG_KEYS = {
     "io_threads": "read units each worker reads or writes at once (0: one per core, at most 4)",
     "device": "where the torch math runs: auto, cpu or cuda",
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
+    "keep_filtered": "write the rows a filter drops to filtered-*.parquet with a filter_reason",
+    "audit_columns": "add group_size, group_reward_mean, group_reward_std, baseline to every scored row",
     "incremental": "score only input files not yet in the output's manifest, into a new run directory",
     "pipeline_options": "mapping of Beam pipeline options",
     "input_table": "with a database URL as input: the Trinity-RFT experience buffer (table) to read",
@@ -68,6 +70,8 @@ class RunConfig:
     device: str = "auto"
     accelerator: str | None = None
     incremental: bool = False
+    keep_filtered: bool = False
+    audit_columns: bool = False
     run_name: str | None = None
     wait: bool = True
     quiet: bool = False
@@ -84,10 +88,23 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+COMMANDS = """commands:
+  rescore --input PATH_OR_GLOB --output DIR --strategy NAME [--set KEY=VALUE ...]
+                                          score experience (the options below)
+  rescore sample --output DIR [--rows N]  write sample experience to try it on
+  rescore report OUTPUT_DIR [--to DIR]    report.html and charts of a finished run"""
+
+
+def usage() -> str:
+    """What a bare `rescore` prints: the usage line and the commands."""
+    return f"{_parser().format_usage()}\n{COMMANDS}\n\nrescore --help lists every option; rescore sample --help, rescore report --help"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="rescore",
-        description="Rescore logged RL experience: Parquet in, scored Parquet out.",
+        description=f"Rescore logged RL experience: Parquet in, scored Parquet out.\n\n{COMMANDS}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Any other --option is passed to Beam (e.g. --runner, --direct_num_workers).",
         allow_abbrev=False,
     )
@@ -142,6 +159,21 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="score only input files not yet in OUTPUT/_manifest.json, into OUTPUT/run=<UTC time>/",
+    )
+    p.add_argument(
+        "--keep-filtered",
+        "--keep_filtered",
+        action="store_true",
+        default=None,
+        help="write the rows a filter drops to filtered-*.parquet, each with a filter_reason (stage, statistic, threshold)",
+    )
+    p.add_argument(
+        "--audit-columns",
+        "--audit_columns",
+        action="store_true",
+        default=None,
+        help="add to every scored row the numbers its score came from: group_size, group_reward_mean, "
+        "group_reward_std, batch_reward_std, baseline",
     )
     p.add_argument("--run-name", "--run_name", help="with --incremental: the run directory's name (default run=YYYYMMDDTHHMMSS, UTC)")
     p.add_argument(
@@ -364,6 +396,8 @@ def parse_args(argv: list[str]) -> RunConfig:
         device=device,
         accelerator=str(accelerator) if accelerator else None,
         incremental=bool(args.incremental if args.incremental is not None else config.get("incremental", False)),
+        keep_filtered=bool(args.keep_filtered if args.keep_filtered is not None else config.get("keep_filtered", False)),
+        audit_columns=bool(args.audit_columns if args.audit_columns is not None else config.get("audit_columns", False)),
         run_name=args.run_name,
         wait=not args.no_wait,
         quiet=args.quiet,

@@ -12,12 +12,14 @@ import sys
 import threading
 import time
 
+from pipelines.wording import plural
 from transforms import storage
 from transforms.write import staging_dir
 
 
 class Progress:
     def __init__(self, output: str, units: int, rows: int, files: int, *, stream=None, enabled: bool = True):
+        self._output = output
         self._staging = staging_dir(output)
         self._units = units
         self._rows = rows
@@ -33,7 +35,10 @@ class Progress:
     def _done(self) -> int:
         try:
             # A unit larger than --shard-rows is staged as parts: count units, not files.
-            return len({p.rsplit("/", 1)[-1].split("-of-")[0] for p in storage.list_dir(self._staging, "scored-*.parquet")})
+            # Finalize moves staged files into the output directory (cleared of an earlier run
+            # before this one starts): count both, or a fast write step reads as 0 written.
+            staged = storage.list_dir(self._staging, "scored-*.parquet") + storage.list_dir(self._output, "scored-*.parquet")
+            return len({p.rsplit("/", 1)[-1].split("-of-")[0] for p in staged})
         except Exception:  # noqa: BLE001  (a progress line must never break the run)
             return 0
 
@@ -41,8 +46,8 @@ class Progress:
         done = min(self._done(), self._units)
         pct = 100.0 * done / self._units if self._units else 100.0
         return (
-            f"rescore: {self._rows:,} rows in {self._files:,} files: {done}/{self._units} read units written "
-            f"({pct:.0f}%), {time.monotonic() - self._started:.0f} s"
+            f"rescore: {plural(self._rows, 'row')} in {plural(self._files, 'file')}: {done}/{plural(self._units, 'read unit')} "
+            f"written ({pct:.0f}%), {time.monotonic() - self._started:.0f} s"
         )
 
     def _emit(self, line: str, final: bool = False) -> None:
@@ -60,7 +65,10 @@ class Progress:
 
     def __enter__(self) -> "Progress":
         if self._enabled:
-            self._emit(f"rescore: planned {self._rows:,} rows in {self._files:,} files ({self._units} read units); running")
+            self._emit(
+                f"rescore: planned {plural(self._rows, 'row')} in {plural(self._files, 'file')} "
+                f"({plural(self._units, 'read unit')}); running"
+            )
             self._thread = threading.Thread(target=self._loop, name="rescore-progress", daemon=True)
             self._thread.start()
         return self
@@ -69,5 +77,9 @@ class Progress:
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5)
-            if self._tty:
+            if exc[0] is None:
+                # The last units may land between two ticks (on a multi-process runner every unit
+                # is written in the last seconds): end on the count as it stands, not the last tick.
+                self._emit(self._line(), final=True)
+            elif self._tty:
                 self._emit(self._last, final=True)

@@ -1,16 +1,26 @@
 """`rescore report OUTPUT_DIR`: a self-contained report.html and PNG charts of a finished run.
 
-    rescore report out/            # writes out/report.html and out/report-*.png
-    rescore report out/ --to rep/  # somewhere else
+    rescore report out/                   # writes out/report.html and out/report-*.png
+    rescore report out/ --to rep/         # somewhere else
+    rescore report out/ --solved-at 0.5   # a run "solves" its task at reward >= 0.5 (default 1)
 
-Charts (matplotlib, headless Agg), all from metrics.json except the score histogram, which reads
-the `score` column of scored-*.parquet:
-    report-reward.png     per batch: the mean over groups of the group reward mean, ± the mean
-                          group reward std
-    report-groups.png     per batch: fraction of groups filtered, duplicated (copies per group),
-                          and with zero reward std
-    report-scores.png     histogram of the scores the strategy wrote
-    report-rejects.png    rejected rows by reason
+The charts answer what an RL engineer asks of a batch of experience before training on it, per
+batch so that a drift shows as a trend. Counts come from metrics.json; distributions are read
+from the output's own Parquet (only the columns they need): scored-*.parquet (original rows,
+copies left out) and, with --keep-filtered, filtered-*.parquet.
+    report-groups.png    share of groups with zero reward spread ("dead"), solved by all runs,
+                         solved by none
+    report-reward.png    reward per batch (box), with metrics.json's mean of group means
+    report-scores.png    score per batch (box)
+    report-length.png    response length against score, and their correlation per batch
+    report-sizes.png     groups by size (rows per group)
+    report-rejects.png   rows written / copied / filtered / rejected per batch, and by reason
+    report-columns.png   other numeric reward or model columns, when the data has any
+    report-audit.png     with --audit-columns: the group std and baseline the scores used
+Past MAX_BOXES batches, box plots group consecutive batches into bins and say so.
+
+The page records the config hash of the run it describes; a rerun into the same directory
+removes report.html and the PNGs with the data (see report_files).
 """
 
 from __future__ import annotations
@@ -21,19 +31,59 @@ import html
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from pipelines.wording import plural
 from transforms import storage
 from transforms.metrics import MEAN_KEY, STD_KEY
 from transforms.write import METRICS
 
-CHARTS = ("reward", "groups", "scores", "rejects")
+CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects")
+OPTIONAL_CHARTS = ("columns", "audit")
+MAX_BOXES = 40
+"""Box plots draw at most this many boxes; more batches are binned."""
+MAX_POINTS = 4000
+"""Scatter plots draw at most this many points (an even sample, seeded)."""
+KNOWN_COLUMNS = {
+    "batch", "task", "run", "step", "reward", "tokens", "prompt_length", "logprobs", "action_mask",
+    "advantages", "returns", "score", "copy_index", "source_task", "group_size", "group_reward_mean",
+    "group_reward_std", "batch_reward_std", "baseline",
+}
+WIDE = ("length", "rejects", "audit")
+"""Two-panel charts: a whole row of the page."""
+AUDIT = ("group_size", "group_reward_mean", "group_reward_std", "batch_reward_std", "baseline")
+CAPTIONS = {
+    "groups": "Dead groups (every run the same reward) give GRPO no signal: watch for a rising share, "
+    "or for all-solved / none-solved groups crowding out the rest.",
+    "reward": "Reward per batch: a drifting median or a collapsing box means the policy or the "
+    "reward model changed.",
+    "scores": "Scores (advantages) per batch: group-normalised scores should centre on 0 with a "
+    "stable spread; a skew or a shifted median hints at a bug or a batch-level baseline.",
+    "length": "Length bias: if long responses get systematically negative scores (r < 0), "
+    "training will shorten answers; r near 0 is neutral.",
+    "sizes": "Rows per task group: groups smaller than the rollout count lost runs upstream; "
+    "one-row groups get no baseline.",
+    "rejects": "Where the rows went: written, copied (duplication), filtered by a strategy, or "
+    "rejected as invalid; the right panel names the reasons.",
+    "columns": "Other numeric reward or model columns of the data, per column: check their scale "
+    "before mixing them into a reward.",
+    "audit": "What the scores were computed from (--audit-columns): the group reward std the "
+    "strategy reported (GRPO divides by it) and the baseline it subtracted, per batch.",
+}
 
 
 class ReportError(ValueError):
     """The directory holds no finished run to report on."""
+
+
+def report_files(output: str) -> list[str]:
+    """The report of an earlier run in `output` (report.html, report-*.png): a rerun removes
+    them with the data they describe, so a page never sits beside another run's data."""
+    html_path = storage.join(output, "report.html")
+    return storage.list_dir(output, "report-*.png") + ([html_path] if storage.exists(html_path) else [])
 
 
 def _plt():
@@ -45,96 +95,465 @@ def _plt():
     return plt
 
 
-def load(output: str) -> tuple[dict[str, Any], np.ndarray]:
-    """(metrics.json, the written scores without nulls) of a finished run."""
+@dataclass
+class RunData:
+    """The columns of a finished run's output that the charts need."""
+
+    batch: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """(n,) batch of every original scored row."""
+    task: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    reward: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """(n,) NaN where no score was written."""
+    length: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """(n,) response tokens, NaN where the data has no list column to count."""
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    """other numeric scalar columns (model stage outputs, extra rewards)."""
+    audit: dict[str, np.ndarray] = field(default_factory=dict)
+    filtered_batch: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    filtered_task: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    filtered_reward: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    filter_reasons: dict[str, int] = field(default_factory=dict)
+    has_filtered_files: bool = False
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self.score[~np.isnan(self.score)]
+
+
+def _numeric_scalar(t) -> bool:
+    import pyarrow as pa
+
+    return (pa.types.is_floating(t) or pa.types.is_integer(t)) and not pa.types.is_boolean(t)
+
+
+def _lengths(table) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    names = table.column_names
+    for name in ("action_mask", "logprobs"):
+        if name in names:
+            return np.asarray(pc.list_value_length(table[name]).fill_null(0).to_numpy(), dtype=np.float64)
+    if "tokens" in names and "prompt_length" in names:
+        tokens = np.asarray(pc.list_value_length(table["tokens"]).fill_null(0).to_numpy(), dtype=np.float64)
+        return tokens - np.asarray(table["prompt_length"].fill_null(0).to_numpy(), dtype=np.float64)
+    return np.full(table.num_rows, np.nan)
+
+
+def _read(paths: list[str], wanted: list[str]):
+    import pyarrow as pa
+
+    tables = []
+    for path in paths:
+        f = storage.open_parquet(path)
+        names = [n for n in wanted if n in f.schema_arrow.names]
+        tables.append(f.read(columns=names))
+    return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def read_run(output: str) -> RunData:
+    """RunData of the Parquet in `output`, reading only the columns the charts use."""
+    data = RunData()
+    scored = storage.list_dir(output, "scored-*.parquet")
+    if scored:
+        schema = storage.open_parquet(scored[0]).schema_arrow
+        extra = [f.name for f in schema if f.name not in KNOWN_COLUMNS and _numeric_scalar(f.type)]
+        length_cols = [n for n in ("action_mask", "logprobs", "tokens", "prompt_length") if n in schema.names]
+        length_cols = length_cols[:1] if length_cols and length_cols[0] != "tokens" else length_cols
+        wanted = ["batch", "task", "reward", "score", "copy_index", *length_cols, *extra, *AUDIT]
+        table = _read(scored, wanted)
+        if "copy_index" in table.column_names:  # copies repeat their originals: leave them out
+            import pyarrow.compute as pc
+
+            table = table.filter(pc.equal(table["copy_index"], 0))
+        data.batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64)
+        data.task = np.asarray(table["task"].to_numpy(zero_copy_only=False))
+        data.reward = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        if "score" in table.column_names:
+            data.score = np.asarray(table["score"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        else:
+            data.score = np.full(table.num_rows, np.nan)
+        data.length = _lengths(table)
+        data.extra = {n: np.asarray(table[n].to_numpy(zero_copy_only=False), dtype=np.float64) for n in extra}
+        data.audit = {
+            n: np.asarray(table[n].to_numpy(zero_copy_only=False), dtype=np.float64) for n in AUDIT if n in table.column_names
+        }
+    filtered = storage.list_dir(output, "filtered-*.parquet")
+    if filtered:
+        data.has_filtered_files = True
+        table = _read(filtered, ["batch", "task", "reward", "filter_reason"])
+        data.filtered_batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64)
+        data.filtered_task = np.asarray(table["task"].to_numpy(zero_copy_only=False))
+        data.filtered_reward = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        reasons, counts = np.unique(np.asarray(table["filter_reason"].to_numpy(zero_copy_only=False), dtype=str), return_counts=True)
+        data.filter_reasons = dict(zip(reasons.tolist(), counts.tolist()))
+    return data
+
+
+def load_metrics(output: str) -> dict[str, Any]:
     path = storage.join(output, METRICS)
     if not storage.exists(path):
         raise ReportError(f"{output} holds no metrics.json: not a Rescore output directory")
-    doc = json.loads(storage.read_text(path))
-    parts = [np.zeros(0)]
-    for path in storage.list_dir(output, "scored-*.parquet"):
-        column = storage.open_parquet(path).read(columns=["score"])["score"]
-        parts.append(np.asarray(column.drop_null().to_numpy(), dtype=np.float64))
-    return doc, np.concatenate(parts)
+    return json.loads(storage.read_text(path))
+
+
+def load(output: str) -> tuple[dict[str, Any], np.ndarray]:
+    """(metrics.json, the written scores without nulls) of a finished run."""
+    doc = load_metrics(output)
+    return doc, read_run(output).scores
+
+
+# --- per batch ----------------------------------------------------------------------------------
 
 
 def _batches(doc):
     return [b for b in doc["batches"] if b["batch"] is not None]
 
 
-def chart_reward(doc, plt, path):
-    batches = _batches(doc)
-    x = [b["batch"] for b in batches]
-    mean = np.array([b[MEAN_KEY] if b[MEAN_KEY] is not None else np.nan for b in batches], dtype=float)
-    std = np.array([b[STD_KEY] if b[STD_KEY] is not None else np.nan for b in batches], dtype=float)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, mean, marker="o", label="mean of group reward means")
-    ax.fill_between(x, mean - std, mean + std, alpha=0.25, label="± mean group reward std")
-    ax.set_xlabel("batch")
-    ax.set_ylabel("reward")
-    ax.set_title("Reward per batch (over task groups)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8, frameon=False)
-    ax.grid(alpha=0.3)
+@dataclass
+class Bins:
+    """Consecutive batches grouped for box plots: one bin per batch up to MAX_BOXES."""
+
+    edges: list[tuple[int, int]]
+    """(first, last) batch of each bin."""
+    binned: bool
+    count: int = 0
+    """batches binned"""
+
+    @classmethod
+    def of(cls, batches: list[int], limit: int = MAX_BOXES) -> "Bins":
+        if len(batches) <= limit:
+            return cls([(b, b) for b in batches], False, len(batches))
+        parts = np.array_split(np.asarray(sorted(batches)), limit)
+        return cls([(int(p[0]), int(p[-1])) for p in parts], True, len(batches))
+
+    def labels(self) -> list[str]:
+        return [str(a) if a == b else f"{a}–{b}" for a, b in self.edges]
+
+    def split(self, batch: np.ndarray, values: np.ndarray) -> list[np.ndarray]:
+        ok = ~np.isnan(values)
+        return [values[ok & (batch >= a) & (batch <= b)] for a, b in self.edges]
+
+    def note(self, what: str = "Boxes") -> str:
+        if not self.binned:
+            return ""
+        per = max(b - a + 1 for a, b in self.edges)
+        return (
+            f" {what} over {len(self.edges)} bins of up to {per} consecutive batches each "
+            f"({self.count:,} batches: too many to show one by one)."
+        )
+
+
+def _integer_batches(ax, xs) -> None:
+    """Integer ticks: every batch when there are few, else a few round ones."""
+    from matplotlib.ticker import MaxNLocator
+
+    xs = sorted(int(v) for v in xs)
+    if 0 < len(xs) <= 12:
+        ax.set_xticks(xs)
+        ax.set_xlim(xs[0] - 0.7, xs[-1] + 0.7)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=10))
+
+
+MAX_POINTS_PER_LINE = 60
+"""Past this many batches, per-batch lines are drawn per bin of consecutive batches (Bins)."""
+
+
+def _binned(x: np.ndarray, num: list[np.ndarray], den: np.ndarray):
+    """(bin centres, [sum(num) / sum(den) per bin], Bins): ratios pooled over consecutive batches."""
+    bins = Bins.of(list(x), MAX_BOXES)
+    centres = np.array([(a + b) / 2 for a, b in bins.edges])
+    out = []
+    for values in num:
+        out.append(np.array([values[(x >= a) & (x <= b)].sum() / max(den[(x >= a) & (x <= b)].sum(), 1) for a, b in bins.edges]))
+    return centres, out, bins
+
+
+def _boxes(ax, bins: Bins, groups: list[np.ndarray], color: str) -> None:
+    positions = np.arange(len(groups))
+    filled = [g if len(g) else np.array([np.nan]) for g in groups]
+    parts = ax.boxplot(filled, positions=positions, widths=0.6, showfliers=len(groups) <= 20, patch_artist=True,
+                       medianprops={"color": "#222"}, flierprops={"markersize": 2, "alpha": 0.4})
+    for box in parts["boxes"]:
+        box.set_facecolor(color)
+        box.set_alpha(0.55)
+    labels = bins.labels()
+    step = max(1, len(labels) // 12)
+    ax.set_xticks(positions[::step])
+    ax.set_xticklabels(labels[::step], rotation=30 if bins.binned else 0, fontsize=8)
+    ax.set_xlim(-0.7, len(groups) - 0.3)
+
+
+def _save(fig, plt, path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def chart_groups(doc, plt, path):
+def _legend(ax, ncol=3) -> None:
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=9, frameon=False)
+
+
+def group_table(batch: np.ndarray, task: np.ndarray, reward: np.ndarray):
+    """(batch of each group, rows, min reward, max reward) over the (batch, task) groups."""
+    if not len(batch):
+        z = np.zeros(0)
+        return z.astype(np.int64), z.astype(np.int64), z, z
+    keys = np.char.add(np.char.add(batch.astype(str), "\x00"), task.astype(str))
+    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    lo = np.full(len(uniq), np.inf)
+    hi = np.full(len(uniq), -np.inf)
+    np.minimum.at(lo, inverse, reward)
+    np.maximum.at(hi, inverse, reward)
+    gb = np.zeros(len(uniq), np.int64)
+    gb[inverse] = batch
+    return gb, counts, lo, hi
+
+
+def chart_groups(doc, data: RunData, plt, path, solved_at: float) -> str:
     batches = [b for b in _batches(doc) if b["groups"]]
     x = np.array([b["batch"] for b in batches])
     groups = np.array([b["groups"] for b in batches], dtype=float)
-    series = {
-        "filtered": np.array([b["groups_filtered"] for b in batches]) / groups if len(groups) else [],
-        "duplicated (copies per group)": np.array([b["groups_duplicated"] for b in batches]) / groups if len(groups) else [],
-        "zero reward std": np.array([b.get("groups_zero_std", 0) for b in batches]) / groups if len(groups) else [],
-    }
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.27
-    for i, (label, values) in enumerate(series.items()):
-        ax.bar(x + (i - 1) * width, values, width=width, label=label)
+    dead = np.array([b.get("groups_zero_std", 0) for b in batches]) / np.maximum(groups, 1)
+    gb, _, lo, hi = group_table(
+        np.concatenate([data.batch, data.filtered_batch]),
+        np.concatenate([data.task.astype(str), data.filtered_task.astype(str)]),
+        np.concatenate([data.reward, data.filtered_reward]),
+    )
+    seen = np.array([max(1, int((gb == b).sum())) for b in x])
+    all_solved = np.array([((gb == b) & (lo >= solved_at)).sum() for b in x]) / seen
+    none_solved = np.array([((gb == b) & (hi < solved_at)).sum() for b in x]) / seen
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    labels = ("zero reward spread (dead)", f"solved by all runs (reward ≥ {solved_at:g})", "solved by none")
+    colors = ("#c44e52", "#55a868", "#8172b2")
+    note = ""
+    if len(x) <= 12:  # side-by-side bars: one batch, or a few, read best as bars
+        for i, (values, label, color) in enumerate(zip((dead, all_solved, none_solved), labels, colors)):
+            ax.bar(x + (i - 1) * 0.27, values, width=0.27, label=label, color=color)
+    else:
+        series = (dead, all_solved, none_solved)
+        if len(x) > MAX_POINTS_PER_LINE:
+            counts = [dead * groups, all_solved * seen, none_solved * seen]
+            xs, pooled_dead, bins = _binned(x, counts[:1], groups)
+            _, pooled_solved, _ = _binned(x, counts[1:], seen.astype(float))
+            x, series = xs, (pooled_dead[0], *pooled_solved)
+            note = bins.note("Shares pooled")
+        for values, label, color in zip(series, labels, colors):
+            ax.plot(x, values, label=label, color=color, marker="o" if len(x) <= MAX_POINTS_PER_LINE else None, linewidth=1.5)
+    ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("batch")
-    ax.set_ylabel("fraction of groups")
-    ax.set_title("Groups filtered, duplicated and with zero reward std")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8, frameon=False)
+    ax.set_ylabel("share of groups")
+    ax.set_title("Dead, all-solved and none-solved groups per batch")
+    _integer_batches(ax, x)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    _save(fig, plt, path)
+    covered = "all groups" if data.has_filtered_files or not doc["totals"]["rows_filtered"] else (
+        "the groups written (filtered groups are not in the output; --keep-filtered keeps them)"
+    )
+    return f"Dead share from metrics.json (all groups); solved shares over {covered}.{note}"
+
+
+def chart_reward(doc, data: RunData, plt, path) -> str:
+    batches = _batches(doc)
+    ids = [b["batch"] for b in batches]
+    bins = Bins.of(ids)
+    batch = np.concatenate([data.batch, data.filtered_batch])
+    reward = np.concatenate([data.reward, data.filtered_reward])
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    _boxes(ax, bins, bins.split(batch, reward), "#4c72b0")
+    mean = np.array([b[MEAN_KEY] if b[MEAN_KEY] is not None else np.nan for b in batches], dtype=float)
+    if not bins.binned:
+        ax.plot(np.arange(len(ids)), mean, color="#dd8452", marker="D", markersize=4, linewidth=1.2,
+                label="mean of group reward means (metrics.json)")
+        _legend(ax, 1)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("reward")
+    ax.set_title("Reward per batch")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, plt, path)
+    rows = "written and filtered rows" if data.has_filtered_files else "written rows (copies left out)"
+    return f"Over the {rows}.{bins.note()}"
 
 
-def chart_scores(doc, scores, plt, path):
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    if len(scores):
-        ax.hist(scores, bins=min(60, max(10, int(np.sqrt(len(scores))))), color="#4c72b0")
+def chart_scores(doc, data: RunData, plt, path) -> str:
+    ids = [b["batch"] for b in _batches(doc)]
+    bins = Bins.of(ids)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    n = len(data.scores)
+    if n:
+        _boxes(ax, bins, bins.split(data.batch, data.score), "#55a868")
+        ax.axhline(0, color="#888", linewidth=0.8)
     else:
         ax.text(0.5, 0.5, "no scores written (no advantage stage, or no rows kept)", ha="center", va="center",
                 transform=ax.transAxes)
-    ax.set_xlabel("score")
-    ax.set_ylabel("rows")
-    ax.set_title(f"Scores: {doc['strategy']}  ({len(scores):,} rows)")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("score")
+    ax.set_title(f"Scores per batch: {doc['strategy']}  ({n:,} rows)")
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, plt, path)
+    return f"Scores of the original rows (copies repeat them).{bins.note()}"
 
 
-def chart_rejects(doc, plt, path):
-    reasons = doc["totals"]["reject_reasons"]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    if reasons:
-        names = sorted(reasons, key=lambda k: -reasons[k])
-        ax.barh(names, [reasons[n] for n in names], color="#c44e52")
-        ax.invert_yaxis()
-        for i, n in enumerate(names):
-            ax.text(reasons[n], i, f" {reasons[n]:,}", va="center", fontsize=8)
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0:
+        return np.nan
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def chart_length(doc, data: RunData, plt, path) -> str:
+    ok = ~np.isnan(data.score) & ~np.isnan(data.length)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    ids = np.unique(data.batch[ok])
+    note = ""
+    if len(ids) > MAX_POINTS_PER_LINE:  # a few rows per batch give a noisy r: pool consecutive batches
+        bins = Bins.of(list(ids), MAX_BOXES)
+        at = [ok & (data.batch >= a) & (data.batch <= b) for a, b in bins.edges]
+        r = np.array([_corr(data.length[m], data.score[m]) for m in at])
+        ids = np.array([(a + b) / 2 for a, b in bins.edges])
+        note = bins.note("Right: r pooled")
     else:
-        ax.text(0.5, 0.5, "no rejected rows", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("rows")
-    ax.set_title(f"Rejected rows by reason ({doc['totals']['rows_rejected']:,} of {doc['totals']['rows_read']:,})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        r = np.array([_corr(data.length[ok & (data.batch == b)], data.score[ok & (data.batch == b)]) for b in ids])
+    overall = _corr(data.length[ok], data.score[ok])
+    if ok.sum():
+        at = np.flatnonzero(ok)
+        if len(at) > MAX_POINTS:
+            at = np.sort(np.random.default_rng(0).choice(at, MAX_POINTS, replace=False))
+        left.scatter(data.length[at], data.score[at], s=6, alpha=0.35, color="#4c72b0", linewidths=0)
+        left.axhline(0, color="#888", linewidth=0.8)
+        left.set_title(f"Length vs score (r = {overall:.2f})" if not np.isnan(overall) else "Length vs score")
+        right.plot(ids, r, marker="o" if len(ids) <= 60 else None, color="#c44e52")
+        right.axhline(0, color="#888", linewidth=0.8)
+        right.set_ylim(-1.05, 1.05)
+        _integer_batches(right, ids)
+    else:
+        for ax in (left, right):
+            ax.text(0.5, 0.5, "no scores or no response lengths", ha="center", va="center", transform=ax.transAxes)
+        left.set_title("Length vs score")
+    left.set_xlabel("response tokens")
+    left.set_ylabel("score")
+    right.set_xlabel("batch")
+    right.set_ylabel("Pearson r (length, score)")
+    right.set_title("Correlation per batch")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    _save(fig, plt, path)
+    sampled = f" Left: an even sample of {MAX_POINTS:,} of {int(ok.sum()):,} rows." if ok.sum() > MAX_POINTS else ""
+    return f"Overall r = {overall:.3f}.{sampled}{note}" if not np.isnan(overall) else "No correlation to show."
+
+
+def chart_sizes(doc, data: RunData, plt, path) -> str:
+    batch = np.concatenate([data.batch, data.filtered_batch])
+    task = np.concatenate([data.task.astype(str), data.filtered_task.astype(str)])
+    _, rows, _, _ = group_table(batch, task, np.concatenate([data.reward, data.filtered_reward]))
+    source = "rows per (batch, task) group in the output"
+    if "group_size" in data.audit and not data.has_filtered_files:
+        # the audit column holds each group's size as read, before any filter
+        gb, _, lo, _ = group_table(data.batch, data.task.astype(str), data.audit["group_size"])
+        rows = lo.astype(np.int64)
+        source = "rows per group as read (audit column group_size)"
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    if len(rows):
+        sizes, counts = np.unique(rows, return_counts=True)
+        ax.bar(sizes, counts, width=0.8 if len(sizes) < 50 else 1.0, color="#8172b2")
+        for s, c in zip(sizes[:30], counts[:30]):
+            ax.text(s, c, f"{c:,}", ha="center", va="bottom", fontsize=8)
+        _integer_batches(ax, list(sizes))
+        ax.set_ylim(0, counts.max() * 1.15)
+    else:
+        ax.text(0.5, 0.5, "no groups in the output", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("rows in the group")
+    ax.set_ylabel("groups")
+    ax.set_title(f"Group sizes ({len(rows):,} groups)")
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, plt, path)
+    return f"Counts of {source}."
+
+
+def chart_rejects(doc, data: RunData, plt, path) -> str:
+    batches = _batches(doc)
+    x = np.array([b["batch"] for b in batches])
+    series = {
+        "written": np.array([b.get("rows_written_original", b["rows_written"] - b["rows_duplicated"]) for b in batches]),
+        "copies": np.array([b["rows_duplicated"] for b in batches]),
+        "filtered": np.array([b["rows_filtered"] for b in batches]),
+        "rejected": np.array([b["rows_rejected"] for b in batches]),
+    }
+    colors = {"written": "#4c72b0", "copies": "#55a868", "filtered": "#dd8452", "rejected": "#c44e52"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    bottom = np.zeros(len(x))
+    width = 0.8 if len(x) < 200 else 1.0
+    for name, values in series.items():
+        if values.any():
+            left.bar(x, values, width=width, bottom=bottom, label=name, color=colors[name], linewidth=0)
+            bottom = bottom + values
+    left.set_xlabel("batch")
+    left.set_ylabel("rows")
+    left.set_title("Rows per batch by outcome")
+    _integer_batches(left, x)
+    left.grid(alpha=0.3, axis="y")
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=8, frameon=False)
+    t = doc["totals"]
+    reasons = {f"rejected: {k}": v for k, v in t["reject_reasons"].items()}
+    if data.filter_reasons:
+        reasons.update({f"filtered: {k}": v for k, v in data.filter_reasons.items()})
+    else:
+        for name, counts in t.get("strategies", {}).items():
+            if counts.get("filtered_count"):
+                reasons[f"filtered by {name}"] = counts["filtered_count"]
+    if reasons:
+        names = sorted(reasons, key=lambda k: -reasons[k])[:10]
+        # the reason is written above its bar: long reasons stay readable and the panel keeps its width
+        right.barh(range(len(names)), [reasons[n] for n in names], height=0.45,
+                   color=["#c44e52" if n.startswith("rejected") else "#dd8452" for n in names])
+        right.set_yticks([])
+        right.set_ylim(len(names) - 0.4, -0.9)
+        for i, n in enumerate(names):
+            right.text(0, i - 0.3, n if len(n) <= 60 else n[:58] + "…", va="bottom", fontsize=8)
+            right.text(reasons[n], i, f" {reasons[n]:,}", va="center", fontsize=8)
+        right.set_xlim(0, max(reasons.values()) * 1.2)
+    else:
+        right.text(0.5, 0.5, "no rows filtered or rejected", ha="center", va="center", transform=right.transAxes)
+        right.set_yticks([])
+    right.set_xlabel("rows")
+    right.set_title(f"Dropped rows by reason ({t['rows_filtered'] + t['rows_rejected']:,} of {t['rows_read']:,})")
+    _save(fig, plt, path)
+    return "Counts from metrics.json" + ("; filter reasons from filtered-*.parquet." if data.filter_reasons else ".")
+
+
+def chart_columns(doc, data: RunData, plt, path) -> str:
+    names = list(data.extra)[:12]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    values = [v[~np.isnan(v)] for v in (data.extra[n] for n in names)]
+    filled = [v if len(v) else np.array([np.nan]) for v in values]
+    ax.boxplot(filled, widths=0.6, showfliers=True, flierprops={"markersize": 2, "alpha": 0.4})
+    ax.set_xticks(np.arange(1, len(names) + 1))
+    ax.set_xticklabels(names, rotation=20, fontsize=8)
+    ax.set_ylabel("value")
+    ax.set_title("Other numeric columns (reward / model outputs)")
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, plt, path)
+    more = f" (the first 12 of {len(data.extra)})" if len(data.extra) > 12 else ""
+    return f"Columns: {', '.join(names)}{more}; written rows, copies left out."
+
+
+def chart_audit(doc, data: RunData, plt, path) -> str:
+    ids = [b["batch"] for b in _batches(doc)]
+    bins = Bins.of(ids)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    _boxes(left, bins, bins.split(data.batch, data.audit.get("group_reward_std", np.full(len(data.batch), np.nan))), "#8172b2")
+    left.set_title("group_reward_std per batch")
+    _boxes(right, bins, bins.split(data.batch, data.audit.get("baseline", np.full(len(data.batch), np.nan))), "#937860")
+    right.set_title("baseline per batch")
+    for ax in (left, right):
+        ax.set_xlabel("batch")
+        ax.grid(alpha=0.3, axis="y")
+    _save(fig, plt, path)
+    return f"From the audit columns of scored-*.parquet.{bins.note()}"
+
+
+# --- the page -----------------------------------------------------------------------------------
 
 
 def _fmt(value) -> str:
@@ -157,7 +576,23 @@ BATCH_KEYS = ("rows_read", "rows_written", "rows_duplicated", "rows_filtered", "
               "groups_filtered", "groups_duplicated", "groups_zero_std", MEAN_KEY, STD_KEY)
 
 
-def render_html(doc: dict[str, Any], images: dict[str, bytes]) -> str:
+def _stages_table(doc) -> str:
+    params = doc.get("params", {})
+    stats = doc["totals"].get("strategies", {})
+    keys = sorted({k for s in stats.values() for k in s})
+    if not params and not stats:
+        return "<p>—</p>"
+    head = "<tr><th>stage</th><th>parameters</th>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>"
+    rows = []
+    for name in dict.fromkeys([*params, *stats]):
+        p = "<br>".join(f"{html.escape(k)} = <code>{html.escape(json.dumps(v))}</code>" for k, v in params.get(name, {}).items())
+        cells = "".join(f"<td>{_fmt(stats.get(name, {}).get(k))}</td>" for k in keys)
+        rows.append(f'<tr><th>{html.escape(name)}</th><td class="left">{p or "—"}</td>{cells}</tr>')
+    return f'<div class="scroll"><table>{head}{"".join(rows)}</table></div>'
+
+
+def render_html(doc: dict[str, Any], images: dict[str, bytes], captions: dict[str, str] | None = None) -> str:
+    captions = captions or {}
     t = doc["totals"]
     totals = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(t.get(k))}</td></tr>" for k in TOTAL_KEYS)
     head = "".join(f"<th>{html.escape(k.replace('group_advantages/', ''))}</th>" for k in ("batch", *BATCH_KEYS))
@@ -165,62 +600,80 @@ def render_html(doc: dict[str, Any], images: dict[str, bytes]) -> str:
         "<tr>" + "".join(f"<td>{_fmt(b.get(k))}</td>" for k in ("batch", *BATCH_KEYS)) + "</tr>" for b in doc["batches"]
     )
     reasons = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in t["reject_reasons"].items())
-    stages = "".join(
-        f"<tr><th>{html.escape(name)}</th><td>{html.escape(json.dumps(counts))}</td></tr>"
-        for name, counts in t.get("strategies", {}).items()
-    )
     figures = "".join(
-        f'<figure><img alt="{name}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
+        f'<figure class="{"wide" if name in WIDE else ""}"><img alt="{name}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+        f"<figcaption><b>{html.escape(CAPTIONS.get(name, ''))}</b> {html.escape(captions.get(name, ''))}</figcaption></figure>"
         for name, data in images.items()
     )
     skipped = "".join(f"<li>{html.escape(f['path'])}: {html.escape(f['reason'])}</li>" for f in doc.get("skipped_files", []))
     failed = f'<p class="failed">Run failed: {html.escape(doc["failed"])}</p>' if doc.get("failed") else ""
+    n_batches = len(_batches(doc))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Rescore report: {html.escape(doc['output'])}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="rescore-config-hash" content="{html.escape(doc.get('config_hash', ''))}">
 <style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
-th, td {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
-th {{ background: #f6f6f6; text-align: left; }}
-figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 520px; }}
-code {{ background: #f3f3f3; padding: 1px 4px; }} .failed {{ color: #b00; font-weight: bold; }}
+body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1180px; padding: 0 1em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0; }}
+th, td {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; white-space: nowrap; }}
+th {{ background: #f6f6f6; text-align: left; }} td.left {{ text-align: left; }}
+.scroll {{ max-width: 100%; overflow: auto; margin-bottom: 1.5em; }}
+.scroll.tall {{ max-height: 420px; }} .scroll.tall th {{ position: sticky; top: 0; }}
+.charts {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 1em; }}
+figure {{ margin: 0; min-width: 0; }} figure.wide {{ grid-column: 1 / -1; max-width: 900px; }}
+img {{ width: 100%; height: auto; }}
+figcaption {{ font-size: 13px; color: #444; }}
+code {{ background: #f3f3f3; padding: 1px 4px; overflow-wrap: anywhere; }} .failed {{ color: #b00; font-weight: bold; }}
+.meta {{ overflow-wrap: anywhere; }}
 </style></head><body>
 <h1>Rescore report</h1>
-<p>Output <code>{html.escape(doc['output'])}</code> · strategy <code>{html.escape(doc['strategy'])}</code>
+<p class="meta">Output <code>{html.escape(doc['output'])}</code> · strategy <code>{html.escape(doc['strategy'])}</code>
 · algorithm <code>{_fmt(doc.get('algorithm'))}</code> · Rescore {html.escape(doc.get('rescore_version', '?'))}
-· config hash <code>{html.escape(doc.get('config_hash', '')[:16])}</code> · {_fmt(doc.get('input_files'))} input files</p>
+· config hash <code>{html.escape(doc.get('config_hash', '')[:16])}</code> · {plural(doc.get('input_files') or 0, 'input file')}
+· {plural(n_batches, 'batch', 'batches')}</p>
 {failed}
-<p>Parameters: <code>{html.escape(json.dumps(doc.get('params', {}), sort_keys=True))}</code></p>
-<h2>Totals</h2><table>{totals}</table>
-<h2>Charts</h2>{figures}
-<h2>Per batch</h2><table><tr>{head}</tr>{rows}</table>
-<h2>Strategy stages</h2><table>{stages or '<tr><td>—</td></tr>'}</table>
+<h2>Totals</h2><div class="scroll"><table>{totals}</table></div>
+<h2>Charts</h2><div class="charts">{figures}</div>
+<h2>Per batch</h2><div class="scroll tall"><table><tr>{head}</tr>{rows}</table></div>
+<h2>Strategy stages</h2>{_stages_table(doc)}
 <h2>Reject reasons</h2><table>{reasons or '<tr><td>none</td></tr>'}</table>
 {f'<h2>Skipped input files</h2><ul>{skipped}</ul>' if skipped else ''}
 </body></html>
 """
 
 
-def write_report(output: str, to: str | None = None) -> dict[str, str]:
+def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> dict[str, str]:
     """Write report.html and report-*.png for the run in `output`; returns {name: path}."""
     if to is None and not storage.is_local(output):
         raise ReportError(f"{output} is not a local directory: pass --to LOCAL_DIR for the report files")
-    doc, scores = load(output)
+    doc = load_metrics(output)
+    data = read_run(output)
     to = to or output
     os.makedirs(to, exist_ok=True)
+    for old in report_files(to):  # charts of an earlier report that this one may not draw
+        os.remove(old)
     plt = _plt()
-    paths = {name: os.path.join(to, f"report-{name}.png") for name in CHARTS}
-    chart_reward(doc, plt, paths["reward"])
-    chart_groups(doc, plt, paths["groups"])
-    chart_scores(doc, scores, plt, paths["scores"])
-    chart_rejects(doc, plt, paths["rejects"])
+    names = list(CHARTS) + (["columns"] if data.extra else []) + (["audit"] if data.audit else [])
+    paths = {name: os.path.join(to, f"report-{name}.png") for name in names}
+    captions = {
+        "groups": chart_groups(doc, data, plt, paths["groups"], solved_at),
+        "reward": chart_reward(doc, data, plt, paths["reward"]),
+        "scores": chart_scores(doc, data, plt, paths["scores"]),
+        "length": chart_length(doc, data, plt, paths["length"]),
+        "sizes": chart_sizes(doc, data, plt, paths["sizes"]),
+        "rejects": chart_rejects(doc, data, plt, paths["rejects"]),
+    }
+    if data.extra:
+        captions["columns"] = chart_columns(doc, data, plt, paths["columns"])
+    if data.audit:
+        captions["audit"] = chart_audit(doc, data, plt, paths["audit"])
     images = {}
     for name, path in paths.items():
         with open(path, "rb") as f:
             images[name] = f.read()
     paths["html"] = os.path.join(to, "report.html")
     with open(paths["html"], "w", encoding="utf-8") as f:
-        f.write(render_html(doc, images))
+        f.write(render_html(doc, images, captions))
     return paths
 
 
@@ -228,9 +681,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rescore report", description="Charts and an HTML page for a finished run.")
     parser.add_argument("output", help="a Rescore output directory (holding metrics.json)")
     parser.add_argument("--to", help="where to write report.html and the PNGs (default: the output directory)")
+    parser.add_argument("--solved-at", "--solved_at", type=float, default=1.0,
+                        help="a run solves its task at reward >= this (default 1.0), for the all/none-solved shares")
     args = parser.parse_args(argv)
     try:
-        paths = write_report(args.output, args.to)
+        paths = write_report(args.output, args.to, args.solved_at)
     except (ReportError, OSError, ValueError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2

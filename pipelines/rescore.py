@@ -36,15 +36,17 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import __version__, incremental
-from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args
+from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
 from pipelines.progress import Progress
+from pipelines.report import report_files
+from pipelines.wording import plural, process_seconds
 from schemas import SchemaError
 from transforms import device as devices
 from transforms import storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
 from transforms.strategies import ConfigError, ScoringPlan, build_plan
-from transforms.write import METRICS, STAGING, SUCCESS, WriteScored, finalize
+from transforms.write import FILTERED_FILES, METRICS, STAGING, SUCCESS, WriteScored, finalize
 
 log = logging.getLogger("rescore")
 
@@ -61,12 +63,14 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfi
         plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads
     )
     records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
-        scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator
+        scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator,
+        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
     outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
     files, row_metrics = outcomes | "WriteScored" >> WriteScored(
         plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator,
         file_metadata=file_metadata(run_info), threads=cfg.io_threads, shard_rows=cfg.shard_rows,
+        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
     stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
     finalize(
@@ -106,6 +110,7 @@ def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
         # _SUCCESS goes first, so no reader takes a half-replaced directory for finished.
         storage.delete([storage.join(output, SUCCESS)])
     stale = storage.list_dir(output, "scored-*.parquet") + storage.list_dir(output, "rejected-*.parquet")
+    stale += storage.list_dir(output, FILTERED_FILES) + report_files(output)
     stale += [p for p in (storage.join(output, METRICS), storage.join(output, STAGING)) if storage.exists(p)]
     if stale:
         log.info("removing %d files of an earlier run from %s", len(stale), output)
@@ -146,6 +151,8 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         "max_reject_fraction": cfg.max_reject_fraction,
         "max_group_rows": cfg.max_group_rows,
         "device": cfg.device,
+        "keep_filtered": cfg.keep_filtered,
+        "audit_columns": cfg.audit_columns,
         **(extra_info or {}),
     }
     p = beam.Pipeline(options=options)
@@ -222,9 +229,11 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
     lines = [
         f"rescore: {doc['strategy']} done -> {doc['output']}",
         f"  rows read        {t['rows_read']:>12,}",
-        f"  rows written     {t['rows_written']:>12,}",
+        f"  rows written     {t['rows_written']:>12,}"
+        + (f"  ({t['rows_written_original']:,} originals + {t['rows_duplicated']:,} copies)" if t["rows_duplicated"] else ""),
         f"  rows duplicated  {t['rows_duplicated']:>12,}",
-        f"  rows filtered    {t['rows_filtered']:>12,}",
+        f"  rows filtered    {t['rows_filtered']:>12,}  (dropped by the strategy"
+        + (f"; kept in {FILTERED_FILES})" if doc.get("keep_filtered") else ", not written)"),
         f"  rows rejected    {t['rows_rejected']:>12,}" + (f"  ({reasons})" if reasons else ""),
         f"  groups           {t['groups']:>12,}  ({t['groups_filtered']:,} filtered, {t['groups_duplicated']:,} copies)",
         f"  batches          {len([b for b in doc['batches'] if b['batch'] is not None]):>12,}",
@@ -236,6 +245,8 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    from_process = argv is None  # the command line: the wall time counts the process's start-up
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     if argv[:1] == ["sample"]:
@@ -246,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines import report
 
         return report.main(argv[1:])
+    if not argv:
+        print(usage(), file=sys.stderr)
+        return EXIT_CONFIG
     quiet = "--quiet" in argv
-    started = time.monotonic()
     try:
         doc = run(argv)
     except USER_ERRORS as e:
@@ -275,13 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     if doc.get("nothing_new"):
         if not quiet:
             print(
-                f"rescore: nothing new to score: all {doc['input_files']} input files are already in "
+                "rescore: nothing new to score: "
+                + ("the input file is" if doc["input_files"] == 1 else f"all {plural(doc['input_files'], 'input file')} are")
+                + " already in "
                 f"{incremental.manifest_path(doc['output'])}",
                 file=sys.stderr,
             )
         return EXIT_OK
     if not quiet:
-        print(_summary(doc, time.monotonic() - started), file=sys.stderr)
+        print(_summary(doc, process_seconds() if from_process else time.monotonic() - started), file=sys.stderr)
     return EXIT_OK
 
 

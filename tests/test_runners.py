@@ -179,7 +179,7 @@ def test_incremental_runs_score_only_new_files(tmp_path, capsys, monkeypatch):
 
     # Nothing new: no work, a clear message, success.
     code, err = _incremental(capsys, glob, out)
-    assert code == 0 and "nothing new to score: all 1 input files are already in" in err
+    assert code == 0 and "nothing new to score: the input file is already in" in err
     assert sorted(os.listdir(out)) == ["_manifest.json", "run=day1"]
 
     # A new file: only it is scored, into a new run directory.

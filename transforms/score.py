@@ -13,6 +13,7 @@ import torch
 from apache_beam.metrics import Metrics
 
 from transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
+from transforms.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
 from transforms import device as devices
 from transforms.device import to_device
 from transforms.light import ID_KEYS, SORT_KEYS, split_by, task_hash
@@ -158,9 +159,11 @@ class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
     COPY_META = "copy_meta"
 
-    def __init__(self, plan: ScoringPlan, device: str = "auto"):
+    def __init__(self, plan: ScoringPlan, device: str = "auto", keep_filtered: bool = False, audit_columns: bool = False):
         self._plan = plan
         self._device_choice = device
+        self._keep_filtered = keep_filtered
+        self._audit_columns = audit_columns
 
     def setup(self):
         self._device = devices.resolve(self._device_choice)
@@ -185,15 +188,27 @@ class _ScoreBucket(beam.DoFn):
         score = np.zeros(n) if scores.score is None else scores.score.cpu().numpy()
         scale = np.ones(n) if scores.token_scale is None else scores.token_scale.cpu().numpy()
         out = pa.table({"unit": light["unit"], "row": light["row"], "batch": light["batch"], "status": status, "score": score, "token_scale": scale})
+        audit = {}
+        if self._keep_filtered and not keep.all():
+            out = out.append_column("reason", pa.array(filter_reasons(self._plan, rows, scores).tolist(), pa.string()))
+        if self._audit_columns:
+            audit = audit_values(self._plan, rows, scores, per_row_stats)
+            for f in AUDIT_FIELDS:
+                values = audit[f.name]
+                out = out.append_column(f, pa.array(values, f.type, from_pandas=True))  # NaN -> null
         for unit, part in split_by(out, out["unit"].to_numpy()):
-            yield unit, records(
+            rec = records(
                 part["row"].to_numpy(),
                 part["batch"].combine_chunks(),
                 part["status"].to_numpy(),
                 part["score"].to_numpy(),
                 part["token_scale"].to_numpy(),
+                reason=part["reason"].to_pylist() if "reason" in part.column_names else None,
                 has_score=scores.score is not None,
             )
+            for name in AUDIT_NAMES if audit else ():
+                rec = rec.append_column(part.schema.field(name), part[name])
+            yield unit, rec
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
         if scores.informative is not None:
             for item in self._copy_meta(light, rows, scores):
@@ -296,8 +311,13 @@ class ScoreGroups(beam.PTransform):
     the writer) and COPY_METRICS tables; both None without one.
     """
 
-    def __init__(self, plan: ScoringPlan, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None):
+    def __init__(
+        self, plan: ScoringPlan, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None,
+        keep_filtered: bool = False, audit_columns: bool = False,
+    ):
         super().__init__()
+        self._keep_filtered = keep_filtered
+        self._audit_columns = audit_columns
         self._plan = plan
         self._max_group_rows = max_group_rows
         self._device = device
@@ -319,7 +339,7 @@ class ScoreGroups(beam.PTransform):
                 | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
             )
             side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
-        score = beam.ParDo(_ScoreBucket(self._plan, self._device), **side).with_outputs(
+        score = beam.ParDo(_ScoreBucket(self._plan, self._device, self._keep_filtered, self._audit_columns), **side).with_outputs(
             _ScoreBucket.METRICS, _ScoreBucket.COPY_META, main="records"
         )
         if self._hints:

@@ -23,7 +23,8 @@ from transforms.device import to_device
 from transforms.metrics import row_metrics, summarize
 from transforms.overlap import Overlap, resolve_threads
 from transforms.read import InputPlan, conform, read_unit
-from transforms.records import DUPLICATED, REJECTED, SCORED
+from transforms.audit import AUDIT_FIELDS, FILTER_REASON
+from transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
 from transforms.strategies import ScoringPlan
 from transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from transforms.strategies.tokens import token_advantages
@@ -31,6 +32,7 @@ from transforms.strategies.tokens import token_advantages
 STAGING = "_staging"
 SUCCESS = "_SUCCESS"
 METRICS = "metrics.json"
+FILTERED_FILES = "filtered-*.parquet"
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
 PLAIN_COLUMNS = ("advantages", "returns")
 """Written without dictionary encoding (see _WriteUnit.setup)."""
@@ -87,7 +89,7 @@ def score_columns(
     if valid is not None:
         row_value = np.where(valid, row_value, 0.0)
     if token_values is not None:
-        flat = np.asarray(token_values, dtype=np.float32)
+        flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
     else:
         flat = token_advantages(
             to_device(np.asarray(row_value, dtype=np.float64), device),
@@ -166,8 +168,10 @@ class _WriteUnit(beam.DoFn):
 
     def __init__(
         self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None, threads: int = 0,
-        shard_rows: int = 65536,
+        shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
     ):
+        self._keep_filtered = keep_filtered
+        self._audit_columns = audit_columns
         self._shard_rows = shard_rows
         self._plan = plan
         self._staging = staging
@@ -181,10 +185,15 @@ class _WriteUnit(beam.DoFn):
         self._copies = self._scoring.duplicates
         self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + self._scoring.output_fields(self._plan.schema)
         metadata = {**(self._plan.schema.metadata or {}), **{k.encode(): v.encode() for k, v in self._file_metadata.items()}}
-        self._scored_schema = output_schema(self._plan.schema, self._extra).with_metadata(metadata)
-        added = {f.name for f in (*SCORE_FIELDS, *self._extra)}
+        self._audit = list(AUDIT_FIELDS) if self._audit_columns else []
+        self._scored_schema = output_schema(self._plan.schema, self._extra + self._audit).with_metadata(metadata)
+        added = {f.name for f in (*SCORE_FIELDS, *self._extra, *self._audit)}
         self._base_names = [n for n in self._scored_schema.names if n not in added]
         self._rejected_schema = rejected_schema(self._plan.schema).with_metadata(metadata)
+        self._filtered_schema = pa.schema(
+            [f for f in self._rejected_schema if f.name not in (REJECT_REASON, FILTER_REASON)] + [pa.field(FILTER_REASON, pa.string())],
+            metadata=metadata,
+        )
         # advantages and returns hold a value per token: a dictionary saves ~10 % of their size
         # and costs ~40 % of the file's encoding time, so they are written plain (snappy still
         # compresses the runs of equal values).
@@ -239,7 +248,7 @@ class _WriteUnit(beam.DoFn):
     def _work(self, unit_index: int, parts: list[pa.Table], copy_plans):
         """Read the unit back, attach its records and write its files (on an Overlap thread)."""
         unit = self._plan.units[unit_index]
-        rec = pa.concat_tables(parts)
+        rec = pa.concat_tables(parts, promote_options="default")  # audit columns: null on rejected rows
         rec = rec.take(pa.array(np.argsort(rec["row"].to_numpy(), kind="stable")))
         rows = rec["row"].to_numpy()
         if len(rows) != unit.num_rows or not np.array_equal(rows, np.arange(unit.num_rows)):
@@ -264,6 +273,9 @@ class _WriteUnit(beam.DoFn):
             score, row_value, valid = score[source], row_value[source], valid[source]
             copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
         extra_columns += self._scoring.output_columns(scored, self._extra[2 if self._copies else 0 :])
+        if self._audit:
+            at = pa.array(kept if not self._copies else kept[source])
+            extra_columns += [rec[f.name].combine_chunks().take(at).cast(f.type) for f in self._audit]
         token_values = None
         if self._scoring.token_level:
             token_values, score = self._scoring.token_values(scored)
@@ -273,6 +285,14 @@ class _WriteUnit(beam.DoFn):
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files += self._write_scored(scored, unit_index)
         faults.maybe_slow_write()
+
+        dropped = np.flatnonzero(status == FILTERED) if self._keep_filtered else []
+        if len(dropped):
+            filtered = table.take(pa.array(dropped)).select(self._filtered_schema.names[:-1])
+            why = rec["reason"].combine_chunks().take(pa.array(dropped))
+            filtered = filtered.append_column(FILTER_REASON, why.cast(pa.string()))
+            files.append(self._name("filtered", unit_index))
+            storage.write_parquet(filtered.replace_schema_metadata(self._filtered_schema.metadata), files[-1])
 
         bad = np.flatnonzero(status == REJECTED)
         reasons = rec["reason"].to_numpy(zero_copy_only=False)[bad]
@@ -302,9 +322,11 @@ class WriteScored(beam.PTransform):
     def __init__(
         self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None, *, device: str = "auto",
         accelerator: str | None = None, file_metadata: dict[str, str] | None = None, threads: int = 0,
-        shard_rows: int = 65536,
+        shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
     ):
         super().__init__()
+        self._keep_filtered = keep_filtered
+        self._audit_columns = audit_columns
         self._threads = threads
         self._shard_rows = shard_rows
         self._plan = plan
@@ -320,7 +342,7 @@ class WriteScored(beam.PTransform):
         write = beam.ParDo(
             _WriteUnit(
                 self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata, self._threads,
-                self._shard_rows,
+                self._shard_rows, self._keep_filtered, self._audit_columns,
             ),
             **side,
         )

@@ -12,6 +12,7 @@ Each stage is optional, but a run has at least one and at most one of each kind.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,8 @@ class PlanScores:
     """stage kind -> (G,) int64 rows of each group that stage dropped."""
     informative: Tensor | None
     """(G,) bool groups the duplicate stage may copy, or None without one."""
+    dropped_by: Tensor | None = None
+    """(n,) int8: 0 where the row is kept, else 1 + the index in KINDS of the stage that dropped it."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class ScoringPlan:
         device = rows.reward.device
         keep = self._filtered(rows)
         dropped = {}
+        dropped_by = torch.zeros(rows.num_rows, dtype=torch.int8, device=device)
+        dropped_by[~keep] = 1
         if self.stage(FILTER) is not None:
             dropped[FILTER] = segment_sum((~keep).to(torch.int64), rows.offsets)
         mean, std = group_stats(rows.reward, rows.offsets)
@@ -134,6 +139,7 @@ class ScoringPlan:
                 present = segment_sum(before.to(torch.int64), rows.offsets) > 0
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+            dropped_by[before & ~keep] = 2
 
         dup = self.stage(DUPLICATE)
         if dup is not None:
@@ -142,9 +148,10 @@ class ScoringPlan:
             if sub.num_rows:
                 keep[kept] = dup.score(sub, None).keep
             dropped[DUPLICATE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+            dropped_by[before & ~keep] = 3
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
 
-        return PlanScores(score, keep, token_scale, mean, std, dropped, informative)
+        return PlanScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
 
 
 def split_param(key: str) -> tuple[str | None, str]:
@@ -192,8 +199,10 @@ def build_plan(strategies: list[str], params: Mapping[str, Any]) -> ScoringPlan:
             raise ConfigError(f"parameter {key!r} belongs to {' and '.join(owners)}; write it as {owners[0]}.{key}")
         if not owners:
             valid = sorted({f"{s.name}.{p}" if len(specs) > 1 else p for s in specs for p in s.defaults})
+            close = difflib.get_close_matches(name, sorted({p for s in specs for p in s.defaults}), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"unknown parameter {key!r} for strategy {','.join(strategies)!r}; valid parameters: {', '.join(valid) or '(none)'}"
+                f"unknown parameter {key!r} for strategy {','.join(strategies)!r}{hint}; valid parameters: {', '.join(valid) or '(none)'}"
             )
         per_stage[owners[0]][name] = value
     return ScoringPlan(tuple(create(s.name, per_stage[s.name]) for s in specs))

@@ -20,4 +20,5 @@ def token_advantages(row_value: Tensor, lengths: Tensor, mask: Tensor | None = N
     values = torch.repeat_interleave(row_value.to(torch.float32), lengths)
     if mask is None:
         return values
-    return values * mask.to(torch.float32)
+    # + 0.0 turns the -0.0 of a negative value times a 0 mask into +0.0 (IEEE: -0 + +0 = +0).
+    return (values * mask.to(torch.float32)).add_(0.0)

@@ -1,0 +1,191 @@
+"""What a new user hits first (issue 20): help and usage, the summary's wording and wall time,
++0.0 under a zero mask, "did you mean", the progress line, a report that never goes stale."""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import RUNNER
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines.rescore", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def test_bare_rescore_prints_usage_with_every_command():
+    p = _cli()
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("usage: rescore")
+    for command in ("rescore sample --output DIR", "rescore report OUTPUT_DIR", "rescore --input"):
+        assert command in p.stderr
+
+
+def test_help_mentions_sample_and_report():
+    p = _cli("--help")
+    assert p.returncode == 0
+    assert "rescore sample --output DIR" in p.stdout and "rescore report OUTPUT_DIR" in p.stdout
+    assert "--keep-filtered" in p.stdout and "--audit-columns" in p.stdout
+
+
+def test_set_typo_says_did_you_mean(tmp_path):
+    p = _cli("--input", str(tmp_path / "x.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo",
+             "--set", "epsilonn=1")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "rescore: error: unknown parameter 'epsilonn' for strategy 'grpo' (did you mean 'epsilon'?); "
+        "valid parameters: epsilon, rank_penalty, std_cal_level, std_threshold"
+    ]
+
+
+def test_zero_mask_gives_positive_zero():
+    from transforms.strategies.tokens import token_advantages
+
+    out = token_advantages(torch.tensor([-1.5, 2.0], dtype=torch.float64), torch.tensor([3, 2]), torch.tensor([0, 1, 0, 0, 1]))
+    assert out.tolist() == [0.0, -1.5, 0.0, 0.0, 2.0]
+    assert not torch.signbit(out[[0, 2, 3]]).any()  # +0.0, never -0.0
+
+
+def test_plural_and_process_seconds():
+    from pipelines.wording import plural, process_seconds
+
+    assert [plural(1, "file"), plural(2, "file"), plural(1_000, "read unit"), plural(1, "batch", "batches")] == [
+        "1 file", "2 files", "1,000 read units", "1 batch"]
+    assert plural(0, "batch", "batches") == "0 batches"
+    # this test process has been running at least as long as the test session
+    assert process_seconds() > 0.5
+
+
+@pytest.fixture(scope="module")
+def sample_input(tmp_path_factory):
+    from pipelines.sample import make_experience
+
+    d = tmp_path_factory.mktemp("frictions")
+    # 64 rows in 4 row groups: 4 read units
+    pq.write_table(make_experience(batches=2, tasks=8, runs=4, seed=1), str(d / "part-0.parquet"), row_group_size=16)
+    return str(d / "*.parquet")
+
+
+def test_summary_reads_unambiguously_and_counts_start_up(sample_input, tmp_path):
+    out = str(tmp_path / "out")
+    p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "reward_variance,grpo,duplicate_informative")
+    assert p.returncode == 0, p.stderr
+    import json
+
+    t = json.load(open(os.path.join(out, "metrics.json")))["totals"]
+    assert t["rows_duplicated"] > 0
+    lines = p.stderr.splitlines()
+    written = next(line for line in lines if line.lstrip().startswith("rows written"))
+    assert written.endswith(f"({t['rows_written_original']:,} originals + {t['rows_duplicated']:,} copies)")
+    assert t["rows_written"] == t["rows_written_original"] + t["rows_duplicated"]
+    filtered = next(line for line in lines if line.lstrip().startswith("rows filtered"))
+    assert "not written" in filtered
+    # "1 file", never "1 files"; the run started before Beam was imported: the wall time counts it
+    assert "in 1 file " in p.stderr and "1 files" not in p.stderr and "1 read units" not in p.stderr
+    wall = float(next(line for line in lines if "wall time" in line).split()[2].rstrip("s"))
+    assert wall >= 1.0  # importing Beam and torch alone takes longer than that
+
+
+def test_progress_counts_units_already_published(tmp_path):
+    """Finalize moves staged files into the output: a fast write step must not read as 0 done."""
+    from pipelines.progress import Progress
+
+    out = tmp_path / "out"
+    (out / "_staging").mkdir(parents=True)
+    (out / "_staging" / "scored-00002-of-00004.parquet").write_bytes(b"")
+    (out / "scored-00000-of-00004.parquet").write_bytes(b"")
+    (out / "scored-00001-of-00004-part-000.parquet").write_bytes(b"")
+    (out / "scored-00001-of-00004-part-001.parquet").write_bytes(b"")
+    stream = io.StringIO()
+    with Progress(str(out), 4, 100, 1, stream=stream):
+        pass
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "rescore: planned 100 rows in 1 file (4 read units); running"
+    assert lines[-1].startswith("rescore: 100 rows in 1 file: 3/4 read units written (75%)")
+
+
+def test_progress_advances_with_multi_processing(sample_input, tmp_path):
+    out = str(tmp_path / "mp")
+    p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--shard-rows", "16",
+             "--direct_running_mode=multi_processing", "--direct_num_workers=2", timeout=400)
+    assert p.returncode == 0, p.stderr
+    progress = [line for line in p.stderr.splitlines() if "read units written" in line]
+    assert len(glob.glob(os.path.join(out, "scored-*.parquet"))) == 4
+    assert progress and progress[-1].split(": ")[2].startswith("4/4 read units written (100%)"), p.stderr
+
+
+def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
+    from pipelines.rescore import main
+
+    out = str(tmp_path / "out")
+    assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "grpo", "--keep-filtered"]) == 0
+    assert main(["report", out]) == 0
+    page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert "strategy <code>grpo</code>" in page
+    assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "rloo", "--overwrite"]) == 0
+    left = sorted(os.listdir(out))
+    assert not [n for n in left if n.startswith("report")], left  # nothing describes the old run
+    assert main(["report", out]) == 0
+    import json
+
+    page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    doc = json.load(open(os.path.join(out, "metrics.json")))
+    assert "strategy <code>rloo</code>" in page and "grpo" not in page
+    assert f'<meta name="rescore-config-hash" content="{doc["config_hash"]}">' in page
+
+
+def test_report_numbers_match_metrics_json(sample_input, tmp_path):
+    """The chart data: dead share from metrics.json, solved shares and sizes from the rows."""
+    from pipelines.report import Bins, group_table, load_metrics, read_run
+    from pipelines.rescore import main
+
+    out = str(tmp_path / "out")
+    assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy",
+                 "reward_variance,grpo,duplicate_informative", "--keep-filtered"]) == 0
+    doc, data = load_metrics(out), read_run(out)
+    t = doc["totals"]
+    assert len(data.batch) == t["rows_written_original"]  # copies left out
+    assert len(data.filtered_batch) == t["rows_filtered"] == sum(data.filter_reasons.values())
+    gb, sizes, lo, hi = group_table(
+        np.concatenate([data.batch, data.filtered_batch]),
+        np.concatenate([data.task.astype(str), data.filtered_task.astype(str)]),
+        np.concatenate([data.reward, data.filtered_reward]),
+    )
+    assert len(gb) == t["groups"] and sizes.sum() == t["rows_read"]
+    assert int((lo == hi).sum()) == t["groups_zero_std"]  # dead groups, computed both ways
+    bins = Bins.of(list(range(1000)))
+    assert len(bins.edges) == 40 and bins.edges[0] == (0, 24) and bins.edges[-1] == (975, 999)
+    assert "40 bins of up to 25 consecutive batches" in bins.note()
+    assert Bins.of([7]).edges == [(7, 7)] and Bins.of([7]).note() == ""
+
+
+def test_report_draws_extra_reward_columns(tmp_path):
+    """A model stage or a second reward column gets its own distribution chart."""
+    from pipelines.rescore import main
+    from pipelines.sample import make_experience
+
+    table = make_experience(batches=2, tasks=4, runs=4, seed=2)
+    rm = np.linspace(-3.0, 3.0, table.num_rows)
+    table = table.append_column("rm_score", __import__("pyarrow").array(rm))
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, str(tmp_path / "in" / "part.parquet"))
+    out = str(tmp_path / "out")
+    assert main(["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, RUNNER, "--quiet", "--strategy", "grpo"]) == 0
+    assert main(["report", out]) == 0
+    from pipelines.report import read_run
+
+    data = read_run(out)
+    assert sorted(data.extra) == ["rm_score"] and sorted(data.extra["rm_score"]) == pytest.approx(rm)
+    assert os.path.getsize(os.path.join(out, "report-columns.png")) > 5000
+    assert "Columns: rm_score;" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
