@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from pipelines.model_flags import add_model_flags, model_options
+from transforms.model_columns import ModelOptions
 from transforms.strategies import ConfigError, algorithms, names
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ CONFIG_KEYS = {
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
     "incremental": "score only input files not yet in the output's manifest, into a new run directory",
     "pipeline_options": "mapping of Beam pipeline options",
+    "models": "mapping of model-stage settings: teacher_model, reward_model, reward_fn, ... (docs/models.md)",
 }
 
 
@@ -68,6 +71,7 @@ class RunConfig:
     quiet: bool = False
     log_level: str = "WARNING"
     beam_args: list[str] = field(default_factory=list)
+    models: ModelOptions = field(default_factory=ModelOptions)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_model_flags(p)
     return p
 
 
@@ -342,4 +347,5 @@ def parse_args(argv: list[str]) -> RunConfig:
         quiet=args.quiet,
         log_level=args.log_level,
         beam_args=_with_worker_log_level(_with_default_runner(beam_args), args.log_level),
+        models=model_options(args, config.get("models")),
     )
