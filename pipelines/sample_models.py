@@ -39,7 +39,9 @@ def write_tiny_models(directory: str, *, vocab: int = VOCAB, context: int = CONT
     )
     paths = {name: os.path.join(directory, name) for name in ("teacher", "student", "reward", "tokenizer")}
     LlamaForCausalLM(LlamaConfig(**llama)).save_pretrained(paths["teacher"])
-    GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=context)).save_pretrained(
+    GPT2LMHeadModel(GPT2Config(
+        vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=context, bos_token_id=vocab - 1, eos_token_id=vocab - 1
+    )).save_pretrained(
         paths["student"]
     )
     LlamaForSequenceClassification(LlamaConfig(**llama, num_labels=1, pad_token_id=0)).save_pretrained(paths["reward"])

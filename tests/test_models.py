@@ -229,7 +229,7 @@ def _cli(*args, block_transformers=False):
     return subprocess.run([sys.executable, "-c", code, *args, RUNNER], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_flags_fail_with_one_line(models, tmp_path):
+def test_flags_fail_with_one_line(models, tmp_path, capsys):
     glob = _write(_rows(7), str(tmp_path / "in"))
     no_tokens = str(tmp_path / "plain" / "a.parquet")
     os.makedirs(os.path.dirname(no_tokens))
@@ -242,16 +242,27 @@ def test_flags_fail_with_one_line(models, tmp_path):
         (["--reward-fn", "os.path:join"], False, "unknown parameter 'a'"),
         (["--model-batch-size", "0", "--teacher-model", models["teacher"]], False, "--model-batch-size must be a positive integer"),
     ]
-    for extra, block, message in cases:
-        proc = _cli("--input", glob, "--output", out, "--strategy", "on_policy_distill", *extra, block_transformers=block)
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], proc.stderr
-    proc = _cli("--input", no_tokens, "--output", out, "--strategy", "grpo", "--reward-model", models["reward"])
-    assert proc.returncode == 2 and "no input file has a 'tokens' column" in proc.stderr
-    # Without a model flag, on_policy_distill still asks for the column in the input.
-    proc = _cli("--input", glob, "--output", out, "--strategy", "on_policy_distill")
-    assert proc.returncode == 2 and "missing column 'teacher_logprobs'" in proc.stderr
+    cases += [
+        (["--reward-model", models["reward"], "--input", no_tokens], False, "no input file has a 'tokens' column"),
+        # Without a model flag, on_policy_distill still asks for the column in the input.
+        (["--set", "kl_coef=1"], False, "missing column 'teacher_logprobs'"),
+    ]
+    for i, (extra, block, message) in enumerate(cases):
+        strategy = "grpo" if "--reward-model" in extra or "--reward-fn" in extra else "on_policy_distill"
+        argv = ["--output", out, "--strategy", strategy, *extra]
+        argv = argv if "--input" in extra else ["--input", glob, *argv]
+        if i in (0, 1):  # the real process's stderr: nothing else printed before or after the line
+            proc = _cli(*argv, block_transformers=block)
+            code, err = proc.returncode, proc.stderr
+        else:
+            from pipelines.rescore import main
+
+            code = main([*argv, RUNNER])
+            err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], err
+    assert "--teacher-model DIR" in lines[0]
+    assert not os.path.exists(out)
 
 
 # --- Dataflow job graph and the GPU ------------------------------------------------------------
@@ -262,21 +273,35 @@ def test_dataflow_gpu_job_graph_hints_only_the_model_stage(models, tmp_path):
     from pipelines.rescore import run
 
     glob = _write(_rows(8), str(tmp_path / "in"))
-    doc = run([
-        "--config", os.path.join(ROOT, "run_configs", "dataflow_gpu.yaml"), "--input", glob,
-        "--output", "gs://rescore-test-bucket/scored", "--project=rescore-test", "--temp_location=gs://rescore-test-bucket/tmp",
-        "--staging_location=gs://rescore-test-bucket/staging", "--job_name=rescore-dry-run", "--no_auth", "--dry_run=True",
-        "--strategy", "on_policy_distill", "--teacher-model", models["teacher"],
-    ])
-    components = doc["job"].proto_pipeline.components
-    hinted = set()
-    for t in components.transforms.values():
-        env = components.environments.get(t.environment_id)
-        if env is not None and any("accelerator" in k for k in env.resource_hints) and not t.subtransforms:
-            hinted.add(t.unique_name)
+    spec = "type:nvidia-l4;count:1;install-nvidia-driver;machine_type:g2-standard-8"
+
+    def job(config, *extra):
+        doc = run([
+            "--config", os.path.join(ROOT, "run_configs", config), "--input", glob,
+            "--output", "gs://rescore-test-bucket/scored", "--project=rescore-test", "--temp_location=gs://rescore-test-bucket/tmp",
+            "--staging_location=gs://rescore-test-bucket/staging", "--job_name=rescore-dry-run", "--no_auth", "--dry_run=True",
+            "--strategy", "on_policy_distill", "--teacher-model", models["teacher"], *extra,
+        ])
+        components = doc["job"].proto_pipeline.components
+        hinted = {}
+        for t in components.transforms.values():
+            env = components.environments.get(t.environment_id)
+            if env is not None and not t.subtransforms:
+                hint = env.resource_hints.get("beam:resources:accelerator:v1")
+                if hint:
+                    hinted[t.unique_name] = hint.decode()
+        return components, hinted
+
+    # The CPU config with --model-accelerator: the model stage's reading and inference steps only.
+    components, hinted = job("dataflow.yaml", f"--model-accelerator={spec}")
     assert any(n.startswith("ComputeModelColumns/RunInference[teacher_logprobs]") for n in hinted), hinted
-    assert all(n.startswith("ComputeModelColumns/") for n in hinted), hinted
-    assert not any("WriteModelColumns" in n or "GroupByUnit" in n for n in hinted)
+    assert any(n.startswith("ComputeModelColumns/ReadModelInputs") for n in hinted), hinted
+    assert all(n.startswith(("ComputeModelColumns/ReadModelInputs", "ComputeModelColumns/RunInference")) for n in hinted), hinted
+    assert set(hinted.values()) == {spec}
+    # The GPU config: the model stage (models.accelerator) and the scoring/writing steps (accelerator).
+    _, gpu = job("dataflow_gpu.yaml")
+    assert {n for n in gpu if n.startswith("ComputeModelColumns/")} == set(hinted)
+    assert all(n.startswith(("ComputeModelColumns/", "ScoreGroups/Score/", "WriteScored/ReadBackAndWrite/")) for n in gpu), gpu
     names = [t.unique_name for t in components.transforms.values()]
     for step in ("ComputeModelColumns/ReadModelInputs", "ComputeModelColumns/WriteModelColumns", "ReadExperiences",
                  "ScoreGroups/GroupByBucket", "WriteScored/GroupByUnit", "Finalize"):
