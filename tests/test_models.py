@@ -218,6 +218,26 @@ def test_reward_fn_over_decoded_text_and_logprob_model(models, tmp_path, rescore
     assert set(doc["totals"]["reject_reasons"]) <= {"model_reward"}
 
 
+def test_one_model_copy_shared_across_processes(models, tmp_path, rescore, monkeypatch):
+    """The GPU path's sharing (Beam large_model: one copy per machine, called through a proxy
+    from every SDK process), forced on the CPU: the same values as a direct forward pass."""
+    from transforms import models as stage
+
+    monkeypatch.setattr(stage._Handler, "share_model_across_processes", lambda self: True)
+    rows = _rows(10, too_long=False, prompt_zero=False)[:12]
+    loads = stage._Model.loads
+    _, out = rescore(_write(rows, str(tmp_path / "in"), files=1), "--strategy", "on_policy_distill",
+                     "--teacher-model", models["teacher"])
+    # One copy, held by Beam's model server (hosted by the first process that asks; the others
+    # connect to it), and every call went through its proxy.
+    assert stage._Model.loads == loads + 1
+    teacher = _load("lm", models["teacher"])
+    scored = {_key(r): r for r in read_output(out).to_pylist()}
+    for r in rows:
+        np.testing.assert_allclose(scored[_key(r)]["teacher_logprobs"], _direct_logprobs(teacher, r["tokens"], r["prompt_length"]),
+                                   atol=1e-5, rtol=0)
+
+
 # --- failures: one line, the right exit status ------------------------------------------------
 
 
@@ -319,3 +339,20 @@ def test_cuda_logprobs_match_fp32_cpu(models, dtype, atol):
     got = inference.response_logprobs(gpu, rows, prompts)
     for w, g in zip(want, got):
         np.testing.assert_allclose(g, w, atol=atol, rtol=0)
+
+
+# --- the benchmark script runs (tiny sizes), so its README command cannot rot ------------------
+
+
+def test_model_stage_benchmark_runs_and_agrees_with_the_plain_loop():
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/model_stage.py", "--rows", "12", "--hidden", "64", "--layers", "1", "--vocab", "500",
+         "--repeats", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["device"] == "cpu" and result["rows"] == 12 and result["tokens"] > 12 * 96
+    assert result["stage_model_loads"] == [1]  # one model copy for the stage's process
+    assert result["max_abs_diff"] <= 1e-5 and result["stage_tokens_per_s"] > 0 and result["loop_tokens_per_s"] > 0
