@@ -128,11 +128,16 @@ def response_logprobs(
         out[i] = np.zeros(0, dtype=np.float32)
     if work:
         device = next(model.parameters()).device
+        # Left padding needs explicit position ids; a model whose forward takes none (ALiBi
+        # models such as Bloom) is padded on the right, where the default positions are right.
+        takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+        side = side if takes_positions else "right"
         batch = pad([rows[i] for i in work], pad_id=pad_id, side=side, device=device)
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        if side == "left":
+            inputs["position_ids"] = batch.position_ids
         with torch.inference_mode():
-            logits = model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-            ).logits
+            logits = model(**inputs).logits
             for b, i in enumerate(work):
                 p, n = int(prompt_lengths[i]), len(rows[i])
                 s = int(batch.start[b])
