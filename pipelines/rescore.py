@@ -155,7 +155,10 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         "strategy": scoring.name,
         "algorithm": cfg.algorithm,
         "params": scoring.params,
-        "config_hash": config_hash(scoring.name, scoring.params, cfg.algorithm),
+        # The models decide the scores too: with a model flag they are part of the hash.
+        "config_hash": config_hash(
+            scoring.name, {**scoring.params, "models": models_info} if models_info else scoring.params, cfg.algorithm
+        ),
         "input": cfg.inputs,
         "output": cfg.output,
         "buckets": cfg.buckets,
