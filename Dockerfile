@@ -1,4 +1,4 @@
-# Rescore worker / launcher image: Beam 2.77 Python 3.11 SDK harness + CUDA torch + Rescore.
+# Rescore worker / launcher image: Beam 2.77 Python 3.11 SDK harness + CUDA torch + transformers + Rescore.
 # Usable as Dataflow --sdk_container_image, as a Flink worker (--environment_type=DOCKER),
 # and as a Dataflow Flex Template image (launcher and workers in one image; see docs/runners.md).
 #   docker build -t REGION-docker.pkg.dev/PROJECT/rescore/worker:0.1.0 .
@@ -20,7 +20,8 @@ COPY pipelines ./pipelines
 COPY transforms ./transforms
 COPY schemas ./schemas
 COPY run_configs ./run_configs
-RUN pip install --no-cache-dir ".[gcp]"
+# [models]: transformers for the model stage (--teacher-model, --reward-model, ...).
+RUN pip install --no-cache-dir ".[gcp,models]"
 
 # The Beam SDK harness boot binary: workers start here.
 ENTRYPOINT ["/opt/apache/beam/boot"]

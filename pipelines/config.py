@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from pipelines.model_flags import add_model_flags, model_options
+from transforms.model_columns import ModelOptions
 from transforms.strategies import ConfigError, algorithms, names
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ CONFIG_KEYS = {
     "input_format": "parquet (default) or verl-rollouts (verl rollout_data_dir *.jsonl)",
     "output_db": "also write the scored experience as a Trinity-RFT buffer into this database URL",
     "output_table": "with output_db: the buffer (table) name to write",
+    "models": "mapping of model-stage settings: teacher_model, reward_model, reward_fn, ... (docs/models.md)",
 }
 INPUT_FORMATS = ("parquet", "verl-rollouts")
 
@@ -81,6 +84,7 @@ class RunConfig:
     input_format: str = "parquet"
     output_db: str | None = None
     output_table: str | None = None
+    models: ModelOptions = field(default_factory=ModelOptions)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -188,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-table", "--output_table", metavar="NAME", help="with --output-db: the buffer name to write")
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_model_flags(p)
     return p
 
 
@@ -407,4 +412,5 @@ def parse_args(argv: list[str]) -> RunConfig:
         input_format=str(input_format),
         output_db=str(output_db) if output_db else None,
         output_table=str(output_table) if output_table else None,
+        models=model_options(args, config.get("models")),
     )

@@ -46,7 +46,7 @@ from transforms import storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
 from transforms.strategies import ConfigError, ScoringPlan, build_plan
-from transforms.write import FILTERED_FILES, METRICS, STAGING, SUCCESS, WriteScored, finalize
+from transforms.write import FILTERED_FILES, METRICS, STAGING, SUCCESS, WriteScored, finalize, staging_dir
 
 log = logging.getLogger("rescore")
 
@@ -59,7 +59,14 @@ USER_ERRORS = (ConfigError, SchemaError, InputError)
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
-    light = p | "ReadExperiences" >> ReadExperiences(
+    source = p
+    if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
+        from transforms.models import ComputeModelColumns
+
+        source = p | "ComputeModelColumns" >> ComputeModelColumns(
+            plan, cfg.models, staging_dir(cfg.output), device=cfg.device, context=run_info["models"]["context"]
+        )
+    light = source | "ReadExperiences" >> ReadExperiences(
         plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads
     )
     records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
@@ -133,7 +140,17 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     scoring = build_plan(cfg.strategies, cfg.params)
     options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)
-    plan = plan_input(cfg.inputs, needs=scoring.needs, shard_rows=cfg.shard_rows, skip_bad_files=cfg.skip_bad_files)
+    computed = cfg.models.columns  # columns a model fills in need not be in the input files
+    plan = plan_input(
+        cfg.inputs, needs=tuple(n for n in scoring.needs if n not in computed), shard_rows=cfg.shard_rows,
+        skip_bad_files=cfg.skip_bad_files,
+    )
+    models_info = None
+    if cfg.models.enabled:
+        from transforms.models import plan_with_models
+
+        plan, context = plan_with_models(plan, cfg.models, staging_dir(cfg.output))
+        models_info = {**{k: v for k, v in vars(cfg.models).items() if v is not None}, "columns": list(computed), "context": context}
     for warning in plan.warnings:
         log.warning(warning)
     if not options.view_as(TestOptions).dry_run:
@@ -143,7 +160,10 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         "strategy": scoring.name,
         "algorithm": cfg.algorithm,
         "params": scoring.params,
-        "config_hash": config_hash(scoring.name, scoring.params, cfg.algorithm),
+        # The models decide the scores too: with a model flag they are part of the hash.
+        "config_hash": config_hash(
+            scoring.name, {**scoring.params, "models": models_info} if models_info else scoring.params, cfg.algorithm
+        ),
         "input": cfg.inputs,
         "output": cfg.output,
         "buckets": cfg.buckets,
@@ -153,6 +173,7 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         "device": cfg.device,
         "keep_filtered": cfg.keep_filtered,
         "audit_columns": cfg.audit_columns,
+        **({"models": models_info} if models_info else {}),
         **(extra_info or {}),
     }
     p = beam.Pipeline(options=options)

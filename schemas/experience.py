@@ -80,8 +80,9 @@ NEEDED_WHY = {
     "logprobs": "the behaviour policy's log-probs of the response tokens",
     "expert": "True for expert (SFT) rows, False for the model's own rollouts",
     "teacher_logprobs": (
-        "the teacher model's log-probs of each response token; score the logged responses with "
-        "the teacher (e.g. a prompt_logprobs pass in vLLM) and add them as a list column"
+        "the teacher model's log-probs of each response token; pass --teacher-model DIR to compute "
+        "them, or score the logged responses with the teacher (e.g. a prompt_logprobs pass in vLLM) "
+        "and add them as a list column"
     ),
 }
 LIST_COLUMNS = ("tokens", "logprobs", "action_mask")

@@ -29,6 +29,7 @@ NOT_RUN = {
     "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line; its rescore command is checked below",
+    "python -m pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
 }
 REMOTE = ("DataflowRunner", "FlinkRunner", "dataflow.yaml", "dataflow_gpu.yaml", "flink.yaml", "gs://", "s3://",
           "job_endpoint=localhost", "environment_type=EXTERNAL")
@@ -109,9 +110,24 @@ def sample_dir(tmp_path_factory):
     return str(d / "sample")
 
 
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    """docs/models.md's models/ (tiny random-weight models), where transformers is installed."""
+    try:
+        from pipelines.sample_models import write_tiny_models
+
+        d = str(tmp_path_factory.mktemp("docs-models"))
+        write_tiny_models(d)
+        return d
+    except ImportError:
+        return None
+
+
 @pytest.fixture
-def scratch(tmp_path, sample_dir, monkeypatch):
+def scratch(tmp_path, sample_dir, models_dir, monkeypatch):
     """A working directory laid out as the docs assume."""
+    if models_dir:
+        os.symlink(models_dir, tmp_path / "models")
     os.makedirs(tmp_path / "data")
     for name in os.listdir(sample_dir):
         os.symlink(os.path.join(sample_dir, name), tmp_path / "data" / name)
@@ -138,6 +154,8 @@ def test_doc_command(doc, command, scratch, capsys):
 
     if _synopsis(command):
         pytest.skip("a synopsis, not a command")
+    if " models/" in command and not os.path.exists("models"):
+        pytest.skip("the model flags need the [models] extra (transformers)")
     argv = _localise(shlex.split(command, comments=True)[1:])
     if argv[0] in ("sample", "report"):
         if argv[0] == "report":

@@ -18,6 +18,7 @@ from transforms import (
     storage,
 )
 from transforms.light import bucket_of, light_rows, split_by
+from transforms.model_columns import apply_model_rejects, join_model_columns
 from transforms.overlap import Overlap, resolve_threads
 from transforms.records import rejected_records
 
@@ -34,6 +35,8 @@ class ReadUnit:
     path: str
     row_groups: tuple[int, ...]
     num_rows: int
+    model_file: str | None = None
+    """The model stage's side file of this unit (columns computed by a model), joined on read."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,8 @@ def read_unit(unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
         raise ValueError(f"{unit.path}: corrupt data in row groups {list(unit.row_groups)}: {_first_line(e)}") from e
     if table.num_rows != unit.num_rows:
         raise ValueError(f"{unit.path}: row groups {list(unit.row_groups)} hold {table.num_rows} rows, the footer says {unit.num_rows}")
+    if unit.model_file is not None:
+        table = join_model_columns(table, storage.open_parquet(unit.model_file).read())
     return table
 
 
@@ -204,7 +209,7 @@ class _ReadLight(beam.DoFn):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
         table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs, "source_error"])))
-        check = check_rows(table, needs=self._needs)
+        check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None
         if len(bad):
@@ -246,7 +251,12 @@ class ReadExperiences(beam.PTransform):
         self._threads = threads
 
     def expand(self, pbegin):
-        units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
+        # Applied to the pipeline, it reads every unit; applied to a PCollection of unit
+        # indices (the model stage's output), each unit once that is ready.
+        if isinstance(pbegin, beam.pvalue.PBegin):
+            units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
+        else:
+            units = pbegin
         return units | "ReadAndValidate" >> beam.ParDo(
             _ReadLight(self._plan, self._needs, self._buckets, self._threads)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="rows")

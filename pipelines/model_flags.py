@@ -1,0 +1,64 @@
+"""The model-stage flags (--teacher-model, --reward-model, --reward-fn, --logprob-model, ...)
+and their YAML counterpart (`models:` in --config), parsed into ModelOptions."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from transforms.model_columns import ModelOptions
+from transforms.strategies import ConfigError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+YAML_KEYS = {
+    "teacher_model": str, "logprob_model": str, "reward_model": str, "reward_fn": str, "tokenizer": str,
+    "dtype": str, "batch_size": int, "batch_tokens": int, "padding_side": str, "accelerator": str,
+}
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model stage (needs the [models] extra; see docs/models.md)")
+    g.add_argument("--teacher-model", "--teacher_model", metavar="DIR", help="Hugging Face causal LM directory: fills teacher_logprobs")
+    g.add_argument("--logprob-model", "--logprob_model", metavar="DIR", help="Hugging Face causal LM directory: fills logprobs (the input's kept as logprobs_original)")
+    g.add_argument("--reward-model", "--reward_model", metavar="DIR", help="Hugging Face sequence-classification reward model: replaces reward (kept as reward_original)")
+    g.add_argument("--reward-fn", "--reward_fn", metavar="MODULE:FUNCTION", help="Python verifier over prompt/response text or tokens: replaces reward (kept as reward_original)")
+    g.add_argument("--tokenizer", metavar="DIR", help="Hugging Face tokenizer directory, for a --reward-fn that takes text")
+    g.add_argument("--model-dtype", "--model_dtype", choices=DTYPES, help="model weights' dtype (default auto: bfloat16/float16 on a GPU, float32 on CPU)")
+    g.add_argument("--model-batch-size", "--model_batch_size", type=int, help="rows per model batch (default 16)")
+    g.add_argument("--model-batch-tokens", "--model_batch_tokens", type=int, help="tokens per model batch instead of a row count (default 0: off)")
+    g.add_argument("--model-padding-side", "--model_padding_side", choices=("right", "left"), help="padding of model batches (default right; results do not depend on it)")
+    g.add_argument("--model-accelerator", "--model_accelerator", metavar="SPEC", help="accelerator resource hint for the model stage only, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'")
+
+
+def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
+    """Flags over the YAML `models:` mapping over the defaults."""
+    if not isinstance(config or {}, dict):
+        raise ConfigError("config 'models' must be a mapping")
+    config = dict(config or {})
+    unknown = sorted(set(config) - set(YAML_KEYS))
+    if unknown:
+        raise ConfigError(f"config 'models': unknown key {unknown[0]!r}; valid keys: {', '.join(YAML_KEYS)}")
+    flags = {
+        "teacher_model": args.teacher_model, "logprob_model": args.logprob_model, "reward_model": args.reward_model,
+        "reward_fn": args.reward_fn, "tokenizer": args.tokenizer, "dtype": args.model_dtype,
+        "batch_size": args.model_batch_size, "batch_tokens": args.model_batch_tokens,
+        "padding_side": args.model_padding_side, "accelerator": args.model_accelerator,
+    }
+    values = {k: v for k, v in config.items() if v is not None}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    for key, value in values.items():
+        kind = YAML_KEYS[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ConfigError(f"models.{key} must be {'an integer' if kind is int else 'a string'}, got {value!r}")
+    options = ModelOptions(**values)
+    if options.reward_model and options.reward_fn:
+        raise ConfigError("pass --reward-model or --reward-fn, not both")
+    if options.dtype not in DTYPES:
+        raise ConfigError(f"--model-dtype must be one of {', '.join(DTYPES)}, got {options.dtype!r}")
+    if options.padding_side not in ("right", "left"):
+        raise ConfigError(f"--model-padding-side must be right or left, got {options.padding_side!r}")
+    if options.batch_size < 1:
+        raise ConfigError(f"--model-batch-size must be a positive integer, got {options.batch_size}")
+    if options.batch_tokens < 0:
+        raise ConfigError(f"--model-batch-tokens must be 0 (off) or a positive integer, got {options.batch_tokens}")
+    return options
