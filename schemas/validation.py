@@ -41,6 +41,9 @@ class _Reasons:
             self.reasons[i] = text if prev is None else f"{prev}; {text}"
 
 
+_NOT_SCALAR = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
+
+
 def _np(col) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
@@ -135,6 +138,17 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
         if not pa.types.is_boolean(expert.type):
             values = np.asarray(_np(expert.fill_null(0)), dtype=np.int64)
             out.add((values != 0) & (values != 1), lambda i: f"bad_expert: expert must be 0 or 1, got {values[i]}")
+
+    for name in needs:
+        # Scalar columns a strategy reads (a metric, a baseline reward, a state id): a null or
+        # a non-finite number cannot be scored.
+        if name in _NOT_SCALAR or name not in names:
+            continue
+        column = table[name]
+        out.add(_np(column.is_null()), lambda i, name=name: f"null_value: {name} is null")
+        if pa.types.is_floating(column.type):
+            values = np.asarray(_np(column.fill_null(0.0)), dtype=np.float64)
+            out.add(~np.isfinite(values), lambda i, name=name, values=values: f"bad_value: {name} is {values[i]}")
 
     ok = ~out.bad
     response_length = np.where(ok, response_length, 0)

@@ -203,7 +203,8 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs])))
+        # Needs starting with "@" are features computed from the columns (see light.py).
+        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *(n for n in self._needs if not n.startswith("@"))])))
         check = check_rows(table, needs=self._needs)
         bad = np.flatnonzero(~check.ok)
         rejected = None

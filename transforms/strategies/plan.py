@@ -86,8 +86,10 @@ class ScoringPlan:
         """The advantage stage computes per-token advantages itself (token_values)."""
         return hasattr(self.stage(ADVANTAGE), "token_values")
 
-    def token_values(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        return self.stage(ADVANTAGE).token_values(table)
+    def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token advantages, per-row score); `score` and `row_value` (n,) are what the
+        advantage stage's score() left for these rows (score, score * token_scale)."""
+        return self.stage(ADVANTAGE).token_values(table, score, row_value)
 
     def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
         adv = self.stage(ADVANTAGE)
