@@ -93,7 +93,10 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
             continue
         column = valid[name].combine_chunks()
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
-            columns[EXTRA_PREFIX + name] = pa.array(task_hash(column.cast(pa.string())).view(np.int64))
+            # Strings cross as a fixed 64-bit hash; a null as 0 ("none").
+            text = column.cast(pa.string())
+            hashed = task_hash(text.fill_null("")).view(np.int64)
+            columns[EXTRA_PREFIX + name] = pa.array(np.where(np.asarray(text.is_null().to_numpy(zero_copy_only=False), bool), 0, hashed))
         else:
             columns[EXTRA_PREFIX + name] = pc.cast(column, pa.float64())
     return pa.table(columns)

@@ -78,7 +78,8 @@ def gigpo_scores(
         starts[1:] = (g_sorted[1:] != g_sorted[:-1]) | (a_sorted[1:] != a_sorted[:-1])
     bounds = torch.cat([torch.nonzero(starts).flatten(), torch.tensor([rows.num_rows], device=anchor.device)])
     a_s_sorted, _, _ = normalise(returns[order], bounds, fnorm=fnorm, epsilon=epsilon)
-    shared = per_row((bounds[1:] - bounds[:-1]) > 1, bounds)
+    # A row without a state id (null: hash 0) joins no anchor group, as in Trinity.
+    shared = per_row((bounds[1:] - bounds[:-1]) > 1, bounds) & (a_sorted != 0)
     a_s = torch.zeros_like(returns)
     a_s[order] = torch.where(shared, a_s_sorted, torch.zeros_like(a_s_sorted))
 

@@ -89,14 +89,30 @@ class ScoringPlan:
     def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
         """(flat token advantages, per-row score); `score` and `row_value` (n,) are what the
         advantage stage's score() left for these rows (score, score * token_scale)."""
-        return self.stage(ADVANTAGE).token_values(table, score, row_value)
+        values, score = self.stage(ADVANTAGE).token_values(table, score, row_value)
+        f = self.stage(FILTER)
+        if hasattr(f, "table_flags") and not f.drop:
+            # Masked rows (truncated responses) keep their place but train on nothing.
+            flags = f.table_flags(table)
+            if flags.any():
+                lengths = np.diff(_token_offsets(values, table, score))
+                values = np.where(np.repeat(flags, lengths), 0.0, values)
+                score = np.where(flags, 0.0, score)
+        return values, score
+
+    def _output_stages(self) -> list[Strategy]:
+        return [s for s in (self.stage(ADVANTAGE), self.stage(FILTER)) if s is not None and hasattr(s, "output_fields")]
 
     def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
-        adv = self.stage(ADVANTAGE)
-        return list(adv.output_fields(input_schema)) if hasattr(adv, "output_fields") else []
+        return [f for s in self._output_stages() for f in s.output_fields(input_schema)]
 
     def output_columns(self, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:
-        return self.stage(ADVANTAGE).output_columns(table, fields) if fields else []
+        columns: list[pa.Array] = []
+        for s in self._output_stages():
+            mine = s.output_fields(table.schema)
+            if mine:
+                columns += s.output_columns(table, fields[len(columns) : len(columns) + len(mine)])
+        return columns
 
     def _filtered(self, rows: GroupedRows) -> Tensor:
         f = self.stage(FILTER)
@@ -136,6 +152,11 @@ class ScoringPlan:
                 present = segment_sum(before.to(torch.int64), rows.offsets) > 0
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
+            f = self.stage(FILTER)
+            masked = f.masked(rows) if f is not None and hasattr(f, "masked") else None
+            if masked is not None and bool(masked.any()):
+                token_scale = torch.ones_like(score) if token_scale is None else token_scale
+                token_scale[masked] = 0.0
 
         dup = self.stage(DUPLICATE)
         if dup is not None:
@@ -147,6 +168,17 @@ class ScoringPlan:
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
 
         return PlanScores(score, keep, token_scale, mean, std, dropped, informative)
+
+
+def _token_offsets(values: np.ndarray, table: pa.Table, score: np.ndarray) -> np.ndarray:
+    """(n + 1,) token offsets of the rows of `table` in a flat token array (the response
+    lengths as the contract defines them)."""
+    from transforms.strategies.reinforce_pp import layout
+
+    lengths = layout(table)[0]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 def split_param(key: str) -> tuple[str | None, str]:
