@@ -66,6 +66,15 @@ def row_keys(rows: GroupedRows, seed: int) -> Tensor:
 # --- pure functions ----------------------------------------------------------------------------
 
 
+def exact_whiten_stats(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """`whiten_stats`, with the spec's zero-spread rule: when every weighted value is the
+    same, mu is that value and var is exactly 0 (a rounded sum could leave 1e-35)."""
+    weighted = values[weights > 0]
+    if len(weighted) and weighted.min() == weighted.max():
+        return float(weighted[0]), 0.0
+    return whiten_stats(values, weights)
+
+
 def rec_scores(
     reward: Tensor, offsets: Tensor, *, epsilon: float, std_normalize: bool, drop: str | None, key: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -239,7 +248,7 @@ class GDPO(_Estimator):
         return rows.batch, self.summed(rows), rows.action_tokens.to(torch.float64)
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return whiten_stats(values, weights)
+        return exact_whiten_stats(values, weights)
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         mu, var = batch_stats[:, 0], batch_stats[:, 1]

@@ -38,7 +38,7 @@ from torch import Tensor
 from schemas.lists import flat_list
 from schemas.lists import segment_sum as np_segment_sum
 from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
+from transforms.strategies.baselines import WHITEN_EPSILON
 from transforms.strategies.registry import ConfigError, number, register
 from transforms.strategies.segments import group_stats
 
@@ -81,7 +81,7 @@ def pseudo_values(reward: Tensor, a: Tensor, b: Tensor, w: Tensor) -> tuple[Tens
     has = a > 0
     safe_a = torch.where(has, a, torch.ones_like(a))
     safe_b = torch.where(has, b, torch.ones_like(b))
-    v1 = torch.where(has, reward * safe_b / safe_a, torch.zeros_like(reward))
+    v1 = torch.where(has, reward * (safe_b / safe_a), torch.zeros_like(reward))  # exactly r when B = A
     w1 = torch.where(has, safe_a * safe_a / safe_b, torch.zeros_like(a))
     w2 = torch.clamp(w.to(torch.float64) - w1, min=0.0)
     return torch.cat([v1, torch.zeros_like(v1)]), torch.cat([w1, w2])
@@ -166,7 +166,9 @@ class ReinforcePlusPlus:
         return torch.cat([rows.batch, rows.batch]), values, weights
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return whiten_stats(values, weights)
+        from transforms.strategies.estimators import exact_whiten_stats
+
+        return exact_whiten_stats(values, weights)
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         self._sums(rows)  # refuses what the statistics could not describe
