@@ -24,6 +24,8 @@ numbers and bools, an int64 hash for strings)."""
 DISCOUNT_FEATURE = "@discount:"
 """Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
 tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
+OPTIONAL_FEATURE = "@optional:"
+"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME, NaN elsewhere)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -88,6 +90,16 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         if name.startswith(DISCOUNT_FEATURE):
             a, b = _discount_sums(name, response_length, mask_values, mask)
             columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
+            continue
+        if name.startswith(OPTIONAL_FEATURE):
+            # A number column used where present: NaN where the file has no such column,
+            # 0 for a null (Trinity's info.get(key, 0.0)).
+            column_name = name[len(OPTIONAL_FEATURE) :]
+            if column_name in valid.column_names:
+                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), 0.0).combine_chunks()
+            else:
+                values = pa.array(np.full(n, np.nan))
+            columns[EXTRA_PREFIX + column_name] = values
             continue
         if name in NOT_EXTRA:
             continue

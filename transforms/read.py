@@ -204,7 +204,8 @@ class _ReadLight(beam.DoFn):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
         # Needs starting with "@" are features computed from the columns (see light.py).
-        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *(n for n in self._needs if not n.startswith("@"))])))
+        wanted = [n.removeprefix("@optional:") for n in self._needs if not n.startswith("@") or n.startswith("@optional:")]
+        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *wanted])))
         check = check_rows(table, needs=self._needs)
         bad = np.flatnonzero(~check.ok)
         rejected = None

@@ -2,8 +2,9 @@
 2505.10978; Trinity-RFT 0.6.0 `GiGPOAdvantageFn`, trinity/algorithm/advantage_fn/gigpo_advantage.py).
 
 For each task group, each run's steps in `step` order:
-    r_t     the step reward: the `step_reward_key` column, or (no such column, Trinity's
-            fallback) the run's last-step `reward` on its last step and 0 elsewhere;
+    r_t     the step reward: the `step_reward_key` column where the input has it (a null is
+            0), else (Trinity's fallback) the run's last-step `reward` on its last step, 0
+            elsewhere; `step_reward_key=null` always uses the fallback;
     R_t     = sum_{k >= t} gamma^(k - t) r_k, the discounted return of step t;
     A_E     episode advantage of the run: normalise(sum_t r_t) over the group's runs;
     A_S     step advantage: normalise(R_t) over the steps that share an anchor state (the
@@ -59,8 +60,15 @@ def gigpo_scores(
     runs = run_offsets(rows.run, rows.offsets)
     last_of_run = torch.zeros(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
     last_of_run[runs[1:] - 1] = True
+    fallback = torch.where(last_of_run, rows.reward, torch.zeros_like(rows.reward))
     if step_reward is None:
-        step_reward = torch.where(last_of_run, rows.reward, torch.zeros_like(rows.reward))
+        step_reward = fallback
+    else:
+        # Trinity: a run with the key on any step uses the column (0 where missing); a run
+        # without it falls back to its last-step reward.
+        present = ~torch.isnan(step_reward)
+        run_has = per_row(segment_sum(present, runs) > 0, runs)
+        step_reward = torch.where(run_has, torch.nan_to_num(step_reward, nan=0.0), fallback)
     returns = discounted_returns(step_reward, runs, gamma)
 
     # Episode level: one value per run, normalised over the group's runs.
@@ -94,7 +102,7 @@ class GiGPO:
     gamma: float = 1.0
     fnorm: str = "none"
     epsilon: float = 1e-6
-    step_reward_key: str | None = None
+    step_reward_key: str | None = "step_reward"
     env_state_hash_key: str = "env_state_hash"
     name: str = "gigpo"
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -103,11 +111,13 @@ class GiGPO:
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return (self.env_state_hash_key, *((self.step_reward_key,) if self.step_reward_key else ()))
+        # The step-reward column is used where the input has it, as Trinity uses the info key.
+        return (self.env_state_hash_key, *((f"@optional:{self.step_reward_key}",) if self.step_reward_key else ()))
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         anchor = rows.columns[self.env_state_hash_key]
-        step_reward = rows.columns[self.step_reward_key].to(torch.float64) if self.step_reward_key else None
+        step_reward = rows.columns.get(self.step_reward_key) if self.step_reward_key else None
+        step_reward = None if step_reward is None else step_reward.to(torch.float64)
         return gigpo_scores(
             rows, anchor, step_reward, omega=self.omega, gamma=self.gamma, fnorm=self.fnorm, epsilon=self.epsilon
         )
@@ -121,7 +131,7 @@ class GiGPO:
         "gamma": 1.0,
         "fnorm": "none",
         "epsilon": 1e-6,
-        "step_reward_key": None,
+        "step_reward_key": "step_reward",
         "env_state_hash_key": "env_state_hash",
     },
     summary="multi-step: episode advantage + omega * step advantage within anchor-state groups (Trinity `gigpo`)",
