@@ -243,3 +243,11 @@ def test_every_trinity_algorithm_resolves_or_is_refused_with_its_reason(name):
 def test_bad_parameters_are_config_errors(name, params, message):
     with pytest.raises(ConfigError, match=message):
         create(name, params)
+
+
+def test_truncated_rows_weigh_nothing_in_token_weighted_batch_statistics():
+    # Trinity zeroes the action mask before the advantage step, so a masked row carries no
+    # token weight in the REINFORCE++ whitening.
+    rows = grouped([0.0, 1.0, 3.0], [3], tokens=[2, 2, 5], columns={"truncate_status": [0.0, 0.0, 1.0]})
+    _, _, weights = plan_of("mask_response_truncated,reinforce_plus_plus_baseline").batch_values(rows)
+    assert weights.tolist() == [2.0, 2.0, 0.0]

@@ -13,7 +13,7 @@ Each stage is optional, but a run has at least one and at most one of each kind.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -120,7 +120,23 @@ class ScoringPlan:
             return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return f.score(rows, None).keep
 
+    def _masked(self, rows: GroupedRows) -> tuple[GroupedRows, Tensor | None]:
+        """Rows as the advantage stage sees them when the filter masks some (truncated
+        responses): their action mask is all zeros, as Trinity zeroes it before the advantage
+        step, so they weigh nothing in token-weighted statistics; and the (n,) masked flags."""
+        f = self.stage(FILTER)
+        masked = f.masked(rows) if f is not None and hasattr(f, "masked") else None
+        if masked is None or not bool(masked.any()):
+            return rows, None
+        columns = dict(rows.columns)
+        for key in ("discount_a", "discount_b"):
+            if key in columns:
+                columns[key] = torch.where(masked, torch.zeros_like(columns[key]), columns[key])
+        last = None if rows.last_action is None else rows.last_action & ~masked
+        return replace(rows, action_tokens=torch.where(masked, torch.zeros_like(rows.action_tokens), rows.action_tokens), last_action=last, columns=columns), masked
+
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        rows = self._masked(rows)[0]
         return self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows)))
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
@@ -129,6 +145,7 @@ class ScoringPlan:
     def score(self, rows: GroupedRows, batch_stats: Tensor | None = None) -> PlanScores:
         """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it."""
         device = rows.reward.device
+        rows, masked = self._masked(rows)
         keep = self._filtered(rows)
         dropped = {}
         if self.stage(FILTER) is not None:
@@ -152,9 +169,7 @@ class ScoringPlan:
                 present = segment_sum(before.to(torch.int64), rows.offsets) > 0
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
-            f = self.stage(FILTER)
-            masked = f.masked(rows) if f is not None and hasattr(f, "masked") else None
-            if masked is not None and bool(masked.any()):
+            if masked is not None:
                 token_scale = torch.ones_like(score) if token_scale is None else token_scale
                 token_scale[masked] = 0.0
 
