@@ -101,7 +101,7 @@ def rec_scores(
     sub = _sub_offsets(keep, offsets)
     kept_reward = reward[keep]
     kept_sizes = _sizes(sub)
-    mean = segment_sum(kept_reward, sub) / kept_sizes.to(reward.dtype)
+    mean = mean_and_std(kept_reward, sub)[0]
     std = torch.sqrt(population_var(kept_reward, sub))
     few = kept_sizes <= 1
     mean = torch.where(few, torch.zeros_like(mean), mean)
@@ -121,6 +121,10 @@ def opo_scores(reward: Tensor, offsets: Tensor, length: Tensor) -> Tensor:
     total = segment_sum(length, offsets)
     weighted = segment_sum(length * reward, offsets) / torch.where(total > 0, total, torch.ones_like(total))
     baseline = torch.where(total > 0, weighted, group_stats(reward, offsets)[0])
+    # All-equal rewards: the baseline is that reward exactly (a weighted sum could round).
+    top = segment_max(reward, offsets)
+    equal = top == -segment_max(-reward, offsets)
+    baseline = torch.where(equal, top, baseline)
     baseline = torch.where(sizes == 1, torch.zeros_like(baseline), baseline)
     return reward - per_row(baseline, offsets)
 
