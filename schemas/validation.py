@@ -139,15 +139,17 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             values = np.asarray(_np(expert.fill_null(0)), dtype=np.int64)
             out.add((values != 0) & (values != 1), lambda i: f"bad_expert: expert must be 0 or 1, got {values[i]}")
 
-    for name in needs:
+    for need in needs:
         # Scalar columns a strategy reads (a metric, a baseline reward, a state id): a null or
-        # a non-finite number cannot be scored.
-        if name in _NOT_SCALAR or name not in names:
+        # a non-finite number cannot be scored. `@optional:NAME` columns may be null (0).
+        name = need.removeprefix("@optional:")
+        if name in _NOT_SCALAR or name not in names or (name != need and need != f"@optional:{name}"):
             continue
         column = table[name]
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
             continue  # a null status or state id means "none" (Trinity's info.get(key) is None)
-        out.add(_np(column.is_null()), lambda i, name=name: f"null_value: {name} is null")
+        if name == need:
+            out.add(_np(column.is_null()), lambda i, name=name: f"null_value: {name} is null")
         if pa.types.is_floating(column.type):
             values = np.asarray(_np(column.fill_null(0.0)), dtype=np.float64)
             out.add(~np.isfinite(values), lambda i, name=name, values=values: f"bad_value: {name} is {values[i]}")

@@ -280,3 +280,16 @@ _NEEDS_EXACT_HELPERS = pytest.mark.xfail(
 def test_all_equal_groups_score_exactly_zero(name, params):
     rows = grouped([0.1] * 6 + [2.5] * 3, [6, 3], tokens=[1, 2, 3, 4, 5, 6, 7, 1, 3])
     assert not scores(name, params, rows).any()
+
+
+def test_needed_scalar_columns_are_validated():
+    from schemas.validation import check_rows
+
+    table = pa.table({
+        "batch": [0, 0, 0, 0], "task": [1, 1, 1, 1], "run": [0, 1, 2, 3], "reward": [1.0, 0.0, 1.0, 0.0],
+        "acc": [1.0, None, float("nan"), 0.0], "step_reward": [None, float("inf"), 0.5, 0.0], "truncate_status": [None, "x", None, None],
+    })
+    check = check_rows(table, needs=("acc", "@optional:step_reward", "truncate_status"))
+    assert check.ok.tolist() == [True, False, False, True]
+    assert "null_value: acc is null" in check.reasons[1] and "bad_value: step_reward is inf" in check.reasons[1]
+    assert "bad_value: acc is nan" in check.reasons[2]
