@@ -160,3 +160,23 @@ def test_bad_parameters_fail_with_one_line(tmp_path, args, message):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rescore: error:") and message in lines[0], done.stderr
+
+
+def test_filtered_token_level_estimator_with_duplication(rescore, tmp_path):
+    """reward_variance -> reinforceplusplus (batch statistics over the kept rows only) ->
+    duplicate_informative: originals match the pure path, copies carry their source's values."""
+    rows = random_batches(11, batches=2)
+    glob = _write(rows, str(tmp_path / "in"))
+    strategy = "reward_variance,reinforceplusplus,duplicate_informative"
+    _, out = rescore(glob, "--strategy", strategy, "--set", "gamma=0.9")
+    table = read_output(out).to_pylist()
+    want = ours(strategy, {"gamma": 0.9}, rows)
+    by_key = {(r["batch"], r["task"], r["run"], r["step"]): w for r, w in zip(rows, want)}
+    originals = [r for r in table if r["copy_index"] == 0]
+    assert {(r["batch"], r["task"], r["run"], r["step"]) for r in originals} == {k for k, w in by_key.items() if w is not None}
+    for r in originals:
+        np.testing.assert_allclose(r["advantages"], by_key[(r["batch"], r["task"], r["run"], r["step"])].astype(np.float32), rtol=1e-6, atol=1e-6)
+    copies = [r for r in table if r["copy_index"] > 0]
+    assert copies
+    for r in copies:
+        np.testing.assert_allclose(r["advantages"], by_key[(r["batch"], r["source_task"], r["run"], r["step"])].astype(np.float32), rtol=1e-6, atol=1e-6)

@@ -124,8 +124,8 @@ def ours(strategy: str, params: dict, rows: list[dict]) -> list[np.ndarray]:
             per_batch[int(b)] = plan.batch_stats(v[order], w[order])
         stats = torch.tensor([per_batch[int(b)] for b in light["batch"].to_numpy()], dtype=torch.float64)
     s = plan.score(grouped, stats)
-    assert bool(s.keep.all())
     order = light["row"].to_numpy()
+    dropped = set(order[~s.keep.numpy()].tolist())
     score = np.zeros(len(rows))
     scale = np.ones(len(rows))
     score[order] = s.score.numpy()
@@ -134,8 +134,11 @@ def ours(strategy: str, params: dict, rows: list[dict]) -> list[np.ndarray]:
     if plan.token_level:
         flat, _ = plan.token_values(table, score, score * scale)
         lengths = [len(r["action_mask"]) for r in rows]
-        return list(np.split(np.asarray(flat, np.float64), np.cumsum(lengths)[:-1]))
-    return [score[i] * scale[i] * np.asarray(r["action_mask"], np.float64) for i, r in enumerate(rows)]
+        out = list(np.split(np.asarray(flat, np.float64), np.cumsum(lengths)[:-1]))
+    else:
+        out = [score[i] * scale[i] * np.asarray(r["action_mask"], np.float64) for i, r in enumerate(rows)]
+    # Rows a stage dropped: None (the callers comparing with a reference drop nothing).
+    return [None if i in dropped else a for i, a in enumerate(out)]
 
 
 # --- the references' side ----------------------------------------------------------------------
