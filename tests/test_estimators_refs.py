@@ -484,3 +484,42 @@ def test_gdpo_matches_verl(ref, seed, params):
 
     got, want = ours("gdpo", params, rows), by_batch(verl, rows)
     assert_close(got, want, atol=1e-5, flat=zero_spread_batches(got, want, rows))
+
+
+def test_presets_cover_trinity_060_and_its_compute_in_trainer_flags(ref):
+    """Every name of Trinity-RFT 0.6.0's ALGORITHM_TYPE resolves or is refused, and our list of
+    algorithms whose advantages Trinity recomputes in the trainer is the wheel's."""
+    import ast
+    import os
+
+    from transforms.strategies import ConfigError, algorithms
+
+    src = os.path.join(refs.cache_dir(), "src", "trinity", "algorithm")
+    init = ast.parse(open(os.path.join(src, "__init__.py"), encoding="utf-8").read())
+    mapping = {}
+    for node in ast.walk(init):
+        if isinstance(node, ast.keyword) and node.arg == "default_mapping" and isinstance(node.value, ast.Dict):
+            if any("AlgorithmType" in str(getattr(v, "value", "")) or ".algorithm.algorithm." in str(getattr(v, "value", "")) for v in node.value.values):
+                mapping = {k.value: v.value.rsplit(".", 1)[1] for k, v in zip(node.value.keys, node.value.values)}
+    assert len(mapping) >= 24, mapping
+    classes = {}
+    tree = ast.parse(open(os.path.join(src, "algorithm.py"), encoding="utf-8").read())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            flag = None
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", "") == "compute_advantage_in_trainer" and item.value is not None:
+                    flag = item.value.value
+            base = node.bases[0].id if node.bases and isinstance(node.bases[0], ast.Name) else None
+            classes[node.name] = (flag, base)
+
+    def in_trainer(cls):
+        flag, base = classes[cls]
+        return flag if flag is not None else in_trainer(base)
+
+    assert {name for name, cls in mapping.items() if in_trainer(cls)} == set(algorithms.COMPUTED_IN_TRAINER)
+    for name in mapping:
+        try:
+            algorithms.preset(name)
+        except ConfigError as e:
+            assert name in ("ppo", "dpo"), e
