@@ -135,12 +135,19 @@ def validate_file_schema(
         if not col.accepts(t):
             raise SchemaError(f"{path}: column {col.name!r} has type {t}, expected {col.expected}")
     for name in needs:
+        if name.startswith("@"):  # a feature computed from the columns, not a column
+            continue
         if name not in names:
             why = f" ({NEEDED_WHY[name]})" if name in NEEDED_WHY else ""
             raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs{why}")
         col = NEEDED_COLUMNS.get(name)
         if col is not None and not col.accepts(schema.field(name).type):
             raise SchemaError(f"{path}: column {name!r} has type {schema.field(name).type}, expected {col.expected}")
+        t = schema.field(name).type
+        if col is None and name not in LIST_COLUMNS and not (
+            pat.is_integer(t) or pat.is_floating(t) or pat.is_boolean(t) or pat.is_string(t) or pat.is_large_string(t)
+        ):
+            raise SchemaError(f"{path}: column {name!r} has type {t}, expected a scalar (number, bool or string)")
     if "tokens" in names and "prompt_length" not in names:
         raise SchemaError(f"{path}: column 'tokens' needs 'prompt_length' to find the response")
     warnings = []

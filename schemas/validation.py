@@ -41,6 +41,9 @@ class _Reasons:
             self.reasons[i] = text if prev is None else f"{prev}; {text}"
 
 
+_NOT_SCALAR = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
+
+
 def _np(col) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
@@ -142,6 +145,20 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             texts = table["source_error"].to_pylist()
             out.reasons[has_error] = [texts[i] for i in np.flatnonzero(has_error)]
             out.bad |= has_error
+    for need in needs:
+        # Scalar columns a strategy reads (a metric, a baseline reward, a state id): a null or
+        # a non-finite number cannot be scored. `@optional:NAME` columns may be null (0).
+        name = need.removeprefix("@optional:")
+        if name in _NOT_SCALAR or name not in names or (name != need and need != f"@optional:{name}"):
+            continue
+        column = table[name]
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            continue  # a null status or state id means "none" (Trinity's info.get(key) is None)
+        if name == need:
+            out.add(_np(column.is_null()), lambda i, name=name: f"null_value: {name} is null")
+        if pa.types.is_floating(column.type):
+            values = np.asarray(_np(column.fill_null(0.0)), dtype=np.float64)
+            out.add(~np.isfinite(values), lambda i, name=name, values=values: f"bad_value: {name} is {values[i]}")
 
     ok = ~out.bad
     response_length = np.where(ok, response_length, 0)

@@ -191,7 +191,8 @@ def test_plan_order_and_parameter_routing():
         ("asymre", ("asymre",)),
         ("multi_step_grpo", ("step_wise_grpo",)),
         ("rloo", ("rloo",)),
-        ("reinforce_plus_plus", ("reinforce_plus_plus_baseline",)),
+        ("reinforceplusplus", ("reinforceplusplus",)),
+        ("reinforce_plus_plus", ("reinforce_plus_plus",)),
         ("raft", ("raft",)),
         ("sft", ("constant",)),
         ("mix_chord", ("mix_chord",)),
@@ -203,7 +204,7 @@ def test_algorithm_presets(algorithm, strategies):
     plan_of(list(strategies), algorithms.preset(algorithm).params)  # the defaults are valid
 
 
-@pytest.mark.parametrize("algorithm, why", [("ppo", "critic"), ("dpo", "pairs"), ("gigpo", "state ids")])
+@pytest.mark.parametrize("algorithm, why", [("ppo", "critic"), ("dpo", "pairs")])
 def test_algorithms_that_need_the_trainer_fail_with_a_reason(algorithm, why):
     with pytest.raises(ConfigError, match=why):
         algorithms.preset(algorithm)

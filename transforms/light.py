@@ -18,13 +18,23 @@ from schemas.validation import RowCheck
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
+EXTRA_PREFIX = "x."
+"""Light column `x.NAME` carries the scalar input column NAME a strategy needs (float64 for
+numbers and bools, an int64 hash for strings)."""
+DISCOUNT_FEATURE = "@discount:"
+"""Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
+tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
+OPTIONAL_FEATURE = "@optional:"
+"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME, NaN elsewhere)."""
+NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
 def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = ()) -> pa.Table:
     """One light row per valid row of `table` (a read unit's rows, in file order).
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
-    (int64); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
+    (int64), response_length (int64), last_action (bool); x.NAME for each scalar column NAME
+    in `needs` (see EXTRA_PREFIX); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
     has logprobs; expert (bool) when it has expert.
     """
     with_logprobs = "logprobs" in needs
@@ -65,7 +75,58 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         columns["mean_logprob"] = pa.array(mean)
     if "expert" in needs:
         columns["expert"] = pc.cast(valid["expert"], pa.bool_()).combine_chunks()
+    # Token layout for token-level estimators (REINFORCE++ discounting): the response length
+    # and whether its last token is an action token (where the outcome reward sits).
+    columns["response_length"] = pa.array(response_length.astype(np.int64))
+    if mask is not None:
+        ends = mask.offsets[1:]
+        nonempty = ends > mask.offsets[:-1]
+        last = np.zeros(n, dtype=bool)
+        last[nonempty] = mask_values[ends[nonempty] - 1] != 0
+    else:
+        last = response_length > 0
+    columns["last_action"] = pa.array(last)
+    for name in needs:
+        if name.startswith(DISCOUNT_FEATURE):
+            a, b = _discount_sums(name, response_length, mask_values, mask)
+            columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
+            continue
+        if name.startswith(OPTIONAL_FEATURE):
+            # A number column used where present: NaN where the file has no such column,
+            # 0 for a null (Trinity's info.get(key, 0.0)).
+            column_name = name[len(OPTIONAL_FEATURE) :]
+            if column_name in valid.column_names:
+                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), 0.0).combine_chunks()
+            else:
+                values = pa.array(np.full(n, np.nan))
+            columns[EXTRA_PREFIX + column_name] = values
+            continue
+        if name in NOT_EXTRA:
+            continue
+        column = valid[name].combine_chunks()
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
+            # Strings cross as a fixed 64-bit hash; a null as 0 ("none").
+            text = column.cast(pa.string())
+            hashed = task_hash(text.fill_null("")).view(np.int64)
+            columns[EXTRA_PREFIX + name] = pa.array(np.where(np.asarray(text.is_null().to_numpy(zero_copy_only=False), bool), 0, hashed))
+        else:
+            columns[EXTRA_PREFIX + name] = pc.cast(column, pa.float64())
     return pa.table(columns)
+
+
+def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[np.ndarray, np.ndarray]:
+    from transforms.strategies.reinforce_pp import token_discounts
+
+    gamma, mode = need[len(DISCOUNT_FEATURE) :].split(":")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    values = np.asarray(mask_values, dtype=np.float64) if mask is not None else np.ones(int(lengths.sum()))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    last = np.zeros(len(lengths), dtype=bool)
+    nonempty = lengths > 0
+    last[nonempty] = values[offsets[1:][nonempty] - 1] != 0
+    c = token_discounts(float(gamma), mode, lengths, values, last) * values
+    return segment_sum(c, offsets), segment_sum(c * c, offsets)
 
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -208,7 +208,9 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *self._needs, "source_error"])))
+        # Needs starting with "@" are features computed from the columns (see light.py).
+        wanted = [n.removeprefix("@optional:") for n in self._needs if not n.startswith("@") or n.startswith("@optional:")]
+        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"])))
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None

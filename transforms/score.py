@@ -16,7 +16,7 @@ from transforms import coders, faults  # noqa: F401  (coders registers the Arrow
 from transforms.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
 from transforms import device as devices
 from transforms.device import to_device
-from transforms.light import ID_KEYS, SORT_KEYS, split_by, task_hash
+from transforms.light import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
 from transforms.metrics import COPY_METRICS, group_metrics
 from transforms.records import FILTERED, REJECTED, SCORED, records
 from transforms.strategies import DUPLICATE, GroupedRows, PlanScores, ScoringPlan
@@ -74,6 +74,14 @@ def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
         action_tokens=t("action_tokens", np.int64),
         mean_logprob=t("mean_logprob", np.float64) if "mean_logprob" in names else None,
         expert=t("expert", bool) if "expert" in names else None,
+        response_length=t("response_length", np.int64) if "response_length" in names else None,
+        last_action=t("last_action", bool) if "last_action" in names else None,
+        task_key=to_device(task_hash(light["task"].combine_chunks()).view(np.int64), device),
+        columns={
+            n[len(EXTRA_PREFIX) :]: t(n, np.int64 if pa.types.is_integer(light.schema.field(n).type) else np.float64)
+            for n in names
+            if n.startswith(EXTRA_PREFIX)
+        },
     )
 
 

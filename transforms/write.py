@@ -278,7 +278,7 @@ class _WriteUnit(beam.DoFn):
             extra_columns += [rec[f.name].combine_chunks().take(at).cast(f.type) for f in self._audit]
         token_values = None
         if self._scoring.token_level:
-            token_values, score = self._scoring.token_values(scored)
+            token_values, score = self._scoring.token_values(scored, score, row_value)
         columns = scored.select(self._base_names).columns + score_columns(
             scored, row_value, score, None if valid.all() else valid, token_values, self._device
         )

@@ -4,7 +4,7 @@ Importing this package registers every strategy. Use `plan_of(names, params)` fo
 composition of stages, or `create(name, params)` for one strategy.
 """
 
-from transforms.strategies import baselines, chord, distill, grpo, selection, step_wise  # noqa: F401  (register)
+from transforms.strategies import baselines, chord, distill, estimators, filters, gigpo, grpo, jsd, reinforce_pp, selection, step_wise  # noqa: F401  (register)
 from transforms.strategies.base import (
     ADVANTAGE,
     DUPLICATE,

@@ -24,6 +24,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "grpo": Preset(("grpo",), note="GRPO group advantages"),
+    "grpo_verl": Preset(("grpo",), note="GRPO advantages computed in the trainer (compute_advantage_in_trainer): the trainer recomputes them"),
     "dapo": Preset(("grpo",), note="DAPO reuses GRPO advantages; its clipping and dynamic sampling live in the trainer"),
     "cispo": Preset(("grpo",), note="GRPO advantages; the CISPO loss lives in the trainer"),
     "gspo": Preset(("grpo",), note="GRPO advantages; the GSPO loss lives in the trainer"),
@@ -34,20 +35,27 @@ PRESETS: dict[str, Preset] = {
     "asymre": Preset(("asymre",), note="AsymRE, baseline shift -0.1"),
     "multi_step_grpo": Preset(("step_wise_grpo",), note="step-wise GRPO over multi-step runs"),
     "rloo": Preset(("rloo",), note="leave-one-out baseline"),
-    "reinforce_plus_plus": Preset(("reinforce_plus_plus_baseline",), note="REINFORCE++ with group baseline, batch-whitened"),
+    "reinforceplusplus": Preset(("reinforceplusplus",), note="REINFORCE++: discounted token returns (gamma 1), whitened over the batch"),
+    "reinforce_plus_plus": Preset(("reinforce_plus_plus",), note="not a Trinity-RFT name: verl's adv_estimator of that name (observation tokens skipped when discounting)"),
+    "topr": Preset(("reinforce",), note="TOPR's advantage is the raw reward; its truncated importance weights live in the trainer's loss"),
+    "rec": Preset(("rec",), note="REC advantage (r - mean); its importance weights live in the trainer's loss"),
+    "gigpo": Preset(("gigpo",), {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-6}, note="episode + anchor-state step advantages; needs an env_state_hash column"),
     "raft": Preset(("raft",), note="keep each group's top-reward rows with reward > 0, weight 1"),
     "sft": Preset(("constant",), note="every row passes with weight 1"),
+    "cpt": Preset(("constant",), note="continued pre-training: an SFT loss, every row passes with weight 1"),
     "mix_chord": Preset(("mix_chord",), note="CHORD mu schedule, loss weights and phi token weights"),
     "on_policy_distill": Preset(("on_policy_distill",), note="token advantages teacher_logprobs - logprobs; needs a teacher_logprobs column"),
+    "jsd": Preset(("jsd",), {"kl_coef": 1.0, "lambda_coef": 0.5}, note="token advantages -JSD(teacher, logprobs); needs a teacher_logprobs column"),
 }
 
 UNSUPPORTED: dict[str, str] = {
     "ppo": "its advantages come from a learned critic (GAE over value estimates), which logged experience does not contain; compute them in the trainer",
     "dpo": "it trains on chosen/rejected pairs with the trainer's live and reference models; there is no per-row advantage to compute",
-    "topr": "its 'reinforce' advantage and truncated importance weights need the trainer's live policy",
-    "rec": "its advantages and importance weights need the trainer's live policy",
-    "gigpo": "its step-level anchor-state grouping needs environment state ids that the experience schema does not carry",
 }
+
+COMPUTED_IN_TRAINER = frozenset({"ppo", "reinforceplusplus", "rloo", "on_policy_distill", "jsd", "grpo_verl"})
+"""Trinity-RFT 0.6.0 algorithms with compute_advantage_in_trainer = True: the trainer recomputes
+the advantages from the rewards, so rescored advantages are for other trainers or for analysis."""
 
 
 def names() -> list[str]:

@@ -12,7 +12,7 @@ scores the rows that are left (and may drop groups itself, e.g. `std_threshold`)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -51,6 +51,15 @@ class GroupedRows:
     present when the strategy asked for logprobs."""
     expert: Tensor | None = None
     """(n,) bool, the `expert` column; only present when the strategy asked for it."""
+    response_length: Tensor | None = None
+    """(n,) int64 response tokens (action or not); None where the caller did not provide it."""
+    last_action: Tensor | None = None
+    """(n,) bool: the last response token is an action token (the outcome reward's token)."""
+    task_key: Tensor | None = None
+    """(n,) int64 fixed hash of the row's task id (seeds per-group randomness)."""
+    columns: Mapping[str, Tensor] = field(default_factory=dict)
+    """Scalar input columns the strategy needs, by name: (n,) float64 values, or int64 hashes
+    for string columns."""
 
     @property
     def num_rows(self) -> int:
@@ -92,6 +101,10 @@ class GroupedRows:
             action_tokens=self.action_tokens[keep],
             mean_logprob=pick(self.mean_logprob),
             expert=pick(self.expert),
+            response_length=pick(self.response_length),
+            last_action=pick(self.last_action),
+            task_key=pick(self.task_key),
+            columns={k: v[keep] for k, v in self.columns.items()},
         )
 
 

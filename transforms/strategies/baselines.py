@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.registry import ConfigError, choice, number, register
+from transforms.strategies.registry import ConfigError, choice, flag, number, register
 from transforms.strategies.segments import (
     group_stats,
     per_row,
@@ -32,6 +32,8 @@ from transforms.strategies.segments import (
 
 WHITEN_EPSILON = 1e-8
 """verl's `masked_whiten` adds 1e-8 to the variance."""
+TRL_ADVANTAGE_EPSILON = 1e-4
+"""TRL's RLOOTrainer adds 1e-4 to the std when `normalize_advantages` is set."""
 
 
 def group_mean(reward: Tensor, offsets: Tensor) -> Tensor:
@@ -132,8 +134,33 @@ class DrGRPO(_GroupBaseline):
 
 @dataclass(frozen=True)
 class RLOO(_GroupBaseline):
+    normalize_advantages: bool = False
+
+    @property
+    def batch_level(self) -> bool:
+        return self.normalize_advantages
+
     def _scores(self, rows):
         return rloo_scores(rows.reward, rows.offsets)
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        return rows.batch, self._scores(rows), torch.ones_like(rows.reward)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        # TRL RLOOTrainer: (a - a.mean()) / (a.std() + 1e-4) over the batch's sequences.
+        n = len(values)
+        mean = math.fsum(values) / n if n else 0.0
+        # One row: TRL gives NaN (std of one value); its score is 0 here (s - mean = 0).
+        std = math.sqrt(math.fsum((values - mean) ** 2) / (n - 1)) if n > 1 else 0.0
+        return mean, std
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        base = super().score(rows, None)
+        if not self.normalize_advantages:
+            return base
+        mean, std = batch_stats[:, 0], batch_stats[:, 1]
+        score = (base.score - mean) / (std + TRL_ADVANTAGE_EPSILON)
+        return Scores(score=score, keep=base.keep, group_mean=base.group_mean, group_std=base.group_std)
 
 
 @dataclass(frozen=True)
@@ -191,9 +218,15 @@ def make_dr_grpo() -> DrGRPO:
     return DrGRPO(name="dr_grpo")
 
 
-@register("rloo", kind=ADVANTAGE, defaults={}, summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1)")
-def make_rloo() -> RLOO:
-    return RLOO(name="rloo")
+@register(
+    "rloo",
+    kind=ADVANTAGE,
+    defaults={"normalize_advantages": False},
+    summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1); TRL's normalize_advantages whitens over the batch",
+)
+def make_rloo(normalize_advantages) -> RLOO:
+    flag_ = flag("rloo", "normalize_advantages", normalize_advantages)
+    return RLOO(name="rloo", params={"normalize_advantages": flag_} if flag_ else {}, normalize_advantages=flag_)
 
 
 @register(

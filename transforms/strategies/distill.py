@@ -53,7 +53,7 @@ class OnPolicyDistill:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return Scores(torch.zeros_like(rows.reward), keep, *group_stats(rows.reward, rows.offsets))
 
-    def token_values(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
         """(flat advantages over the response tokens, scalar score) for the rows of `table`."""
         teacher = flat_list(table["teacher_logprobs"])
         student = flat_list(table["logprobs"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -89,15 +89,33 @@ class ScoringPlan:
         """The advantage stage computes per-token advantages itself (token_values)."""
         return hasattr(self.stage(ADVANTAGE), "token_values")
 
-    def token_values(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        return self.stage(ADVANTAGE).token_values(table)
+    def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
+        """(flat token advantages, per-row score); `score` and `row_value` (n,) are what the
+        advantage stage's score() left for these rows (score, score * token_scale)."""
+        values, score = self.stage(ADVANTAGE).token_values(table, score, row_value)
+        f = self.stage(FILTER)
+        if hasattr(f, "table_flags") and not f.drop:
+            # Masked rows (truncated responses) keep their place but train on nothing.
+            flags = f.table_flags(table)
+            if flags.any():
+                lengths = np.diff(_token_offsets(values, table, score))
+                values = np.where(np.repeat(flags, lengths), 0.0, values)
+                score = np.where(flags, 0.0, score)
+        return values, score
+
+    def _output_stages(self) -> list[Strategy]:
+        return [s for s in (self.stage(ADVANTAGE), self.stage(FILTER)) if s is not None and hasattr(s, "output_fields")]
 
     def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
-        adv = self.stage(ADVANTAGE)
-        return list(adv.output_fields(input_schema)) if hasattr(adv, "output_fields") else []
+        return [f for s in self._output_stages() for f in s.output_fields(input_schema)]
 
     def output_columns(self, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:
-        return self.stage(ADVANTAGE).output_columns(table, fields) if fields else []
+        columns: list[pa.Array] = []
+        for s in self._output_stages():
+            mine = s.output_fields(table.schema)
+            if mine:
+                columns += s.output_columns(table, fields[len(columns) : len(columns) + len(mine)])
+        return columns
 
     def _filtered(self, rows: GroupedRows) -> Tensor:
         f = self.stage(FILTER)
@@ -105,7 +123,23 @@ class ScoringPlan:
             return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return f.score(rows, None).keep
 
+    def _masked(self, rows: GroupedRows) -> tuple[GroupedRows, Tensor | None]:
+        """Rows as the advantage stage sees them when the filter masks some (truncated
+        responses): their action mask is all zeros, as Trinity zeroes it before the advantage
+        step, so they weigh nothing in token-weighted statistics; and the (n,) masked flags."""
+        f = self.stage(FILTER)
+        masked = f.masked(rows) if f is not None and hasattr(f, "masked") else None
+        if masked is None or not bool(masked.any()):
+            return rows, None
+        columns = dict(rows.columns)
+        for key in ("discount_a", "discount_b"):
+            if key in columns:
+                columns[key] = torch.where(masked, torch.zeros_like(columns[key]), columns[key])
+        last = None if rows.last_action is None else rows.last_action & ~masked
+        return replace(rows, action_tokens=torch.where(masked, torch.zeros_like(rows.action_tokens), rows.action_tokens), last_action=last, columns=columns), masked
+
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        rows = self._masked(rows)[0]
         return self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows)))
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
@@ -114,6 +148,7 @@ class ScoringPlan:
     def score(self, rows: GroupedRows, batch_stats: Tensor | None = None) -> PlanScores:
         """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it."""
         device = rows.reward.device
+        rows, masked = self._masked(rows)
         keep = self._filtered(rows)
         dropped = {}
         dropped_by = torch.zeros(rows.num_rows, dtype=torch.int8, device=device)
@@ -140,6 +175,9 @@ class ScoringPlan:
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
             dropped_by[before & ~keep] = 2
+            if masked is not None:
+                token_scale = torch.ones_like(score) if token_scale is None else token_scale
+                token_scale[masked] = 0.0
 
         dup = self.stage(DUPLICATE)
         if dup is not None:
@@ -152,6 +190,17 @@ class ScoringPlan:
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
 
         return PlanScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
+
+
+def _token_offsets(values: np.ndarray, table: pa.Table, score: np.ndarray) -> np.ndarray:
+    """(n + 1,) token offsets of the rows of `table` in a flat token array (the response
+    lengths as the contract defines them)."""
+    from transforms.strategies.reinforce_pp import layout
+
+    lengths = layout(table)[0]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 def split_param(key: str) -> tuple[str | None, str]:

@@ -1,0 +1,214 @@
+"""The reference projects' own advantage code, imported from their released wheels.
+
+`verl==0.9.1` and `trinity-rft==0.6.0` are downloaded without dependencies (`pip download
+--no-deps`) into a cache directory ($RESCORE_REFS_CACHE, default ~/.cache/rescore-refs) and
+unpacked there. Their heavy imports (ray, vllm, transformers, tensordict, the trainer configs)
+are replaced by minimal stubs while one module file at a time is executed; the functions under
+test are the wheels' own code. Where the download or an import fails, the caller skips with the
+reason (`load()` raises RefsUnavailable).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+import uuid
+import zipfile
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any, Union
+
+WHEELS = {"verl": "verl==0.9.1", "trinity": "trinity-rft==0.6.0"}
+
+
+class RefsUnavailable(RuntimeError):
+    pass
+
+
+def cache_dir() -> str:
+    return os.environ.get("RESCORE_REFS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rescore-refs")
+
+
+def _unpacked() -> str:
+    root = cache_dir()
+    src = os.path.join(root, "src")
+    marker = os.path.join(src, ".complete")
+    if os.path.exists(marker):
+        return src
+    os.makedirs(root, exist_ok=True)
+    wheels = [f for f in os.listdir(root) if f.endswith(".whl")]
+    if not (any(w.startswith("verl-0.9.1") for w in wheels) and any(w.startswith("trinity_rft-0.6.0") for w in wheels)):
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", root, *WHEELS.values()],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RefsUnavailable(f"could not download {', '.join(WHEELS.values())}: {e}") from e
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            raise RefsUnavailable(f"pip download {' '.join(WHEELS.values())} failed: {tail[0]}")
+        wheels = [f for f in os.listdir(root) if f.endswith(".whl")]
+    os.makedirs(src, exist_ok=True)
+    for w in wheels:
+        if w.startswith(("verl-0.9.1", "trinity_rft-0.6.0")):
+            with zipfile.ZipFile(os.path.join(root, w)) as z:
+                z.extractall(src)
+    open(marker, "w").close()
+    return src
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    m = types.ModuleType(name)
+    m.__path__ = []  # a package, so submodules can be stubbed too
+    m.__dict__.update(attrs)
+    return m
+
+
+@contextmanager
+def _stubs(mods: dict[str, types.ModuleType]):
+    saved = {k: sys.modules.get(k) for k in mods}
+    sys.modules.update(mods)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+
+def _exec_file(path: str, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    with _stubs({name: module}):  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
+    return module
+
+
+def _extract(path: str, names: set[str], namespace: dict) -> dict:
+    """Execute only the top-level definitions `names` of a source file (the reference's own
+    code for small helpers whose module imports the whole framework)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    body = [node for node in tree.body if getattr(node, "name", None) in names]
+    holder = _module(namespace["__name__"])
+    holder.__dict__.update(namespace)
+    with _stubs({holder.__name__: holder}):
+        exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), holder.__dict__)
+    return holder.__dict__
+
+
+class DataProto:
+    """Stand-in for verl.DataProto: the two dicts the advantage functions read and write."""
+
+    def __init__(self, batch: dict, non_tensor_batch: dict | None = None):
+        self.batch = batch
+        self.non_tensor_batch = non_tensor_batch or {}
+
+
+class Experience:
+    """Stand-in for trinity.common.experience.Experience with the fields advantage code uses."""
+
+    def __init__(self, eid, reward, action_mask, info=None):
+        self.eid = eid
+        self.reward = reward
+        self.action_mask = action_mask
+        self.info = info or {}
+        self.advantages = None
+        self.returns = None
+
+
+@lru_cache(maxsize=1)
+def load() -> types.SimpleNamespace:
+    """verl's core_algos, Trinity's advantage classes, and Trinity's EID."""
+    try:
+        src = _unpacked()
+        return _load(src)
+    except RefsUnavailable:
+        raise
+    except Exception as e:  # an import that the stubs do not cover: skip, saying why
+        raise RefsUnavailable(f"could not import the reference code: {type(e).__name__}: {e}") from e
+
+
+def _load(src: str) -> types.SimpleNamespace:
+    class _Anything:
+        def __init__(self, *a, **k):
+            pass
+
+    def deprecated(replacement: str = ""):
+        return lambda obj: obj
+
+    verl_utils = _module("verl.utils", as_torch_index=None, group_mean_std=None)
+    mods = {
+        "verl": _module("verl", DataProto=DataProto),
+        "verl.utils": verl_utils,
+        "verl.utils.device": _module("verl.utils.device", get_device_name=lambda: "cpu", get_torch_device=lambda: None),
+        "verl.utils.import_utils": _module("verl.utils.import_utils", deprecated=deprecated),
+        "verl.trainer": _module("verl.trainer"),
+        "verl.trainer.config": _module("verl.trainer.config", AlgoConfig=dict),
+        "verl.workers": _module("verl.workers"),
+        "verl.workers.config": _module("verl.workers.config", ActorConfig=_Anything),
+        "omegaconf": _module("omegaconf", DictConfig=dict),
+        "tensordict": _module("tensordict", TensorDict=_Anything),
+        "transformers": _module("transformers", PreTrainedTokenizer=_Anything),
+    }
+    with _stubs(mods):
+        vf = _exec_file(os.path.join(src, "verl/utils/torch_functional.py"), "verl.utils.torch_functional")
+        verl_utils.torch_functional = vf
+        mods["verl.utils.torch_functional"] = vf
+        with _stubs({"verl.utils.torch_functional": vf}):
+            core = _exec_file(os.path.join(src, "verl/trainer/ppo/core_algos.py"), "_ref_verl_core_algos")
+
+    # Trinity: the real advantage_fn base classes and group_by, with the operator base,
+    # Experience and metrics helpers they import.
+    exp_ns = _extract(
+        os.path.join(src, "trinity/common/experience.py"),
+        {"EID", "group_by"},
+        {"dataclass": dataclasses.dataclass, "field": dataclasses.field, "uuid": uuid, "Union": Union, "Literal": Any, "Dict": dict, "List": list, "__name__": "trinity.common.experience"},
+    )
+    experience = _module("trinity.common.experience", Experience=Experience, EID=exp_ns["EID"], group_by=exp_ns["group_by"])
+    metrics = _exec_file(os.path.join(src, "trinity/utils/metrics.py"), "trinity.utils.metrics")
+
+    class ExperienceOperator:
+        pass
+
+    tmods = {
+        "trinity": _module("trinity"),
+        "trinity.common": _module("trinity.common"),
+        "trinity.common.experience": experience,
+        "trinity.utils": _module("trinity.utils"),
+        "trinity.utils.metrics": metrics,
+        "trinity.utils.annotations": _module("trinity.utils.annotations", Deprecated=lambda obj: obj),
+        "trinity.buffer": _module("trinity.buffer"),
+        "trinity.buffer.operators": _module("trinity.buffer.operators", ExperienceOperator=ExperienceOperator),
+        "trinity.algorithm": _module("trinity.algorithm"),
+        "verl": _module("verl", DataProto=DataProto),
+    }
+    adv = os.path.join(src, "trinity/algorithm/advantage_fn")
+    trinity = types.SimpleNamespace()
+    with _stubs(tmods):
+        base = _exec_file(os.path.join(adv, "advantage_fn.py"), "trinity.algorithm.advantage_fn.advantage_fn")
+        package = _module("trinity.algorithm.advantage_fn", AdvantageFn=base.AdvantageFn, GroupAdvantage=base.GroupAdvantage)
+        utils = _exec_file(os.path.join(src, "trinity/algorithm/utils.py"), "trinity.algorithm.utils")
+        with _stubs({"trinity.algorithm.advantage_fn": package, "trinity.algorithm.advantage_fn.advantage_fn": base, "trinity.algorithm.utils": utils}):
+            for mod, cls in [
+                ("reinforce_plus_plus_advantage", "REINFORCEPLUSPLUSAdvantageFn"),
+                ("reinforce_advantage", "REINFORCEGroupAdvantage"),
+                ("rec_advantage", "RECGroupedAdvantage"),
+                ("remax_advantage", "REMAXAdvantageFn"),
+                ("jsd_advantage", "JSDAdvantage"),
+                ("gigpo_advantage", "GiGPOAdvantageFn"),
+                ("grpo_advantage", "GRPOGroupedAdvantage"),
+            ]:
+                m = _exec_file(os.path.join(adv, f"{mod}.py"), f"_ref_trinity_{mod}")
+                setattr(trinity, cls, getattr(m, cls))
+                setattr(trinity, f"_module_{mod}", m)
+    return types.SimpleNamespace(verl=core, trinity=trinity, EID=exp_ns["EID"], Experience=Experience, DataProto=DataProto)

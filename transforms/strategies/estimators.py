@@ -1,0 +1,400 @@
+"""Outcome-reward estimators of Trinity-RFT 0.6.0 and verl 0.9.1 that need no live model.
+
+    reinforce    r_i                                                (Trinity `reinforce`, the TOPR preset)
+    rec          r_i - mean(K), optionally / (std0(K) + epsilon); K = the group after the
+                 `drop="balance"` mode drops surplus below-mean rows  (Trinity `rec`)
+    opo          r_i - sum(len r) / sum(len), len = action tokens     (verl `opo`)
+    grpo_passk   the group's best row gets (r_max - r_2nd) [/ (std + epsilon)], others 0 (verl `grpo_passk`)
+    gpg          alpha * (r_i - mean(G)) / f_norm, alpha = rows of the batch / rows with r != 0 (verl `gpg`)
+    gdpo         sum_k w_k GRPO(r_k), then whitened over the batch by tokens (verl `gdpo`)
+    remax        r_i - b_i, b_i = the greedy response's reward (verl / Trinity `remax`)
+
+Group statistics come from the shared segment helpers (transforms/strategies/segments.py), so
+their rule for groups of one row and for all-equal groups reaches every estimator here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
+from transforms.strategies.registry import ConfigError, choice, flag, integer, number, register
+from transforms.strategies.segments import (
+    group_stats,
+    mean_and_std,
+    per_row,
+    population_var,
+    rank_within_groups,
+    segment_max,
+    segment_sum,
+)
+from transforms.strategies.selection import mix64
+
+
+def _sizes(offsets: Tensor) -> Tensor:
+    return offsets[1:] - offsets[:-1]
+
+
+def _sub_offsets(keep: Tensor, offsets: Tensor) -> Tensor:
+    """(G + 1,) boundaries of the kept rows of each group (no group may be left empty)."""
+    counts = segment_sum(keep, offsets)
+    out = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=keep.device)
+    torch.cumsum(counts, 0, out=out[1:])
+    return out
+
+
+def row_keys(rows: GroupedRows, seed: int) -> Tensor:
+    """(n,) int64 fixed hash of (seed, batch, task, run, step): per-row randomness that depends
+    on the data keys only, never on a global RNG or on the order rows arrive in."""
+    batch = rows.batch.cpu().numpy().view(np.uint64)
+    task = (rows.task_key.cpu().numpy() if rows.task_key is not None else np.zeros(rows.num_rows, np.int64)).view(np.uint64)
+    run = rows.run.cpu().numpy().view(np.uint64)
+    step = rows.step.cpu().numpy().view(np.uint64)
+    h = mix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ np.uint64(0x9E3779B97F4A7C15))
+    for part in (batch, task, run, step):
+        h = mix64(h ^ mix64(part))
+    return torch.from_numpy(h.view(np.int64).copy()).to(rows.reward.device)
+
+
+# --- pure functions ----------------------------------------------------------------------------
+
+
+def exact_whiten_stats(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """`whiten_stats`, with the spec's zero-spread rule: when every weighted value is the
+    same, mu is that value and var is exactly 0 (a rounded sum could leave 1e-35)."""
+    weighted = values[weights > 0]
+    if len(weighted) and weighted.min() == weighted.max():
+        return float(weighted[0]), 0.0
+    return whiten_stats(values, weights)
+
+
+def rec_scores(
+    reward: Tensor, offsets: Tensor, *, epsilon: float, std_normalize: bool, drop: str | None, key: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Trinity-RFT `RECGroupedAdvantage`. Returns (score (n,), dropped (n,) bool, mean (G,), std (G,)).
+
+    is_pos = r >= mean(G). With drop="balance" and more below-mean rows than the others, the
+    surplus below-mean rows are dropped (score 0): those with the smallest `key` (a hash of
+    the row's ids). Then over the rows left K: mean(K) and the population std (ddof=0); a group
+    with one row left has mean 0 and std 1. Score r - mean(K), or / (std + epsilon) with
+    std_normalize. A group of one row is never dropped (Trinity fails on it).
+    """
+    sizes = _sizes(offsets)
+    mean_all = group_stats(reward, offsets)[0]
+    dropped = torch.zeros_like(reward, dtype=torch.bool)
+    if drop == "balance":
+        neg = reward < per_row(mean_all, offsets)
+        neg_count = segment_sum(neg, offsets)
+        extra = torch.clamp(neg_count - (sizes - neg_count), min=0)
+        k = key if key is not None else torch.zeros(reward.shape, dtype=torch.int64, device=reward.device)
+        order_key = torch.where(neg, k, torch.full_like(k, torch.iinfo(torch.int64).max))
+        rank = rank_within_groups(order_key, offsets)
+        dropped = neg & (rank < per_row(extra, offsets)) & per_row(sizes > 1, offsets)
+    keep = ~dropped
+    sub = _sub_offsets(keep, offsets)
+    kept_reward = reward[keep]
+    kept_sizes = _sizes(sub)
+    mean = mean_and_std(kept_reward, sub)[0]
+    std = torch.sqrt(population_var(kept_reward, sub))
+    few = kept_sizes <= 1
+    mean = torch.where(few, torch.zeros_like(mean), mean)
+    std = torch.where(few, torch.ones_like(std), std)
+    score = reward - per_row(mean, offsets)
+    if std_normalize:
+        score = score / (per_row(std, offsets) + epsilon)
+    return torch.where(dropped, torch.zeros_like(score), score), dropped, mean, std
+
+
+def opo_scores(reward: Tensor, offsets: Tensor, length: Tensor) -> Tensor:
+    """verl `compute_opo_outcome_advantage`: r_i - sum_G(len r) / sum_G(len), len = action
+    tokens; a group of one row has baseline 0. A group without any action token (verl: 0/0)
+    takes the plain mean; its advantages are all masked anyway."""
+    length = length.to(reward.dtype)
+    sizes = _sizes(offsets)
+    total = segment_sum(length, offsets)
+    weighted = segment_sum(length * reward, offsets) / torch.where(total > 0, total, torch.ones_like(total))
+    baseline = torch.where(total > 0, weighted, group_stats(reward, offsets)[0])
+    # All-equal rewards: the baseline is that reward exactly (a weighted sum could round).
+    top = segment_max(reward, offsets)
+    equal = top == -segment_max(-reward, offsets)
+    baseline = torch.where(equal, top, baseline)
+    baseline = torch.where(sizes == 1, torch.zeros_like(baseline), baseline)
+    return reward - per_row(baseline, offsets)
+
+
+def passk_scores(reward: Tensor, offsets: Tensor, *, epsilon: float, norm_adv_by_std_in_grpo: bool) -> Tensor:
+    """verl `compute_grpo_passk_outcome_advantage`: in each group only the first row with the
+    top reward scores r_max - r_second_max (divided by std(G) + epsilon when normalising);
+    every other row scores 0. A group of one row scores 0 (verl refuses such a group)."""
+    sizes = _sizes(offsets)
+    top = per_row(segment_max(reward, offsets), offsets)
+    at_top = (reward == top).to(torch.int64)
+    starts = per_row(offsets[:-1], offsets)
+    running = torch.cumsum(at_top, 0)
+    before = torch.cat([torch.zeros(1, dtype=torch.int64, device=reward.device), running])[starts]
+    first_top = (at_top == 1) & (running - before == 1)
+    second = per_row(segment_max(torch.where(first_top, torch.full_like(reward, -torch.inf), reward), offsets), offsets)
+    adv = top - second
+    if norm_adv_by_std_in_grpo:
+        adv = adv / (per_row(mean_and_std(reward, offsets)[1], offsets) + epsilon)
+    ok = first_top & per_row(sizes > 1, offsets)
+    return torch.where(ok, adv, torch.zeros_like(adv))
+
+
+def grpo_per_group(values: Tensor, offsets: Tensor, *, epsilon: float, norm: bool) -> Tensor:
+    """verl `compute_grpo_outcome_advantage` on one reward dimension: (v - mean) / (std + eps)
+    (or v - mean), a group of one row having mean 0 and std 1."""
+    mean, std = group_stats(values, offsets)
+    centred = values - per_row(mean, offsets)
+    return centred / (per_row(std, offsets) + epsilon) if norm else centred
+
+
+# --- strategy objects --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Estimator:
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind = ADVANTAGE
+    needs: tuple[str, ...] = ()
+    batch_level = False
+
+    def _stats(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
+        return group_stats(rows.reward, rows.offsets)
+
+    def _keep(self, rows: GroupedRows) -> Tensor:
+        return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+
+
+@dataclass(frozen=True)
+class Reinforce(_Estimator):
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        return Scores(rows.reward.clone(), self._keep(rows), *self._stats(rows))
+
+
+@dataclass(frozen=True)
+class REC(_Estimator):
+    epsilon: float = 1e-6
+    std_normalize: bool = False
+    drop: str | None = None
+    seed: int = 0
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        key = row_keys(rows, self.seed) if self.drop else None
+        score, _, mean, std = rec_scores(
+            rows.reward, rows.offsets, epsilon=self.epsilon, std_normalize=self.std_normalize, drop=self.drop, key=key
+        )
+        return Scores(score, self._keep(rows), mean, std)
+
+
+@dataclass(frozen=True)
+class OPO(_Estimator):
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        return Scores(opo_scores(rows.reward, rows.offsets, rows.action_tokens), self._keep(rows), *self._stats(rows))
+
+
+@dataclass(frozen=True)
+class GRPOPassK(_Estimator):
+    epsilon: float = 1e-6
+    norm_adv_by_std_in_grpo: bool = True
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        s = passk_scores(rows.reward, rows.offsets, epsilon=self.epsilon, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo)
+        return Scores(s, self._keep(rows), *self._stats(rows))
+
+
+@dataclass(frozen=True)
+class GPG(_Estimator):
+    f_norm: float = 1.0
+    batch_level = True
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        return rows.batch, rows.reward, torch.ones_like(rows.reward)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        # verl: alpha = bsz / max(count_nonzero(scores), 1) over the trainer's batch.
+        return (len(values) / max(int(np.count_nonzero(values)), 1),)
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        mean, std = self._stats(rows)
+        alpha = batch_stats[:, 0]
+        s = alpha * (rows.reward - per_row(mean, rows.offsets)) / self.f_norm
+        return Scores(s, self._keep(rows), mean, std)
+
+
+@dataclass(frozen=True)
+class GDPO(_Estimator):
+    epsilon: float = 1e-6
+    norm_adv_by_std_in_grpo: bool = True
+    gdpo_reward_keys: tuple[str, ...] = ()
+    gdpo_reward_weights: tuple[float, ...] | None = None
+    batch_level = True
+
+    def summed(self, rows: GroupedRows) -> Tensor:
+        """(n,) sum_k w_k GRPO(r_k) before the batch whitening."""
+        keys = self.gdpo_reward_keys or ("reward",)
+        weights = self.gdpo_reward_weights or (1.0,) * len(keys)
+        total = torch.zeros_like(rows.reward)
+        for key, w in zip(keys, weights):
+            values = rows.reward if key == "reward" else rows.columns[key].to(torch.float64)
+            total = total + w * grpo_per_group(values, rows.offsets, epsilon=self.epsilon, norm=self.norm_adv_by_std_in_grpo)
+        return total
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        return rows.batch, self.summed(rows), rows.action_tokens.to(torch.float64)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        return exact_whiten_stats(values, weights)
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        mu, var = batch_stats[:, 0], batch_stats[:, 1]
+        s = (self.summed(rows) - mu) / torch.sqrt(var + WHITEN_EPSILON)
+        return Scores(s, self._keep(rows), *self._stats(rows))
+
+
+@dataclass(frozen=True)
+class ReMax(_Estimator):
+    reward_baselines: str = "reward_baselines"
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        reward = rows.reward
+        if rows.last_action is not None:
+            # The outcome reward sits on the last response token and is masked with it.
+            reward = torch.where(rows.last_action, reward, torch.zeros_like(reward))
+        s = reward - rows.columns[self.reward_baselines].to(torch.float64)
+        return Scores(s, self._keep(rows), *self._stats(rows))
+
+
+# --- registration ------------------------------------------------------------------------------
+
+
+def _column_name(strategy: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{strategy}: parameter {key!r} must be a column name, got {value!r}")
+    return value
+
+
+@register("reinforce", kind=ADVANTAGE, defaults={}, summary="the raw reward r (Trinity `reinforce`; the TOPR preset)")
+def make_reinforce() -> Reinforce:
+    return Reinforce(name="reinforce")
+
+
+@register(
+    "rec",
+    kind=ADVANTAGE,
+    defaults={"epsilon": 1e-6, "std_normalize": False, "drop": None, "seed": 0},
+    summary="r - mean, optionally / (std + epsilon), with drop=balance of surplus below-mean rows (Trinity `rec`)",
+)
+def make_rec(epsilon, std_normalize, drop, seed) -> REC:
+    name = "rec"
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        std_normalize=flag(name, "std_normalize", False if std_normalize is None else std_normalize),
+        drop=None if drop in (None, "none", "null") else choice(name, "drop", drop, ("balance",)),
+        seed=integer(name, "seed", seed, minimum=0),
+    )
+    return REC(name=name, params=params, **params)
+
+
+@register(
+    "opo",
+    kind=ADVANTAGE,
+    defaults={"epsilon": 1e-6},
+    summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)",
+)
+def make_opo(epsilon) -> OPO:
+    params = dict(epsilon=number("opo", "epsilon", epsilon, minimum=0.0))
+    return OPO(name="opo", params=params)
+
+
+@register(
+    "grpo_passk",
+    kind=ADVANTAGE,
+    defaults={"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True},
+    summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)",
+)
+def make_grpo_passk(epsilon, norm_adv_by_std_in_grpo) -> GRPOPassK:
+    name = "grpo_passk"
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        norm_adv_by_std_in_grpo=flag(name, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo),
+    )
+    return GRPOPassK(name=name, params=params, **params)
+
+
+@register(
+    "gpg",
+    kind=ADVANTAGE,
+    defaults={"epsilon": 1e-6, "f_norm": 1.0, "alpha": 1.0},
+    summary="alpha * (r - mean(G)) / f_norm, alpha = batch rows / rows with r != 0 (verl `gpg`)",
+)
+def make_gpg(epsilon, f_norm, alpha) -> GPG:
+    name = "gpg"
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        f_norm=number(name, "f_norm", f_norm),
+        alpha=number(name, "alpha", alpha),
+    )
+    if params["f_norm"] == 0:
+        raise ConfigError(f"{name}: parameter 'f_norm' must not be 0")
+    return GPG(name=name, params=params, f_norm=params["f_norm"])
+
+
+@register(
+    "gdpo",
+    kind=ADVANTAGE,
+    defaults={"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
+    summary="GRPO per reward column, weighted sum, whitened over the batch by tokens (verl `gdpo`)",
+)
+def make_gdpo(epsilon, norm_adv_by_std_in_grpo, gdpo_reward_keys, gdpo_reward_weights) -> GDPO:
+    name = "gdpo"
+    if isinstance(gdpo_reward_keys, str):
+        gdpo_reward_keys = [k.strip() for k in gdpo_reward_keys.split(",") if k.strip()]
+    if not isinstance(gdpo_reward_keys, (list, tuple)):
+        raise ConfigError(f"{name}: parameter 'gdpo_reward_keys' must be a list of column names, got {gdpo_reward_keys!r}")
+    keys = tuple(_column_name(name, "gdpo_reward_keys", k) for k in gdpo_reward_keys)
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{name}: parameter 'gdpo_reward_keys' names a column twice: {list(keys)}")
+    weights = None
+    if gdpo_reward_weights is not None:
+        if not isinstance(gdpo_reward_weights, (list, tuple)):
+            raise ConfigError(f"{name}: parameter 'gdpo_reward_weights' must be a list of numbers, got {gdpo_reward_weights!r}")
+        weights = tuple(number(name, "gdpo_reward_weights", w) for w in gdpo_reward_weights)
+        if len(weights) != max(len(keys), 1):
+            raise ConfigError(
+                f"{name}: 'gdpo_reward_weights' has {len(weights)} weights for {max(len(keys), 1)} reward columns"
+            )
+    params = dict(
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        norm_adv_by_std_in_grpo=flag(name, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo),
+        gdpo_reward_keys=list(keys),
+        gdpo_reward_weights=None if weights is None else list(weights),
+    )
+    return GDPO(
+        name=name,
+        params=params,
+        needs=tuple(k for k in keys if k != "reward"),
+        epsilon=params["epsilon"],
+        norm_adv_by_std_in_grpo=params["norm_adv_by_std_in_grpo"],
+        gdpo_reward_keys=keys,
+        gdpo_reward_weights=weights,
+    )
+
+
+@register(
+    "remax",
+    kind=ADVANTAGE,
+    defaults={"reward_baselines": "reward_baselines"},
+    summary="r - the greedy response's reward, read from a column (verl / Trinity `remax`)",
+)
+def make_remax(reward_baselines) -> ReMax:
+    column = _column_name("remax", "reward_baselines", reward_baselines)
+    return ReMax(name="remax", params={"reward_baselines": column}, needs=(column,), reward_baselines=column)

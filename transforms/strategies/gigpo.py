@@ -1,0 +1,154 @@
+"""GiGPO: Group-in-Group Policy Optimization for multi-step agents (Feng et al., arXiv
+2505.10978; Trinity-RFT 0.6.0 `GiGPOAdvantageFn`, trinity/algorithm/advantage_fn/gigpo_advantage.py).
+
+For each task group, each run's steps in `step` order:
+    r_t     the step reward: the `step_reward_key` column where the input has it (a null is
+            0), else (Trinity's fallback) the run's last-step `reward` on its last step, 0
+            elsewhere; `step_reward_key=null` always uses the fallback;
+    R_t     = sum_{k >= t} gamma^(k - t) r_k, the discounted return of step t;
+    A_E     episode advantage of the run: normalise(sum_t r_t) over the group's runs;
+    A_S     step advantage: normalise(R_t) over the steps that share an anchor state (the
+            `env_state_hash_key` column) within the task group; 0 for an anchor seen once;
+    score   = A_E + omega * A_S, on every token of the step.
+normalise(x) = (x - mean) / (d + epsilon), d = std (ddof=1) with fnorm="std", else 1; a set of
+one value has mean 0 and d 1.
+
+Anchor groups stay inside the task group: Trinity pools every row of its batch that shares a
+state hash, across tasks as well; the paper forms step groups among one task's trajectories,
+and a state hash that also names the task (as the environment's state does) gives the same
+groups either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from transforms.strategies.registry import ConfigError, choice, number, register
+from transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
+
+
+def normalise(values: Tensor, offsets: Tensor, *, fnorm: str, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(scores (n,), mean (G,), denominator (G,)) of each segment, Trinity's `_normalize`."""
+    mean, std = group_stats(values, offsets)
+    denom = std if fnorm == "std" else torch.ones_like(std)
+    return (values - per_row(mean, offsets)) / (per_row(denom, offsets) + epsilon), mean, denom
+
+
+def discounted_returns(step_reward: Tensor, runs: Tensor, gamma: float) -> Tensor:
+    """(n,) R_t within each run (rows sorted by run then step; runs (R + 1,) boundaries)."""
+    n = step_reward.numel()
+    out = step_reward.clone()
+    if n == 0:
+        return out
+    run_of = per_row(torch.arange(runs.numel() - 1, device=step_reward.device), runs)
+    from_end = runs[1:][run_of] - 1 - torch.arange(n, device=step_reward.device)
+    for k in range(1, int(from_end.max()) + 1):
+        at = torch.nonzero(from_end == k).flatten()
+        out[at] = step_reward[at] + gamma * out[at + 1]
+    return out
+
+
+def gigpo_scores(
+    rows: GroupedRows, anchor: Tensor, step_reward: Tensor | None, *, omega: float, gamma: float, fnorm: str, epsilon: float
+) -> Scores:
+    runs = run_offsets(rows.run, rows.offsets)
+    last_of_run = torch.zeros(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+    last_of_run[runs[1:] - 1] = True
+    fallback = torch.where(last_of_run, rows.reward, torch.zeros_like(rows.reward))
+    if step_reward is None:
+        step_reward = fallback
+    else:
+        # Trinity: a run with the key on any step uses the column (0 where missing); a run
+        # without it falls back to its last-step reward.
+        present = ~torch.isnan(step_reward)
+        run_has = per_row(segment_sum(present, runs) > 0, runs)
+        step_reward = torch.where(run_has, torch.nan_to_num(step_reward, nan=0.0), fallback)
+    returns = discounted_returns(step_reward, runs, gamma)
+
+    # Episode level: one value per run, normalised over the group's runs.
+    episode = segment_sum(step_reward, runs)
+    group_runs = torch.searchsorted(runs[:-1], rows.offsets)
+    a_e, mean, denom = normalise(episode, group_runs, fnorm=fnorm, epsilon=epsilon)
+
+    # Step level: rows of one task group with the same anchor state.
+    group = per_row(torch.arange(rows.num_groups, device=anchor.device), rows.offsets)
+    order = torch.sort(anchor, stable=True).indices
+    order = order[torch.sort(group[order], stable=True).indices]
+    g_sorted, a_sorted = group[order], anchor[order]
+    starts = torch.ones(rows.num_rows, dtype=torch.bool, device=anchor.device)
+    if rows.num_rows > 1:
+        starts[1:] = (g_sorted[1:] != g_sorted[:-1]) | (a_sorted[1:] != a_sorted[:-1])
+    bounds = torch.cat([torch.nonzero(starts).flatten(), torch.tensor([rows.num_rows], device=anchor.device)])
+    a_s_sorted, _, _ = normalise(returns[order], bounds, fnorm=fnorm, epsilon=epsilon)
+    # A row without a state id (null: hash 0) joins no anchor group, as in Trinity.
+    shared = per_row((bounds[1:] - bounds[:-1]) > 1, bounds) & (a_sorted != 0)
+    a_s = torch.zeros_like(returns)
+    a_s[order] = torch.where(shared, a_s_sorted, torch.zeros_like(a_s_sorted))
+
+    score = per_row(a_e, runs) + omega * a_s
+    keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+    return Scores(score, keep, mean, denom)
+
+
+@dataclass(frozen=True)
+class GiGPO:
+    omega: float = 1.0
+    gamma: float = 1.0
+    fnorm: str = "none"
+    epsilon: float = 1e-6
+    step_reward_key: str | None = "step_reward"
+    env_state_hash_key: str = "env_state_hash"
+    name: str = "gigpo"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind = ADVANTAGE
+    batch_level = False
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        # The step-reward column is used where the input has it, as Trinity uses the info key.
+        return (self.env_state_hash_key, *((f"@optional:{self.step_reward_key}",) if self.step_reward_key else ()))
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        anchor = rows.columns[self.env_state_hash_key]
+        step_reward = rows.columns.get(self.step_reward_key) if self.step_reward_key else None
+        step_reward = None if step_reward is None else step_reward.to(torch.float64)
+        return gigpo_scores(
+            rows, anchor, step_reward, omega=self.omega, gamma=self.gamma, fnorm=self.fnorm, epsilon=self.epsilon
+        )
+
+
+@register(
+    "gigpo",
+    kind=ADVANTAGE,
+    defaults={
+        "omega": 1.0,
+        "gamma": 1.0,
+        "fnorm": "none",
+        "epsilon": 1e-6,
+        "step_reward_key": "step_reward",
+        "env_state_hash_key": "env_state_hash",
+    },
+    summary="multi-step: episode advantage + omega * step advantage within anchor-state groups (Trinity `gigpo`)",
+)
+def make_gigpo(omega, gamma, fnorm, epsilon, step_reward_key, env_state_hash_key) -> GiGPO:
+    name = "gigpo"
+    for key, value in (("step_reward_key", step_reward_key), ("env_state_hash_key", env_state_hash_key)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"{name}: parameter {key!r} must be a column name, got {value!r}")
+    if env_state_hash_key is None:
+        raise ConfigError(f"{name}: parameter 'env_state_hash_key' must name the anchor-state column")
+    params = dict(
+        omega=number(name, "omega", omega),
+        gamma=number(name, "gamma", gamma, minimum=0.0),
+        fnorm=choice(name, "fnorm", fnorm, ("std", "none")),
+        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
+        step_reward_key=step_reward_key,
+        env_state_hash_key=env_state_hash_key,
+    )
+    return GiGPO(**params, name=name, params=params)

@@ -1,0 +1,216 @@
+"""REINFORCE++ without a group baseline (arXiv 2501.03262): per-token discounted returns,
+whitened over the batch's action tokens.
+
+The outcome reward r sits on the last response token; the return of token t is r * c_t and
+
+    advantages[t] = (r * c_t - mu) / sqrt(var + 1e-8) * action_mask[t]
+
+with mu and var (Bessel-corrected) over every action token of the batch (`masked_whiten`).
+The two references differ only in c_t when the mask has zeros (multi-turn observations):
+
+    reinforceplusplus   (Trinity-RFT 0.6.0 `REINFORCEPLUSPLUSAdvantageFn`)
+                        c_t = gamma^(L - 1 - t): every position discounts, masked or not
+    reinforce_plus_plus (verl 0.9.1 `compute_reinforce_plus_plus_outcome_advantage`)
+                        c_t = gamma^(action tokens after t): observation spans are skipped; a
+                        reward on a masked last token is lost (all returns 0)
+
+With gamma = 1 and an all-ones mask both are (r - mu) / sqrt(var + 1e-8) on every token.
+
+The batch statistics need, per row, A = sum_t m_t c_t, B = sum_t m_t c_t^2 and W = sum_t m_t;
+they are carried to the batch as two weighted pseudo-values (r B / A with weight A^2 / B, and
+0 with weight W - A^2 / B) whose weighted sum, sum of squares and total weight are exactly
+r A, r^2 B and W, so `whiten_stats` computes them with exactly rounded sums. Scoring a row
+stores 1 / sigma as its score and mu as its token scale; the token values are computed from
+the row's own action mask when the row is written (`token_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import Tensor
+
+from schemas.lists import flat_list
+from schemas.lists import segment_sum as np_segment_sum
+from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from transforms.strategies.baselines import WHITEN_EPSILON
+from transforms.strategies.registry import ConfigError, number, register
+from transforms.strategies.segments import group_stats
+
+TRINITY, VERL = "trinity", "verl"
+
+
+def geometric_sum(ratio: float, count: Tensor) -> Tensor:
+    """(n,) sum_{k < count} ratio^k, float64."""
+    count = count.to(torch.float64)
+    if ratio == 1.0:
+        return count
+    return (1.0 - torch.pow(torch.full_like(count, ratio), count)) / (1.0 - ratio)
+
+
+def discount_sums(gamma: float, mode: str, length: Tensor, actions: Tensor, last_action: Tensor) -> tuple[Tensor, Tensor]:
+    """(A, B) per row: sum over action tokens of c_t and of c_t^2 (see the module doc).
+
+    Trinity with gamma != 1 needs every action token's distance to the end of the response, so
+    rows whose mask has zeros cannot be summarised by (length, actions) and are refused.
+    """
+    actions = actions.to(torch.float64)
+    if mode == TRINITY:
+        if gamma == 1.0:
+            return actions, actions
+        if bool((actions != length.to(torch.float64)).any()):
+            raise ValueError(
+                "reinforceplusplus with gamma != 1 on rows whose action_mask has zeros needs each token's "
+                "position in the batch statistics, which rescore does not carry; use gamma=1, or "
+                "reinforce_plus_plus (verl's discounting skips observation tokens)"
+            )
+        return geometric_sum(gamma, length), geometric_sum(gamma * gamma, length)
+    zero = torch.zeros_like(actions)
+    a = torch.where(last_action, geometric_sum(gamma, actions), zero)
+    b = torch.where(last_action, geometric_sum(gamma * gamma, actions), zero)
+    return a, b
+
+
+def pseudo_values(reward: Tensor, a: Tensor, b: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """(values (2n,), weights (2n,)) with sum(w v) = r A, sum(w v^2) = r^2 B, sum(w) = W."""
+    has = a > 0
+    safe_a = torch.where(has, a, torch.ones_like(a))
+    safe_b = torch.where(has, b, torch.ones_like(b))
+    v1 = torch.where(has, reward * (safe_b / safe_a), torch.zeros_like(reward))  # exactly r when B = A
+    w1 = torch.where(has, safe_a * safe_a / safe_b, torch.zeros_like(a))
+    w2 = torch.clamp(w.to(torch.float64) - w1, min=0.0)
+    return torch.cat([v1, torch.zeros_like(v1)]), torch.cat([w1, w2])
+
+
+def token_discounts(gamma: float, mode: str, lengths: np.ndarray, mask: np.ndarray, last_action: np.ndarray) -> np.ndarray:
+    """(T,) c_t for flat tokens of rows with `lengths` (n,) and flat 0/1 `mask` (T,)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    position = np.arange(len(mask)) - offsets[:-1][row]
+    if mode == TRINITY:
+        exponent = (lengths[row] - 1 - position).astype(np.float64)
+        return np.power(gamma, exponent)
+    # Action tokens after t: the row's action tokens minus those up to and including t.
+    inclusive = np.cumsum(mask) - np.concatenate([[0], np.cumsum(mask)])[offsets[:-1]][row]
+    after = np_segment_sum(mask, offsets)[row] - inclusive
+    c = np.power(gamma, after.astype(np.float64)) * mask
+    return np.where(last_action[row], c, 0.0)
+
+
+def reinforce_pp_tokens(
+    reward: np.ndarray, inv_sigma: np.ndarray, mu: np.ndarray, lengths: np.ndarray, mask: np.ndarray, gamma: float, mode: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(flat token advantages (T,), per-row mean over action tokens (n,)), float64."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    ends = offsets[1:]
+    last_action = np.zeros(len(lengths), dtype=bool)
+    nonempty = ends > offsets[:-1]
+    last_action[nonempty] = mask[ends[nonempty] - 1] != 0
+    c = token_discounts(gamma, mode, lengths, mask, last_action)
+    values = (reward[row] * c - mu[row]) * inv_sigma[row] * mask
+    tokens = np_segment_sum(mask, offsets)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        score = np.where(tokens > 0, np_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)
+    return values, score
+
+
+def layout(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(response lengths (n,), flat 0/1 action mask (T,) float64) as the contract defines them."""
+    names = table.column_names
+    if "action_mask" in names:
+        fl = flat_list(table["action_mask"])
+        return fl.lengths, np.asarray(fl.values.to_numpy(zero_copy_only=False), dtype=np.float64)
+    if "logprobs" in names:
+        lengths = flat_list(table["logprobs"]).lengths
+    elif "tokens" in names:
+        prompt = np.asarray(table["prompt_length"].to_numpy(zero_copy_only=False), dtype=np.int64)
+        lengths = flat_list(table["tokens"]).lengths - prompt
+    else:
+        lengths = np.zeros(table.num_rows, dtype=np.int64)
+    return lengths, np.ones(int(lengths.sum()), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class ReinforcePlusPlus:
+    gamma: float = 1.0
+    mode: str = TRINITY
+    name: str = "reinforceplusplus"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kind = ADVANTAGE
+    batch_level = True
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        # Trinity discounts masked positions too, so with gamma != 1 the sums depend on where
+        # the action tokens are: computed per row when the row is read.
+        return (f"@discount:{self.gamma!r}:{self.mode}",) if self.mode == TRINITY and self.gamma != 1.0 else ()
+
+    def _sums(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
+        if "discount_a" in rows.columns:
+            return rows.columns["discount_a"], rows.columns["discount_b"]
+        length = rows.response_length if rows.response_length is not None else rows.action_tokens
+        last = rows.last_action if rows.last_action is not None else rows.action_tokens > 0
+        return discount_sums(self.gamma, self.mode, length, rows.action_tokens, last)
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        a, b = self._sums(rows)
+        values, weights = pseudo_values(rows.reward, a, b, rows.action_tokens)
+        return torch.cat([rows.batch, rows.batch]), values, weights
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        from transforms.strategies.estimators import exact_whiten_stats
+
+        return exact_whiten_stats(values, weights)
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        self._sums(rows)  # refuses what the statistics could not describe
+        mu, var = batch_stats[:, 0], batch_stats[:, 1]
+        inv_sigma = 1.0 / torch.sqrt(var + WHITEN_EPSILON)
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        # score = 1 / sigma and token_scale = mu; token_values turns them into token advantages.
+        return Scores(inv_sigma.clone(), keep, *group_stats(rows.reward, rows.offsets), token_scale=mu.clone())
+
+    def token_values(self, table: pa.Table, score: np.ndarray | None = None, row_value: np.ndarray | None = None):
+        """(flat advantages, per-row score) for the rows of `table`; `score` is 1 / sigma and
+        `row_value` mu / sigma of each row's batch, as score() left them."""
+        lengths, mask = layout(table)
+        reward = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        inv_sigma = np.asarray(score, dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mu = np.where(inv_sigma != 0, np.asarray(row_value, dtype=np.float64) / inv_sigma, 0.0)
+        return reinforce_pp_tokens(reward, inv_sigma, mu, lengths, mask, self.gamma, self.mode)
+
+
+def _make(name: str, mode: str, gamma) -> ReinforcePlusPlus:
+    gamma = number(name, "gamma", gamma, minimum=0.0)
+    if gamma > 1.0:
+        raise ConfigError(f"{name}: parameter 'gamma' must be between 0 and 1, got {gamma!r}")
+    return ReinforcePlusPlus(gamma=gamma, mode=mode, name=name, params={"gamma": gamma})
+
+
+@register(
+    "reinforceplusplus",
+    kind=ADVANTAGE,
+    defaults={"gamma": 1.0},
+    summary="REINFORCE++ (Trinity): discounted token returns (gamma), whitened over the batch's action tokens",
+)
+def make_reinforceplusplus(gamma) -> ReinforcePlusPlus:
+    return _make("reinforceplusplus", TRINITY, gamma)
+
+
+@register(
+    "reinforce_plus_plus",
+    kind=ADVANTAGE,
+    defaults={"gamma": 1.0},
+    summary="REINFORCE++ (verl): discounted returns over action tokens (gamma), whitened over the batch",
+)
+def make_reinforce_plus_plus(gamma) -> ReinforcePlusPlus:
+    return _make("reinforce_plus_plus", VERL, gamma)
