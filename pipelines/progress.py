@@ -60,7 +60,8 @@ class Progress:
 
     def __enter__(self) -> "Progress":
         if self._enabled:
-            self._emit(f"rescore: planned {self._rows:,} rows in {self._files:,} files ({self._units} read units); running")
+            if self._tty:  # in logs, the first line comes after 15 s: a quick failure stays one line
+                self._emit(f"rescore: planned {self._rows:,} rows in {self._files:,} files ({self._units} read units); running")
             self._thread = threading.Thread(target=self._loop, name="rescore-progress", daemon=True)
             self._thread.start()
         return self

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import replace
 from typing import Any
@@ -40,7 +41,8 @@ from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args
 from pipelines.progress import Progress
 from schemas import SchemaError
 from transforms import device as devices
-from transforms import storage
+from transforms import lock as output_lock
+from transforms import ownership, storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
 from transforms.strategies import ConfigError, ScoringPlan, build_plan
@@ -53,7 +55,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 class RejectBudgetExceeded(RuntimeError):
     """More rows were rejected than --max-reject-fraction allows."""
-USER_ERRORS = (ConfigError, SchemaError, InputError)
+USER_ERRORS = (ConfigError, SchemaError, InputError, ownership.OutputError, output_lock.LockBusy)
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
@@ -94,22 +96,10 @@ def file_metadata(run_info: dict[str, Any]) -> dict[str, str]:
 
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
-    """Refuse to clobber a finished run; clear what a failed run left behind."""
-    out_dir = os.path.abspath(output) if storage.is_local(output) else output.rstrip("/")
-    for path in plan.files:
-        parent = os.path.dirname(os.path.abspath(path)) if storage.is_local(path) else path.rsplit("/", 1)[0]
-        if parent == out_dir:
-            raise ConfigError(f"--output {output} holds input file {path}; write to a directory of its own")
-    if storage.exists(storage.join(output, SUCCESS)):
-        if not overwrite:
-            raise ConfigError(f"{output} already holds a finished run (_SUCCESS); pass --overwrite to replace it")
-        # _SUCCESS goes first, so no reader takes a half-replaced directory for finished.
-        storage.delete([storage.join(output, SUCCESS)])
-    stale = storage.list_dir(output, "scored-*.parquet") + storage.list_dir(output, "rejected-*.parquet")
-    stale += [p for p in (storage.join(output, METRICS), storage.join(output, STAGING)) if storage.exists(p)]
-    if stale:
-        log.info("removing %d files of an earlier run from %s", len(stale), output)
-        storage.delete(stale)
+    """Refuse an input directory or a finished run; clear what a failed run of ours left behind
+    (never a file Rescore did not write; see transforms/ownership.py)."""
+    ownership.check_not_input(output, plan.files)
+    ownership.prepare(output, overwrite)
 
 
 def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
@@ -163,9 +153,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
-    if cfg.incremental:
-        return _run_incremental(cfg)
-    return _run_once(cfg)
+    ownership.check_output_path(cfg.output)
+    if PipelineOptions(cfg.beam_args).view_as(TestOptions).dry_run:
+        return _run_incremental(cfg) if cfg.incremental else _run_once(cfg)
+    with output_lock.acquire(cfg.output, cfg.wait_for_lock):  # one run at a time per output
+        if cfg.incremental:
+            return _run_incremental(cfg)
+        return _run_once(cfg)
 
 
 def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
@@ -201,6 +195,13 @@ def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[
         p.run().wait_until_finish()
     success = storage.join(cfg.output, SUCCESS)
     metrics = storage.join(cfg.output, METRICS)
+    failed_dir = storage.join(cfg.output, ownership.FAILED)  # a failed run beside a finished one
+    if storage.exists(storage.join(failed_dir, METRICS)):
+        doc = json.loads(storage.read_text(storage.join(failed_dir, METRICS)))
+        raise RejectBudgetExceeded(
+            f"{doc['failed']}; the rejected rows and metrics.json are in {failed_dir}, the finished "
+            f"earlier run in {cfg.output} was left as it was"
+        )
     doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
     if doc.get("failed"):
         raise RejectBudgetExceeded(
@@ -231,9 +232,56 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
     return "\n".join(lines)
 
 
+class _HeldLogs(logging.Handler):
+    """Log records (Rescore's warnings, Beam's ERROR log of a failing step, Python warnings) held
+    until the run ends: written to stderr after a success, dropped after a failure, whose one
+    `rescore: error:` line says what went wrong. --log-level DEBUG writes everything as it comes."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def flush_to(self, stream) -> None:
+        for record in self.records:
+            try:
+                stream.write(self.format(record) + "\n")
+            except Exception:  # noqa: BLE001  (a log line must never fail the run)
+                pass
+        self.records.clear()
+
+
+def _log_level(argv: list[str]) -> str:
+    for i, a in enumerate(argv):
+        if a in ("--log-level", "--log_level") and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(("--log-level=", "--log_level=")):
+            return a.split("=", 1)[1]
+    return "WARNING"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    if argv[:1] in (["sample"], ["report"]) or _log_level(argv) == "DEBUG":
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+        return _main(argv)
+    held = _HeldLogs()
+    root = logging.getLogger()
+    root.addHandler(held)
+    logging.captureWarnings(True)
+    try:
+        code = _main(argv, held)
+    finally:
+        root.removeHandler(held)
+        logging.captureWarnings(False)
+    return code
+
+
+def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
+    """The command; with `held`, log records are written only after a success."""
     if argv[:1] == ["sample"]:
         from pipelines import sample
 
@@ -253,13 +301,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rescore: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("rescore: interrupted; the output directory has no _SUCCESS", file=sys.stderr)
+        print("rescore: interrupted; this run published nothing (an earlier finished run in the output is left as it was)", file=sys.stderr)
         return EXIT_FAILED
     except Exception as e:  # a pipeline failure: one line here, the traceback at DEBUG
         log.debug("pipeline failed", exc_info=True)
         last = [line for line in str(e).strip().splitlines() if line.strip()]
         print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
         return EXIT_FAILED
+    if held is not None:
+        held.flush_to(sys.stderr)
     if doc.get("dry_run"):
         if not quiet:
             print(f"rescore: dry run: the job graph for {doc['strategy']} was built and not submitted", file=sys.stderr)
@@ -281,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def cli() -> None:
     """The command line: main(), then exit without the interpreter's teardown.
 
@@ -291,6 +345,7 @@ def cli() -> None:
     """
     gc.freeze()
     gc.enable()
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
     code = main()
     logging.shutdown()
     sys.stdout.flush()

@@ -84,15 +84,23 @@ def plan_input(
     and listed in `skipped` instead (unless no file is left).
     """
     files: list[str] = []
+    odd: dict[str, str] = {}
     for pattern in patterns:
         found = storage.match(pattern)
-        if not found:
+        strange = storage.odd_matches(pattern)
+        for path, kind in strange:  # never opened: a FIFO or a device would block or never end
+            if not skip_bad_files:
+                raise InputError(f"{path}: {kind}, not a Parquet file (matched by {pattern!r})")
+            odd[path] = f"{path}: {kind}, not a Parquet file"
+        if not found and not strange:
             raise InputError(f"no input files match {pattern!r}")
-        files.extend(p for p, _ in found)
+        files.extend(p for p, _ in found if p not in odd)
     files = sorted(set(files))
+    if not files:
+        raise InputError(f"no readable input files: all {len(odd)} were skipped ({next(iter(odd.values()))})")
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
         checked = list(pool.map(lambda path: _checked_footer(path, needs), files))
-    skipped: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = sorted(odd.items())
     good: list[tuple[str, tuple]] = []
     for path, result in zip(files, checked):
         if isinstance(result, Exception):
