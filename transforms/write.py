@@ -247,6 +247,7 @@ class _WriteUnit(beam.DoFn):
                 f"internal error: read unit {unit_index} ({unit.path}) has {unit.num_rows} rows but "
                 f"{len(rows)} outcomes ({len(np.unique(rows))} distinct); refusing to write it"
             )
+        faults.maybe_pause_readback()
         table = conform(read_unit(unit), self._plan.schema)
         status = rec["status"].to_numpy()
         files = []
