@@ -51,6 +51,7 @@ from transforms.write import METRICS, STAGING, SUCCESS, WriteScored, finalize
 log = logging.getLogger("rescore")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+INTERRUPTED = "rescore: interrupted; this run published nothing (an earlier finished run in the output is left as it was)"
 
 
 class RejectBudgetExceeded(RuntimeError):
@@ -301,7 +302,7 @@ def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
         print(f"rescore: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("rescore: interrupted; this run published nothing (an earlier finished run in the output is left as it was)", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return EXIT_FAILED
     except Exception as e:  # a pipeline failure: one line here, the traceback at DEBUG
         log.debug("pipeline failed", exc_info=True)
@@ -332,7 +333,15 @@ def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    """Ctrl-C or SIGTERM: stop now, not after the running steps (which may take minutes).
+
+    Stopping anywhere is safe (output is staged and _SUCCESS comes last, as with kill -9); the
+    output lock goes with the process."""
+    try:
+        sys.stderr.write(INTERRUPTED + "\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(EXIT_FAILED)
 
 
 def cli() -> None:
@@ -345,6 +354,7 @@ def cli() -> None:
     """
     gc.freeze()
     gc.enable()
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
     code = main()
     logging.shutdown()
