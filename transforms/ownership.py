@@ -18,6 +18,7 @@ import json
 import os
 
 from transforms import storage
+from transforms.strategies.registry import ConfigError
 
 LEDGER = "_rescore_files.json"
 STAGING = "_staging"
@@ -29,8 +30,8 @@ RESCORE_NAMES = ("scored-*.parquet", "rejected-*.parquet", METRICS, SUCCESS, STA
 """Names Rescore writes: in a directory Rescore does not own, any of them is a clash."""
 
 
-class OutputError(ValueError):
-    """An --output Rescore must not write to. One-line message."""
+class OutputError(ConfigError):
+    """An --output Rescore must not write to (exit 2). One-line message."""
 
 
 def _names(output: str) -> list[str]:
