@@ -255,6 +255,11 @@ class _HeldLogs(logging.Handler):
         self.records.clear()
 
 
+def _one_line(text: str) -> str:
+    """A message as one line, whatever it quotes (a path may hold a newline)."""
+    return " ".join(text.splitlines()) if text else text
+
+
 def _log_level(argv: list[str]) -> str:
     for i, a in enumerate(argv):
         if a in ("--log-level", "--log_level") and i + 1 < len(argv):
@@ -264,10 +269,18 @@ def _log_level(argv: list[str]) -> str:
     return "WARNING"
 
 
+def _no_foreign_errors(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR or record.name.split(".")[0] in ("rescore", "pipelines", "transforms", "schemas")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] in (["sample"], ["report"]) or _log_level(argv) == "DEBUG":
+    level = _log_level(argv)
+    if argv[:1] in (["sample"], ["report"]) or level in ("DEBUG", "INFO"):
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+        if level == "INFO":  # Beam's ERROR log of a failed step repeats the error line, with a traceback
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(_no_foreign_errors)
         return _main(argv)
     held = _HeldLogs()
     root = logging.getLogger()
@@ -296,10 +309,10 @@ def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
     try:
         doc = run(argv)
     except USER_ERRORS as e:
-        print(f"rescore: error: {e}", file=sys.stderr)
+        print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_CONFIG
     except RejectBudgetExceeded as e:
-        print(f"rescore: error: {e}", file=sys.stderr)
+        print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)

@@ -119,6 +119,12 @@ def prepare(output: str, overwrite: bool) -> None:
     if ledger is None:  # an output from before the ledger: its Rescore-named files are ours
         ledger = [n for n in names if any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES[:4])]
         write_ledger(output, ledger)
+    strays = [n for n in names if n not in ledger and any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES[:2])]
+    if strays:  # it would be read with the run's files, and deleting it is not ours to do
+        raise OutputError(
+            f"--output {output} holds {strays[0]!r}, which Rescore did not write; it deletes only its own "
+            "files: move that file away"
+        )
     leftovers = [storage.join(output, n) for n in (STAGING, FAILED) if n in names]
     if SUCCESS in names:
         if not overwrite:
