@@ -271,16 +271,23 @@ def test_foreign_files_in_the_output_are_never_deleted(data, tmp_path):
     after = snapshot(out)
     assert {k: after[k] for k in before} == before
 
-    # A file with one of Rescore's names that Rescore did not write: refused, kept.
+    # A file with one of Rescore's names that Rescore did not write: refused, kept; in a fresh
+    # directory and in one that holds a Rescore run.
     clash = tmp_path / "clash"
     clash.mkdir()
     pq.write_table(pa.table({"x": [1]}), clash / "scored-00000-of-00001.parquet")
     (clash / "metrics.json").write_text("{}")
-    before = snapshot(clash)
-    for extra in ((), ("--overwrite",)):
-        code, lines = cli("--input", data["glob"], "--output", str(clash), "--strategy", "grpo", *extra)
+    pq.write_table(pa.table({"x": [1]}), out / "scored-99999-of-99999.parquet")
+    before, before_out = snapshot(clash), snapshot(out)
+    results = cli_many(
+        tmp_path,
+        ["--input", data["glob"], "--output", str(clash), "--strategy", "grpo"],
+        ["--input", data["glob"], "--output", str(clash), "--strategy", "grpo", "--overwrite"],
+        ["--input", data["glob"], "--output", str(out), "--strategy", "grpo", "--overwrite"],
+    )
+    for code, lines in results:
         assert code == 2 and "which Rescore did not write" in one_error(lines)
-        assert snapshot(clash) == before
+    assert snapshot(clash) == before and snapshot(out) == before_out
 
 
 def test_a_failing_overwrite_run_keeps_the_previous_output(data, tmp_path):
