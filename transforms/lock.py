@@ -30,7 +30,8 @@ log = logging.getLogger("rescore")
 
 
 class LockBusy(ValueError):
-    """Another run holds the output lock. One-line message naming the holder."""
+    """Another run holds the output lock (or the output cannot be written at all). One-line
+    message naming the holder; exit 2."""
 
 
 def lock_path(output: str) -> str:
@@ -88,12 +89,18 @@ def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock:
         )
         return OutputLock(path)
     created = None
-    if not os.path.isdir(output):
-        os.makedirs(output, exist_ok=True)
-        created = output
+    try:
+        if not os.path.isdir(output):
+            os.makedirs(output, exist_ok=True)
+            created = output
+    except OSError as e:
+        raise LockBusy(f"cannot create --output {output}: {e.strerror or e}") from None
     deadline = time.monotonic() + max(0.0, wait_seconds)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise LockBusy(f"cannot write to --output {output}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
