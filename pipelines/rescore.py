@@ -357,6 +357,28 @@ def _interrupt(signum, frame):
         os._exit(EXIT_FAILED)
 
 
+def _main_with_one_line_stderr(argv: list[str]) -> int:
+    """main() with file descriptor 2 sent to a temporary file while it runs, and sys.stderr kept
+    on the real stderr: what other processes and libraries write there directly (Beam's worker
+    processes log their tracebacks to the stderr they inherit) is shown after a success and
+    dropped after a failure, whose one `rescore: error:` line says what went wrong."""
+    import tempfile
+
+    sys.stderr.flush()
+    real = os.dup(2)
+    spill = tempfile.TemporaryFile()
+    os.dup2(spill.fileno(), 2)
+    sys.stderr = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    code = main(argv)
+    sys.stderr.flush()
+    if code == EXIT_OK:
+        spill.seek(0)
+        extra = spill.read()
+        if extra:
+            os.write(real, extra)
+    return code
+
+
 def cli() -> None:
     """The command line: main(), then exit without the interpreter's teardown.
 
@@ -369,7 +391,11 @@ def cli() -> None:
     gc.enable()
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
-    code = main()
+    argv = sys.argv[1:]
+    if argv[:1] in (["sample"], ["report"]) or _log_level(argv) in ("DEBUG", "INFO"):
+        code = main(argv)
+    else:
+        code = _main_with_one_line_stderr(argv)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

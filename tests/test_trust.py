@@ -476,6 +476,14 @@ def test_a_pipeline_failure_is_one_line_and_debug_shows_the_traceback(data, tmp_
     assert lines[-1].startswith("rescore: error: pipeline failed: injected fault")
 
 
+def test_a_failure_in_worker_processes_is_one_line(data, tmp_path):
+    """Beam's worker processes write their tracebacks to the stderr they inherit."""
+    code, lines = cli("--input", data["glob"], "--output", str(tmp_path / "out"), "--strategy", "grpo",
+                      "--direct_running_mode=multi_processing", "--direct_num_workers=2",
+                      fault=f"fail_once:{tmp_path / 'marker'}")
+    assert code == 1 and "injected fault in ScoreGroups" in one_error(lines)
+
+
 def test_ctrl_c_prints_the_interrupted_line(data, tmp_path):
     out = str(tmp_path / "out")
     shutil.copytree(data["clean"], out)
