@@ -46,7 +46,7 @@ from transforms import ownership, storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
 from transforms.strategies import ConfigError, ScoringPlan, build_plan
-from transforms.write import METRICS, STAGING, SUCCESS, WriteScored, finalize
+from transforms.write import METRICS, SUCCESS, WriteScored, finalize
 
 log = logging.getLogger("rescore")
 
