@@ -218,6 +218,22 @@ def test_an_input_rewritten_between_the_two_reads_fails_and_publishes_nothing(da
     assert not [n for n in os.listdir(out) if n.startswith(("scored-", "rejected-"))]
 
 
+def test_an_input_changed_after_every_read_still_fails_before_publishing(data, tmp_path):
+    inp = tmp_path / "in"
+    glob = write_parquet(random_rows(seed=13, batches=4), str(inp), files=3, row_group_size=6)
+    out, pause = tmp_path / "out", tmp_path / "pause"
+    pause.mkdir()
+    proc = start("--input", glob, "--output", str(out), "--strategy", "grpo", fault=f"pause_finalize:{pause}")
+    wait_for(pause / "paused")
+    victim = inp / "part-2.parquet"
+    os.utime(victim)  # even a touch: the scores were computed from a file that is no longer there
+    (pause / "resume").touch()
+    code, lines = finish(proc)
+    line = one_error(lines)
+    assert code == 1 and str(victim) in line and "changed while the run was reading it" in line
+    assert not (out / "_SUCCESS").exists() and not [n for n in os.listdir(out) if n.startswith(("scored-", "rejected-"))]
+
+
 def test_a_rewrite_that_keeps_size_and_mtime_is_caught_by_ctime(tmp_path):
     from transforms.fingerprint import InputChanged, take, verify
 

@@ -9,6 +9,7 @@ The environment variable RESCORE_FAULT selects one fault; worker processes inher
     pause_readback:DIR the write step, before it reads a unit back, creates DIR/paused and
                        waits (up to 120 s) for DIR/resume, so a test can change an input file
                        between the two reads
+    pause_finalize:DIR the same, at the start of the publishing step (every unit written)
 """
 
 from __future__ import annotations
@@ -47,8 +48,16 @@ def maybe_slow_write() -> None:
 
 
 def maybe_pause_readback() -> None:
+    _pause("pause_readback")
+
+
+def maybe_pause_finalize() -> None:
+    _pause("pause_finalize")
+
+
+def _pause(name: str) -> None:
     kind, directory = _fault()
-    if kind != "pause_readback" or not directory:
+    if kind != name or not directory:
         return
     open(os.path.join(directory, "paused"), "a").close()
     deadline = time.monotonic() + 120

@@ -228,6 +228,11 @@ def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock:
                 os.close(fd)
                 raise
             holder = _holder(fd)
+            for _ in range(10):  # the holder has just taken it: give it a moment to sign
+                if not holder.startswith("a run that has not"):
+                    break
+                time.sleep(0.1)
+                holder = _holder(fd)
             os.close(fd)
             if time.monotonic() >= deadline:
                 if wait_seconds > 0:

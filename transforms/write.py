@@ -19,6 +19,7 @@ from schemas.experience import SCORE_FIELDS
 from schemas.lists import flat_list
 from transforms import device as devices
 from transforms import faults, ownership, storage
+from transforms import fingerprint as fingerprints
 from transforms.device import to_device
 from transforms.metrics import row_metrics, summarize
 from transforms.overlap import Overlap, resolve_threads
@@ -368,6 +369,11 @@ class _Finalize(beam.DoFn):
             # Publish what explains the failure (rejected rows, metrics), never the scored rows
             # or _SUCCESS: a scheduler must not take this run for a good one.
             document["failed"] = failure
+        faults.maybe_pause_finalize()
+        # Every input is still the file the plan read: an input changed at any point of the run
+        # fails it here, before anything is published.
+        for unit in {u.path: u for u in self._plan.units if u.fingerprint is not None}.values():
+            fingerprints.verify(unit.path, unit.fingerprint)
         # Publish: only Rescore's own files are replaced, a finished earlier run only at the end.
         staged = [path for _, paths in sorted(files) for path in paths]
         ownership.publish(self._output, staged, json.dumps(document, indent=2) + "\n", failed=bool(failure))
