@@ -52,8 +52,14 @@ CONFIG_KEYS = {
     "output_db": "also write the scored experience as a Trinity-RFT buffer into this database URL",
     "output_table": "with output_db: the buffer (table) name to write",
     "models": "mapping of model-stage settings: teacher_model, reward_model, reward_fn, ... (docs/models.md)",
+    "wait_for_lock": "seconds to wait for another run writing the same output (default 0: refuse at once)",
 }
 INPUT_FORMATS = ("parquet", "verl-rollouts")
+
+_BOOL_KEYS = ("overwrite", "skip_bad_files", "incremental")
+_INT_KEYS = ("buckets", "shard_rows", "max_group_rows", "io_threads")
+_FLOAT_KEYS = ("max_reject_fraction", "wait_for_lock")
+_STR_KEYS = ("output", "algorithm", "device", "accelerator")
 
 
 @dataclass
@@ -85,6 +91,7 @@ class RunConfig:
     output_db: str | None = None
     output_table: str | None = None
     models: ModelOptions = field(default_factory=ModelOptions)
+    wait_for_lock: float = 0.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,6 +197,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-db", "--output_db", metavar="URL",
                    help="also write the scored experience as a Trinity-RFT buffer into this SQLAlchemy database URL")
     p.add_argument("--output-table", "--output_table", metavar="NAME", help="with --output-db: the buffer name to write")
+    p.add_argument(
+        "--wait-for-lock",
+        "--wait_for_lock",
+        type=float,
+        metavar="SECONDS",
+        help="when another run is writing the same --output, wait up to SECONDS for it (default 0: refuse at once)",
+    )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
     p.add_argument("--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_model_flags(p)
@@ -220,7 +234,31 @@ def _load_yaml(path: str) -> dict[str, Any]:
     for key in ("params", "pipeline_options"):
         if not isinstance(data.get(key) or {}, dict):
             raise ConfigError(f"config {path}: {key!r} must be a mapping")
+    _check_types(path, data)
     return data
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _check_types(path: str, data: dict[str, Any]) -> None:
+    """Each YAML value has its key's type: `overwrite: "false"` (a string) is an error, not true."""
+    for key, value in data.items():
+        if key in _BOOL_KEYS and not isinstance(value, bool):
+            raise ConfigError(f"config {path}: {key!r} must be true or false, got {value!r} ({_kind(value)})")
+        if key in _INT_KEYS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"config {path}: {key!r} must be an integer, got {value!r} ({_kind(value)})")
+        if key in _FLOAT_KEYS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"config {path}: {key!r} must be a number, got {value!r} ({_kind(value)})")
+        if key in _STR_KEYS and not isinstance(value, str):
+            raise ConfigError(f"config {path}: {key!r} must be a string, got {value!r} ({_kind(value)})")
+        if key == "input" and not (
+            isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))
+        ):
+            raise ConfigError(f"config {path}: 'input' must be a path or a list of paths, got {value!r}")
 
 
 def _option_flags(options: dict[str, Any]) -> list[str]:
@@ -371,6 +409,9 @@ def parse_args(argv: list[str]) -> RunConfig:
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be one of auto, cpu, cuda, got {device!r}")
     accelerator = args.accelerator or config.get("accelerator")
+    wait_for_lock = args.wait_for_lock if args.wait_for_lock is not None else config.get("wait_for_lock", 0.0)
+    if not 0.0 <= wait_for_lock < float("inf"):  # also NaN
+        raise ConfigError(f"--wait-for-lock must be a number of seconds >= 0, got {wait_for_lock!r}")
 
     input_table = args.input_table or config.get("input_table")
     input_format = args.input_format or config.get("input_format", "parquet")
@@ -413,4 +454,5 @@ def parse_args(argv: list[str]) -> RunConfig:
         output_db=str(output_db) if output_db else None,
         output_table=str(output_table) if output_table else None,
         models=model_options(args, config.get("models")),
+        wait_for_lock=float(wait_for_lock),
     )

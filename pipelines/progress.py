@@ -3,11 +3,13 @@
 The driver cannot see inside every runner's workers while they run, but every runner writes
 staged files named by read unit, so counting the units in `_staging/scored-*` shows how far the job is, the
 same way locally, on Flink or on Dataflow. On a terminal the line is rewritten in place every
-half second; elsewhere (cron, CI logs) a line is printed every 15 s when it has changed.
+half second; elsewhere (cron, CI logs), with --log-level INFO or DEBUG, a line is printed every
+15 s when it has changed.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -64,7 +66,8 @@ class Progress:
             self._emit(self._line())
 
     def __enter__(self) -> "Progress":
-        if self._enabled:
+        # In logs (not a terminal) only at --log-level INFO or DEBUG: by default a failure is one line.
+        if self._enabled and (self._tty or logging.getLogger().isEnabledFor(logging.INFO)):
             self._emit(
                 f"rescore: planned {plural(self._rows, 'row')} in {plural(self._files, 'file')} "
                 f"({plural(self._units, 'read unit')}); running"

@@ -674,7 +674,21 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     paths["html"] = os.path.join(to, "report.html")
     with open(paths["html"], "w", encoding="utf-8") as f:
         f.write(render_html(doc, images, captions))
+    _own(to, paths.values())
     return paths
+
+
+def _own(directory: str, paths) -> None:
+    """In a Rescore output, the report joins the files Rescore owns (transforms/ownership.py),
+    so the next run into it removes the page with the data it describes."""
+    from transforms import ownership
+
+    try:
+        ledger = ownership.read_ledger(directory)
+    except ownership.OutputError:
+        return
+    if ledger is not None:
+        ownership.write_ledger(directory, [*ledger, *(os.path.basename(p) for p in paths)])
 
 
 def main(argv: list[str]) -> int:

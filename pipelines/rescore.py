@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import replace
 from typing import Any
@@ -38,24 +39,25 @@ from apache_beam.options.pipeline_options import (
 from pipelines import __version__, incremental
 from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
 from pipelines.progress import Progress
-from pipelines.report import report_files
 from pipelines.wording import plural, process_seconds
 from schemas import SchemaError
 from transforms import device as devices
-from transforms import storage
+from transforms import lock as output_lock
+from transforms import ownership, storage
 from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from transforms.score import ScoreGroups
 from transforms.strategies import ConfigError, ScoringPlan, build_plan
-from transforms.write import FILTERED_FILES, METRICS, STAGING, SUCCESS, WriteScored, finalize, staging_dir
+from transforms.write import FILTERED_FILES, METRICS, SUCCESS, WriteScored, finalize, staging_dir
 
 log = logging.getLogger("rescore")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+INTERRUPTED = "rescore: interrupted; this run published nothing (an earlier finished run in the output is left as it was)"
 
 
 class RejectBudgetExceeded(RuntimeError):
     """More rows were rejected than --max-reject-fraction allows."""
-USER_ERRORS = (ConfigError, SchemaError, InputError)
+USER_ERRORS = (ConfigError, SchemaError, InputError, ownership.OutputError, output_lock.LockBusy)
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
@@ -105,23 +107,10 @@ def file_metadata(run_info: dict[str, Any]) -> dict[str, str]:
 
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
-    """Refuse to clobber a finished run; clear what a failed run left behind."""
-    out_dir = os.path.abspath(output) if storage.is_local(output) else output.rstrip("/")
-    for path in plan.files:
-        parent = os.path.dirname(os.path.abspath(path)) if storage.is_local(path) else path.rsplit("/", 1)[0]
-        if parent == out_dir:
-            raise ConfigError(f"--output {output} holds input file {path}; write to a directory of its own")
-    if storage.exists(storage.join(output, SUCCESS)):
-        if not overwrite:
-            raise ConfigError(f"{output} already holds a finished run (_SUCCESS); pass --overwrite to replace it")
-        # _SUCCESS goes first, so no reader takes a half-replaced directory for finished.
-        storage.delete([storage.join(output, SUCCESS)])
-    stale = storage.list_dir(output, "scored-*.parquet") + storage.list_dir(output, "rejected-*.parquet")
-    stale += storage.list_dir(output, FILTERED_FILES) + report_files(output)
-    stale += [p for p in (storage.join(output, METRICS), storage.join(output, STAGING)) if storage.exists(p)]
-    if stale:
-        log.info("removing %d files of an earlier run from %s", len(stale), output)
-        storage.delete(stale)
+    """Refuse an input directory or a finished run; clear what a failed run of ours left behind
+    (never a file Rescore did not write; see transforms/ownership.py)."""
+    ownership.check_not_input(output, plan.files)
+    ownership.prepare(output, overwrite)
 
 
 def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
@@ -193,11 +182,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     logging.getLogger().setLevel(cfg.log_level)
     from pipelines import sources  # Trinity SQL buffers, verl rollout dumps
 
-    if sources.wanted(cfg):
-        return sources.run(cfg, _run_once)
-    if cfg.incremental:
-        return _run_incremental(cfg)
-    return _run_once(cfg)
+    ownership.check_output_path(cfg.output)
+    if PipelineOptions(cfg.beam_args).view_as(TestOptions).dry_run and not sources.wanted(cfg):
+        return _run_incremental(cfg) if cfg.incremental else _run_once(cfg)
+    with output_lock.acquire(cfg.output, cfg.wait_for_lock):  # one run at a time per output
+        if sources.wanted(cfg):
+            return sources.run(cfg, _run_once)
+        if cfg.incremental:
+            return _run_incremental(cfg)
+        return _run_once(cfg)
 
 
 def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
@@ -233,6 +226,13 @@ def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[
         p.run().wait_until_finish()
     success = storage.join(cfg.output, SUCCESS)
     metrics = storage.join(cfg.output, METRICS)
+    failed_dir = storage.join(cfg.output, ownership.FAILED)  # a failed run beside a finished one
+    if storage.exists(storage.join(failed_dir, METRICS)):
+        doc = json.loads(storage.read_text(storage.join(failed_dir, METRICS)))
+        raise RejectBudgetExceeded(
+            f"{doc['failed']}; the rejected rows and metrics.json are in {failed_dir}, the finished "
+            f"earlier run in {cfg.output} was left as it was"
+        )
     doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
     if doc.get("failed"):
         raise RejectBudgetExceeded(
@@ -265,11 +265,71 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
     return "\n".join(lines)
 
 
+class _HeldLogs(logging.Handler):
+    """Log records (Rescore's warnings, Beam's ERROR log of a failing step, Python warnings) held
+    until the run ends: written to stderr after a success, dropped after a failure, whose one
+    `rescore: error:` line says what went wrong. --log-level DEBUG writes everything as it comes."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def flush_to(self, stream) -> None:
+        for record in self.records:
+            try:
+                stream.write(self.format(record) + "\n")
+            except Exception:  # noqa: BLE001  (a log line must never fail the run)
+                pass
+        self.records.clear()
+
+
+def _one_line(text: str) -> str:
+    """A message as one line, whatever it quotes (a path may hold a newline)."""
+    return " ".join(text.splitlines()) if text else text
+
+
+def _log_level(argv: list[str]) -> str:
+    for i, a in enumerate(argv):
+        if a in ("--log-level", "--log_level") and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(("--log-level=", "--log_level=")):
+            return a.split("=", 1)[1]
+    return "WARNING"
+
+
+def _no_foreign_errors(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR or record.name.split(".")[0] in ("rescore", "pipelines", "transforms", "schemas")
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     from_process = argv is None  # the command line: the wall time counts the process's start-up
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    level = _log_level(argv)
+    if argv[:1] in (["sample"], ["report"]) or level in ("DEBUG", "INFO"):
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+        if level == "INFO":  # Beam's ERROR log of a failed step repeats the error line, with a traceback
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(_no_foreign_errors)
+        return _main(argv)
+    held = _HeldLogs()
+    root = logging.getLogger()
+    root.addHandler(held)
+    logging.captureWarnings(True)
+    try:
+        code = _main(argv, held)
+    finally:
+        root.removeHandler(held)
+        logging.captureWarnings(False)
+    return code
+
+
+def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
+    """The command; with `held`, log records are written only after a success."""
     if argv[:1] == ["sample"]:
         from pipelines import sample
 
@@ -285,19 +345,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = run(argv)
     except USER_ERRORS as e:
-        print(f"rescore: error: {e}", file=sys.stderr)
+        print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_CONFIG
     except RejectBudgetExceeded as e:
-        print(f"rescore: error: {e}", file=sys.stderr)
+        print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print("rescore: interrupted; the output directory has no _SUCCESS", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return EXIT_FAILED
     except Exception as e:  # a pipeline failure: one line here, the traceback at DEBUG
         log.debug("pipeline failed", exc_info=True)
         last = [line for line in str(e).strip().splitlines() if line.strip()]
         print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
         return EXIT_FAILED
+    if held is not None:
+        held.flush_to(sys.stderr)
     if doc.get("dry_run"):
         if not quiet:
             print(f"rescore: dry run: the job graph for {doc['strategy']} was built and not submitted", file=sys.stderr)
@@ -321,6 +383,40 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def _interrupt(signum, frame):
+    """Ctrl-C or SIGTERM: stop now, not after the running steps (which may take minutes).
+
+    Stopping anywhere is safe (output is staged and _SUCCESS comes last, as with kill -9); the
+    output lock goes with the process."""
+    try:
+        sys.stderr.write(INTERRUPTED + "\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(EXIT_FAILED)
+
+
+def _main_with_one_line_stderr(argv: list[str]) -> int:
+    """main() with file descriptor 2 sent to a temporary file while it runs, and sys.stderr kept
+    on the real stderr: what other processes and libraries write there directly (Beam's worker
+    processes log their tracebacks to the stderr they inherit) is shown after a success and
+    dropped after a failure, whose one `rescore: error:` line says what went wrong."""
+    import tempfile
+
+    sys.stderr.flush()
+    real = os.dup(2)
+    spill = tempfile.TemporaryFile()
+    os.dup2(spill.fileno(), 2)
+    sys.stderr = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    code = main(argv)
+    sys.stderr.flush()
+    if code == EXIT_OK:
+        spill.seek(0)
+        extra = spill.read()
+        if extra:
+            os.write(real, extra)
+    return code
+
+
 def cli() -> None:
     """The command line: main(), then exit without the interpreter's teardown.
 
@@ -331,7 +427,13 @@ def cli() -> None:
     """
     gc.freeze()
     gc.enable()
-    code = main()
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
+    argv = sys.argv[1:]
+    if argv[:1] in (["sample"], ["report"]) or _log_level(argv) in ("DEBUG", "INFO"):
+        code = main(argv)
+    else:
+        code = _main_with_one_line_stderr(argv)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

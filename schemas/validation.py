@@ -72,6 +72,16 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
     lists = {name: flat_list(table[name]) for name in list_names if name in names}
     for name, fl in lists.items():
         out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
+    # A null inside a list the job reads (tokens give the length, the mask and used log-probs
+    # the values) has no meaning: the row is rejected, never written as scored.
+    for name, fl in lists.items():
+        if name in ("logprobs", "teacher_logprobs") and name not in needs:
+            continue
+        if fl.values.null_count:
+            holes = np.asarray(fl.values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            rows = np.zeros(n, dtype=bool)
+            rows[row_of_value(fl.offsets)[holes]] = True
+            out.add(rows, lambda i, name=name: f"null_value: {name} has a null element")
 
     # Each present list gives the response length; all of them must agree.
     lengths: dict[str, np.ndarray] = {}

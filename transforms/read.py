@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from schemas import SchemaError, check_rows, unify, validate_file_schema
@@ -17,6 +18,7 @@ from transforms import (
     coders,  # noqa: F401  (registers the Arrow table coder)
     storage,
 )
+from transforms import fingerprint as fingerprints
 from transforms.light import bucket_of, light_rows, split_by
 from transforms.model_columns import apply_model_rejects, join_model_columns
 from transforms.overlap import Overlap, resolve_threads
@@ -37,6 +39,8 @@ class ReadUnit:
     num_rows: int
     model_file: str | None = None
     """The model stage's side file of this unit (columns computed by a model), joined on read."""
+    fingerprint: fingerprints.Fingerprint | None = None
+    """The file as planned; every read checks it is still that file (transforms/fingerprint.py)."""
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,78 @@ def _footer(path: str):
         raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
 
 
+RANGE_CHECKED_IDS = ("batch", "task", "run", "step", "prompt_length")
+MAX_EXACT_REWARD = 2**53
+"""Integers up to 2^53 in magnitude convert to float64 exactly; larger integer rewards do not."""
+
+
+def _column_range(pf, name: str) -> tuple[int, int] | None:
+    """(min, max) of a top-level integer column: the footer's row-group statistics where every
+    row group has them, else the column itself (read once). None for a column of nulls."""
+    meta = pf.metadata
+    index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == name), None)
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics if index is not None else None
+        if meta.row_group(g).num_rows == 0:
+            continue
+        if stats is None or not stats.has_min_max:
+            result = pc.min_max(pf.read(columns=[name])[name])
+            low, high = result["min"].as_py(), result["max"].as_py()
+            return None if low is None else (int(low), int(high))
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else None
+
+
+def check_value_ranges(path: str, pf) -> None:
+    """Values the footer admits but Rescore cannot hold exactly: uint64 ids >= 2^63 (ids are
+    int64 from here on) and integer rewards past 2^53 (rewards are float64). InputError (exit 2)
+    naming the file and column; a wrapped or rounded id or reward would score the wrong rows."""
+    schema = pf.schema_arrow
+    for name in RANGE_CHECKED_IDS:
+        if name in schema.names and schema.field(name).type == pa.uint64():
+            found = _column_range(pf, name)
+            if found and found[1] > np.iinfo(np.int64).max:
+                raise InputError(
+                    f"{path}: column {name!r} (uint64) holds {found[1]}, more than the largest int64 "
+                    f"({np.iinfo(np.int64).max}) that Rescore uses for ids"
+                )
+    if "reward" in schema.names and pa.types.is_integer(schema.field("reward").type):
+        if schema.field("reward").type.bit_width > 32:
+            found = _column_range(pf, "reward")
+            if found and max(abs(found[0]), abs(found[1])) > MAX_EXACT_REWARD:
+                value = found[1] if abs(found[1]) >= abs(found[0]) else found[0]
+                raise InputError(
+                    f"{path}: column 'reward' holds the integer {value}, which float64 cannot represent "
+                    f"exactly (integer rewards must be within +-2^53)"
+                )
+
+
 def _checked_footer(path: str, needs: tuple[str, ...]):
-    """(schema, row counts, warnings) of one file, or the InputError/SchemaError it raises."""
+    """(schema, row counts, warnings, fingerprint) of one file, or the InputError/SchemaError it
+    raises."""
     try:
+        try:
+            planned = fingerprints.take(path)
+        except OSError as e:
+            raise InputError(f"{path}: cannot be read ({e.strerror or _first_line(e)})") from None
         schema, counts = _footer(path)
-        return schema, counts, validate_file_schema(path, schema, needs=needs)
+        warnings = validate_file_schema(path, schema, needs=needs)
+        if any(schema.field(n).type == pa.uint64() for n in (*RANGE_CHECKED_IDS, "reward") if n in schema.names) or (
+            "reward" in schema.names and schema.field("reward").type == pa.int64()
+        ):
+            try:
+                check_value_ranges(path, storage.open_parquet(path))
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001  (pyarrow raises several types for broken pages)
+                raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        try:
+            fingerprints.verify(path, planned)
+        except fingerprints.InputChanged:
+            raise InputError(f"{path} changed while the run was planning from it; rerun once the input is complete") from None
+        return schema, counts, warnings, planned
     except (InputError, SchemaError) as e:
         return e
 
@@ -87,15 +158,23 @@ def plan_input(
     and listed in `skipped` instead (unless no file is left).
     """
     files: list[str] = []
+    odd: dict[str, str] = {}
     for pattern in patterns:
         found = storage.match(pattern)
-        if not found:
+        strange = storage.odd_matches(pattern)
+        for path, kind in strange:  # never opened: a FIFO or a device would block or never end
+            if not skip_bad_files:
+                raise InputError(f"{path}: {kind}, not a Parquet file (matched by {pattern!r})")
+            odd[path] = f"{path}: {kind}, not a Parquet file"
+        if not found and not strange:
             raise InputError(f"no input files match {pattern!r}")
-        files.extend(p for p, _ in found)
+        files.extend(p for p, _ in found if p not in odd)
     files = sorted(set(files))
+    if not files:
+        raise InputError(f"no readable input files: all {len(odd)} were skipped ({next(iter(odd.values()))})")
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
         checked = list(pool.map(lambda path: _checked_footer(path, needs), files))
-    skipped: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = sorted(odd.items())
     good: list[tuple[str, tuple]] = []
     for path, result in zip(files, checked):
         if isinstance(result, Exception):
@@ -107,8 +186,9 @@ def plan_input(
     if not good:
         raise InputError(f"no readable input files: all {len(files)} were skipped ({skipped[0][1]})")
     files = [p for p, _ in good]
-    footers = [(schema, counts) for _, (schema, counts, _) in good]
-    warnings: list[str] = [w for _, (_, _, ws) in good for w in ws]
+    footers = [(schema, counts) for _, (schema, counts, _, _) in good]
+    planned = {path: fp for path, (_, _, _, fp) in good}
+    warnings: list[str] = [w for _, (_, _, ws, _) in good for w in ws]
     warnings += [f"skipping {reason}" for _, reason in skipped]
     schema = unify([(p, s) for p, (s, _) in zip(files, footers)])
     schema = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
@@ -117,7 +197,7 @@ def plan_input(
     units: list[ReadUnit] = []
     for path, (_, row_counts) in zip(files, footers):
         for groups in split_row_groups(row_counts, shard_rows):
-            units.append(ReadUnit(len(units), path, groups, sum(row_counts[g] for g in groups)))
+            units.append(ReadUnit(len(units), path, groups, sum(row_counts[g] for g in groups), planned[path]))
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
     return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
@@ -159,6 +239,8 @@ def read_unit(unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
     A file whose footer read fine but whose data pages do not decode fails with a message
     naming the file and row groups (the plan cannot see that without reading every page).
     """
+    if unit.fingerprint is not None:
+        fingerprints.verify(unit.path, unit.fingerprint)
     try:
         pf = storage.open_parquet(unit.path)
         if columns is not None:
@@ -169,6 +251,8 @@ def read_unit(unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
         raise OSError(f"{unit.path}: cannot read row groups {list(unit.row_groups)}: {_first_line(e)}") from e
     except (pa.ArrowException, ValueError) as e:
         raise ValueError(f"{unit.path}: corrupt data in row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+    if unit.fingerprint is not None:  # a write during the read shows in stat()
+        fingerprints.same_stat(unit.path, unit.fingerprint)
     if table.num_rows != unit.num_rows:
         raise ValueError(f"{unit.path}: row groups {list(unit.row_groups)} hold {table.num_rows} rows, the footer says {unit.num_rows}")
     if unit.model_file is not None:

@@ -3,9 +3,11 @@ gs:// and the other schemes Beam knows; local paths take the fast direct route."
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import shutil
+import stat
 from collections.abc import Iterable
 
 import pyarrow as pa
@@ -35,6 +37,39 @@ def match_stats(pattern: str) -> list[tuple[str, int, float]]:
     if is_local(pattern):
         found = [f for f in found if os.path.isfile(f[0])]
     return sorted(found)
+
+
+def odd_matches(pattern: str) -> list[tuple[str, str]]:
+    """(path, what it is) of every local path the pattern matches that is not a regular file
+    (after symlinks): a dangling symlink, a directory, a FIFO, a device, a socket. match() leaves
+    these out; the input plan must not drop them silently, nor open one (a FIFO would block)."""
+    if not is_local(pattern):
+        return []
+    if os.path.isdir(pattern):
+        pattern = os.path.join(pattern, "*.parquet")
+    if glob.has_magic(pattern):
+        candidates = glob.glob(pattern, recursive=True)
+    else:
+        candidates = [pattern] if os.path.lexists(pattern) else []
+    odd = []
+    for path in sorted(candidates):
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            odd.append((path, "a dangling symlink"))
+            continue
+        except OSError as e:
+            odd.append((path, f"not accessible ({e.strerror})"))
+            continue
+        if stat.S_ISREG(mode):
+            continue
+        kind = (
+            "a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "not a regular file"
+        )
+        odd.append((path, kind))
+    return odd
 
 
 def match(pattern: str) -> list[tuple[str, int]]:

@@ -18,7 +18,8 @@ from schemas import REJECT_REASON, output_schema, reason_category, rejected_sche
 from schemas.experience import SCORE_FIELDS
 from schemas.lists import flat_list
 from transforms import device as devices
-from transforms import faults, storage
+from transforms import faults, ownership, storage
+from transforms import fingerprint as fingerprints
 from transforms.device import to_device
 from transforms.metrics import row_metrics, summarize
 from transforms.overlap import Overlap, resolve_threads
@@ -256,6 +257,7 @@ class _WriteUnit(beam.DoFn):
                 f"internal error: read unit {unit_index} ({unit.path}) has {unit.num_rows} rows but "
                 f"{len(rows)} outcomes ({len(np.unique(rows))} distinct); refusing to write it"
             )
+        faults.maybe_pause_readback()
         table = conform(read_unit(unit), self._plan.schema)
         status = rec["status"].to_numpy()
         files = []
@@ -389,20 +391,14 @@ class _Finalize(beam.DoFn):
             # Publish what explains the failure (rejected rows, metrics), never the scored rows
             # or _SUCCESS: a scheduler must not take this run for a good one.
             document["failed"] = failure
-        for _, paths in sorted(files):
-            for staged in paths:
-                name = staged.rsplit("/", 1)[-1]
-                if failure and not name.startswith("rejected-"):
-                    continue
-                final = storage.join(self._output, name)
-                if storage.exists(staged):
-                    storage.rename(staged, final)
-                elif not storage.exists(final):  # a retried finalize has already moved it
-                    raise RuntimeError(f"staged output {staged} is missing")
-        storage.write_text(storage.join(self._output, METRICS), json.dumps(document, indent=2) + "\n")
-        storage.delete([staging_dir(self._output)])
-        if not failure:
-            storage.write_text(storage.join(self._output, SUCCESS), "")
+        faults.maybe_pause_finalize()
+        # Every input is still the file the plan read: an input changed at any point of the run
+        # fails it here, before anything is published.
+        for unit in {u.path: u for u in self._plan.units if u.fingerprint is not None}.values():
+            fingerprints.verify(unit.path, unit.fingerprint)
+        # Publish: only Rescore's own files are replaced, a finished earlier run only at the end.
+        staged = [path for _, paths in sorted(files) for path in paths]
+        ownership.publish(self._output, staged, json.dumps(document, indent=2) + "\n", failed=bool(failure))
         yield document
 
 

@@ -1,0 +1,257 @@
+"""One run at a time per output directory: the output lock.
+
+Local (and NFS) outputs: `OUTPUT/_rescore.lock` is locked with flock(2). The kernel drops the
+lock when the holding process dies, however it dies (kill -9 included), so a killed run never
+blocks the next one; the file itself stays and names its last holder (pid, host, start time),
+which is what a refused run prints (a run that ends normally removes the file). A run that finds the lock held refuses at once (exit 2)
+or, with --wait-for-lock SECONDS, polls until the holder is done or the time is up.
+
+Google Cloud Storage (gs://, with google-cloud-storage installed: the `gcp` extra): the lock
+object is created with the precondition ifGenerationMatch=0, which GCS applies atomically (one
+creator wins). The holder rewrites it every HEARTBEAT_SECONDS (guarded by its generation); a
+lock whose heartbeat is older than STALE_SECONDS, or whose holder is a dead pid on this host,
+is deleted (guarded by the generation seen) and taken over. Other object stores: the lock is
+NOT enforced; Rescore warns and runs (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from transforms import storage
+
+LOCK = "_rescore.lock"
+HEARTBEAT_SECONDS = 60.0
+STALE_SECONDS = 600.0
+log = logging.getLogger("rescore")
+
+
+class LockBusy(ValueError):
+    """Another run holds the output lock (or the output cannot be written at all). One-line
+    message naming the holder; exit 2."""
+
+
+def lock_path(output: str) -> str:
+    return storage.join(output, LOCK)
+
+
+def _holder(fd: int) -> str:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        info = json.loads(os.read(fd, 4096).decode() or "{}")
+        return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
+    except (OSError, ValueError, KeyError):
+        return "a run that has not written its details yet"
+
+
+@dataclass
+class OutputLock:
+    path: str
+    fd: int | None = None
+    created_dir: str | None = None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            # Unlinked while still locked: a run that locked this file meanwhile sees that it is
+            # no longer the one at `path` and locks the next one (see acquire).
+            os.unlink(self.path)
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
+        if self.created_dir:  # a run that created the directory and published nothing leaves no trace
+            try:
+                os.rmdir(self.created_dir)
+            except OSError:
+                pass
+
+    def __enter__(self) -> OutputLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _info() -> dict:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class GcsLock:
+    """The lock object on GCS (see the module doc); `client` is a google.cloud.storage Client."""
+
+    path: str
+    client: object
+    generation: int | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _blob(self):
+        bucket, _, name = self.path[len("gs://"):].partition("/")
+        return self.client.bucket(bucket).blob(name)
+
+    def acquire(self, output: str, wait_seconds: float) -> GcsLock:
+        from google.api_core import exceptions
+
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        info = json.dumps(_info())
+        while True:
+            blob = self._blob()
+            try:
+                blob.upload_from_string(info, if_generation_match=0)
+                self.generation = blob.generation
+                self._thread = threading.Thread(target=self._beat, args=(info,), name="rescore-lock", daemon=True)
+                self._thread.start()
+                return self
+            except exceptions.PreconditionFailed:
+                pass
+            bucket, _, name = self.path[len("gs://"):].partition("/")
+            held = self.client.bucket(bucket).get_blob(name)
+            if held is None:
+                continue  # released meanwhile
+            try:
+                holder = json.loads(held.download_as_bytes(if_generation_match=held.generation))
+                described = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+            except (exceptions.GoogleAPICallError, ValueError, KeyError, TypeError):
+                holder, described = {}, "a run that has not written its details yet"
+            age = (datetime.datetime.now(datetime.timezone.utc) - held.updated).total_seconds()
+            dead = holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0) or 0))
+            if age > STALE_SECONDS or dead:
+                log.warning("taking over the lock of %s (%s): %s", output, described,
+                            "its process is gone" if dead else f"no heartbeat for {age:.0f} s")
+                try:
+                    held.delete(if_generation_match=held.generation)
+                except (exceptions.PreconditionFailed, exceptions.NotFound):
+                    pass
+                continue
+            if time.monotonic() >= deadline:
+                if wait_seconds > 0:
+                    raise LockBusy(f"{output} is still being written by another run ({described}) after waiting {wait_seconds:g} s")
+                raise LockBusy(f"{output} is being written by another run ({described}); pass --wait-for-lock SECONDS to wait for it")
+            time.sleep(1.0)
+
+    def _beat(self, info: str) -> None:
+        from google.api_core import exceptions
+
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            blob = self._blob()
+            try:
+                blob.upload_from_string(info, if_generation_match=self.generation)
+                self.generation = blob.generation
+            except exceptions.PreconditionFailed:
+                log.error("lost the output lock %s: another run took it over", self.path)
+                return
+            except Exception:  # noqa: BLE001  (a transient error: try again at the next beat)
+                log.warning("could not refresh the output lock %s", self.path, exc_info=True)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self.generation is None:
+            return
+        try:
+            self._blob().delete(if_generation_match=self.generation)
+        except Exception:  # noqa: BLE001  (taken over or gone: nothing of ours to remove)
+            pass
+        self.generation = None
+
+    def __enter__(self) -> GcsLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock:
+    """Take the output's lock or raise LockBusy naming the holder (after `wait_seconds`)."""
+    path = lock_path(output)
+    if output.startswith("gs://"):
+        try:
+            from google.cloud import storage as gcs
+        except ImportError:
+            gcs = None
+        if gcs is not None:
+            try:
+                client = gcs.Client()
+            except Exception as e:  # noqa: BLE001  (no credentials or project: the run could not write either)
+                raise LockBusy(f"cannot lock {output} on GCS: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            return GcsLock(path, client).acquire(output, wait_seconds)
+    if not storage.is_local(output):
+        log.warning(
+            "%s is on an object store: the output lock is not enforced there; make sure no other "
+            "run writes to this output at the same time",
+            output,
+        )
+        return OutputLock(path)
+    created = None
+    try:
+        if not os.path.isdir(output):
+            os.makedirs(output, exist_ok=True)
+            created = output
+    except OSError as e:
+        raise LockBusy(f"cannot create --output {output}: {e.strerror or e}") from None
+    deadline = time.monotonic() + max(0.0, wait_seconds)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise LockBusy(f"cannot write to --output {output}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
+            holder = _holder(fd)
+            for _ in range(10):  # the holder has just taken it: give it a moment to sign
+                if not holder.startswith("a run that has not"):
+                    break
+                time.sleep(0.1)
+                holder = _holder(fd)
+            os.close(fd)
+            if time.monotonic() >= deadline:
+                if wait_seconds > 0:
+                    raise LockBusy(f"{output} is still being written by another run ({holder}) after waiting {wait_seconds:g} s")
+                raise LockBusy(
+                    f"{output} is being written by another run ({holder}); pass --wait-for-lock SECONDS to wait for it"
+                )
+            time.sleep(0.2)
+            continue
+        # The file we locked must still be the one at `path` (a holder never unlinks it, but a
+        # user might): otherwise lock the new file.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            continue
+        info = _info()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        return OutputLock(path, fd, created)

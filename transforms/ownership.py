@@ -1,0 +1,174 @@
+"""What Rescore owns in an output directory, and how a finished run replaces the last one.
+
+`OUTPUT/_rescore_files.json` records the file names Rescore published there (and marks the
+directory as one Rescore writes to). Cleanup only ever deletes names it lists, `_staging/` and
+`_failed/`: a file Rescore did not write is never deleted. Outputs written before this file
+existed are recognised by their Rescore `metrics.json`.
+
+An --overwrite run leaves the previous finished run (its `_SUCCESS` included) untouched while it
+runs; only when every new file is staged and every row is accounted for does it swap: drop the
+old `_SUCCESS`, delete the old run's files, move the new ones in, then metrics.json and a new
+`_SUCCESS`. A run that fails before that point leaves the previous output readable and intact.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+
+from transforms import storage
+from transforms.strategies.registry import ConfigError
+
+LEDGER = "_rescore_files.json"
+STAGING = "_staging"
+FAILED = "_failed"
+SUCCESS = "_SUCCESS"
+METRICS = "metrics.json"
+LOCK = "_rescore.lock"
+RESCORE_NAMES = (
+    "scored-*.parquet", "rejected-*.parquet", METRICS, SUCCESS, STAGING, FAILED,
+    "filtered-*.parquet", "report.html", "report-*.png",
+)
+"""Names Rescore writes: in a directory Rescore does not own, any of them is a clash."""
+
+
+class OutputError(ConfigError):
+    """An --output Rescore must not write to (exit 2). One-line message."""
+
+
+def _names(output: str) -> list[str]:
+    if storage.is_local(output):
+        return sorted(os.listdir(output)) if os.path.isdir(output) else []
+    return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in storage.list_dir(output, "*")})
+
+
+def read_ledger(output: str) -> list[str] | None:
+    path = storage.join(output, LEDGER)
+    if not storage.exists(path):
+        return None
+    try:
+        files = json.loads(storage.read_text(path))["files"]
+        if isinstance(files, list) and all(isinstance(f, str) and "/" not in f for f in files):
+            return files
+    except (ValueError, KeyError, TypeError):
+        pass
+    raise OutputError(f"{path} is not a Rescore file list; remove it if this directory is not a Rescore output")
+
+
+def write_ledger(output: str, files) -> None:
+    names = sorted(set(files) - {LEDGER, LOCK})
+    storage.write_text(storage.join(output, LEDGER), json.dumps({"files": names}, indent=1) + "\n")
+
+
+def _rescore_metrics(output: str) -> bool:
+    """A metrics.json written by Rescore (outputs from before the ledger existed)."""
+    path = storage.join(output, METRICS)
+    try:
+        return "rescore_version" in json.loads(storage.read_text(path))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_output_path(output: str) -> None:
+    """--output must be a directory or not exist yet (exit 2 before anything runs)."""
+    if not storage.is_local(output):
+        return
+    if os.path.lexists(output) and not os.path.exists(output):
+        raise OutputError(f"--output {output} is a symlink to a path that does not exist")
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise OutputError(f"--output {output} is a file, not a directory")
+    parent = os.path.dirname(os.path.abspath(output))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise OutputError(f"--output {output}: {parent} is a file, not a directory")
+
+
+def check_not_input(output: str, files) -> None:
+    """Refuse an --output that is (through symlinks) the directory of an input file."""
+    if storage.is_local(output):
+        out = os.path.realpath(output)
+    else:
+        out = output.rstrip("/")
+    for path in files:
+        if storage.is_local(path):
+            parent = os.path.dirname(os.path.realpath(path))
+            same = parent == out or os.path.realpath(path) == out
+        else:
+            same = path.rsplit("/", 1)[0] == out
+        if same:
+            raise OutputError(f"--output {output} holds input file {path}; write to a directory of its own")
+
+
+def prepare(output: str, overwrite: bool) -> None:
+    """Check the output directory and clear what an earlier unfinished run of ours left.
+
+    Raises OutputError for a directory holding a finished run (without --overwrite) or files
+    with Rescore's names that Rescore did not write.
+    """
+    names = [n for n in _names(output) if n != LOCK]
+    ledger = read_ledger(output)
+    legacy = ledger is None and _rescore_metrics(output)
+    if ledger is None and not legacy:
+        clash = [n for n in names if any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES)]
+        if clash:
+            raise OutputError(
+                f"--output {output} holds {clash[0]!r}, which Rescore did not write; it deletes only its own "
+                "files: pick another directory or move that file away"
+            )
+        write_ledger(output, [])
+        return
+    if ledger is None:  # an output from before the ledger: its Rescore-named files are ours
+        ledger = [n for n in names if any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES[:4])]
+        write_ledger(output, ledger)
+    strays = [n for n in names if n not in ledger and any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES[:2])]
+    if strays:  # it would be read with the run's files, and deleting it is not ours to do
+        raise OutputError(
+            f"--output {output} holds {strays[0]!r}, which Rescore did not write; it deletes only its own "
+            "files: move that file away"
+        )
+    leftovers = [storage.join(output, n) for n in (STAGING, FAILED) if n in names]
+    if SUCCESS in names:
+        if not overwrite:
+            raise OutputError(f"{output} already holds a finished run (_SUCCESS); pass --overwrite to replace it")
+        # Replaced only at the end, by publish(): a failing run leaves it as it is.
+    else:
+        leftovers += [storage.join(output, n) for n in ledger if n in names]
+    if leftovers:
+        storage.delete(leftovers)
+
+
+def publish(output: str, staged: list[str], metrics_text: str, failed: bool) -> str:
+    """Move the staged files into `output` (see the module doc); returns where metrics went.
+
+    A failed run (reject budget) publishes its rejected files and metrics.json, never scored
+    rows or _SUCCESS; when a finished earlier run is there, into OUTPUT/_failed/ so the finished
+    run stays intact."""
+    staging = storage.join(output, STAGING)
+    finished = storage.exists(storage.join(output, SUCCESS))
+    keep = [p for p in staged if not (failed and not p.rsplit("/", 1)[-1].startswith("rejected-"))]
+    target = storage.join(output, FAILED) if failed and finished else output
+    new_names = [p.rsplit("/", 1)[-1] for p in keep]
+    old = read_ledger(output) or []
+    if target == output:
+        write_ledger(output, [*old, *new_names, METRICS])  # a crash from here on: all of it is ours
+        if finished:
+            storage.delete([storage.join(output, SUCCESS)])
+        storage.delete([storage.join(output, n) for n in old if n not in new_names and n != METRICS])
+    elif storage.is_local(target):
+        os.makedirs(target, exist_ok=True)
+    for path in keep:
+        final = storage.join(target, path.rsplit("/", 1)[-1])
+        if storage.exists(path):
+            storage.rename(path, final)
+        elif not storage.exists(final):  # a retried finalize has already moved it
+            raise RuntimeError(f"staged output {path} is missing")
+    metrics = storage.join(target, METRICS)
+    storage.write_text(metrics, metrics_text)
+    storage.delete([staging])
+    if target == output:
+        write_ledger(output, [*new_names, METRICS, *([] if failed else [SUCCESS])])
+    if not failed:
+        storage.write_text(storage.join(output, SUCCESS), "")
+    return metrics
