@@ -120,6 +120,49 @@ def copy_fields(task_type: pa.DataType) -> list[pa.Field]:
     return [pa.field(COPY_INDEX, pa.int32()), pa.field(SOURCE_TASK, task_type)]
 
 
+def _copy_counts(batch: np.ndarray, task: pa.Array, copy_plans, task_type: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
+    """(copies (n,), strides (n,)) int64 of each row: how many copies its (batch, task) group's
+    plan asks for (0 when there is none) and its batch's task-id stride (0 without a plan).
+
+    One dict lookup per distinct batch; the (batch, task) match itself is a sorted-key lookup
+    over all rows at once (tasks dictionary-encoded to codes, key = batch index * codes + code),
+    so a read unit with 100k batches costs no more than one with a single batch.
+    """
+    n = len(batch)
+    copies = np.zeros(n, dtype=np.int64)
+    strides = np.zeros(n, dtype=np.int64)
+    if not n:
+        return copies, strides
+    unique, inverse = np.unique(batch, return_inverse=True)
+    batch_stride = np.zeros(len(unique), dtype=np.int64)
+    task_chunks, copy_chunks, planned, sizes = [], [], [], []
+    for i, b in enumerate(unique.tolist()):
+        if b not in copy_plans:
+            continue
+        stride, plan = copy_plans[b]
+        batch_stride[i] = stride
+        task_chunks += plan.column("task").cast(task_type).chunks
+        copy_chunks += plan.column("copies").chunks
+        planned.append(i)
+        sizes.append(plan.num_rows)
+    strides[:] = batch_stride[inverse]
+    if not planned or not sum(sizes):
+        return copies, strides
+    plan_batch = np.repeat(np.asarray(planned, dtype=np.int64), sizes)
+    plan_copies = np.asarray(pa.concat_arrays(copy_chunks).to_numpy(zero_copy_only=False), dtype=np.int64)
+    codes = pc.dictionary_encode(pa.concat_arrays([task, *task_chunks]))
+    width = len(codes.dictionary)
+    code = np.asarray(codes.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    row_key = inverse.astype(np.int64) * width + code[:n]
+    plan_key = plan_batch * width + code[n:]
+    order = np.argsort(plan_key, kind="stable")
+    sorted_key = plan_key[order]
+    at = np.minimum(np.searchsorted(sorted_key, row_key), len(sorted_key) - 1)
+    found = sorted_key[at] == row_key
+    copies[found] = plan_copies[order[at[found]]]
+    return copies, strides
+
+
 def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> tuple[pa.Table, np.ndarray, list[pa.Array]]:
     """`table` (kept rows) followed by the copies the plan asks for.
 
@@ -128,22 +171,12 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
     every other column, the score included, is the original's.
     """
     n = table.num_rows
-    copies = np.zeros(n, dtype=np.int64)
-    strides = np.zeros(n, dtype=np.int64)
     batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64) if n else np.zeros(0, np.int64)
     task = pc.cast(table["task"], task_type).combine_chunks() if n else pa.array([], task_type)
-    for b in np.unique(batch).tolist():
-        if b not in copy_plans:
-            continue
-        stride, plan = copy_plans[b]
-        at = np.flatnonzero(batch == b)
-        where = pc.index_in(task.take(pa.array(at)), value_set=plan["task"].combine_chunks())
-        found = np.asarray(where.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        idx = np.asarray(where.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        copies[at[found]] = plan["copies"].to_numpy()[idx[found]]
-        strides[at] = stride
+    copies, strides = _copy_counts(batch, task, copy_plans, task_type)
+    # Copy k = 1..copies[i] of row i, in row order: one vectorised pass, no loop over rows.
     source = np.repeat(np.arange(n), copies)
-    index = np.concatenate([np.arange(1, k + 1) for k in copies[copies > 0]]) if copies.any() else np.zeros(0, np.int64)
+    index = np.arange(len(source), dtype=np.int64) - np.repeat(np.cumsum(copies) - copies, copies) + 1
     rows_out = np.concatenate([np.arange(n), source])
     copy_index = np.concatenate([np.zeros(n, np.int64), index]).astype(np.int32)
     source_task = task.take(pa.array(rows_out))
