@@ -120,47 +120,72 @@ def copy_fields(task_type: pa.DataType) -> list[pa.Field]:
     return [pa.field(COPY_INDEX, pa.int32()), pa.field(SOURCE_TASK, task_type)]
 
 
-def _copy_counts(batch: np.ndarray, task: pa.Array, copy_plans, task_type: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
-    """(copies (n,), strides (n,)) int64 of each row: how many copies its (batch, task) group's
-    plan asks for (0 when there is none) and its batch's task-id stride (0 without a plan).
+class CopyIndex:
+    """Every copy plan of a run as sorted arrays, so that a read unit finds its rows' copies
+    with vectorised lookups (no loop over its batches or rows).
 
-    One dict lookup per distinct batch; the (batch, task) match itself is a sorted-key lookup
-    over all rows at once (tasks dictionary-encoded to codes, key = batch index * codes + code),
-    so a read unit with 100k batches costs no more than one with a single batch.
+    copy_plans: {batch: (stride, plan table with columns task, copies)}, the side input.
+    Keys are batch position * tasks + task code, tasks dictionary-encoded over all plans.
     """
-    n = len(batch)
-    copies = np.zeros(n, dtype=np.int64)
-    strides = np.zeros(n, dtype=np.int64)
-    if not n:
+
+    def __init__(self, copy_plans, task_type: pa.DataType):
+        self.batches = np.array(sorted(copy_plans), dtype=np.int64)
+        entries = [copy_plans[b] for b in self.batches.tolist()]
+        self.strides = np.array([stride for stride, _ in entries], dtype=np.int64)
+        tables = [plan for _, plan in entries]
+        # One concatenation, then one pass over the columns (per-chunk casts of ~100k tiny
+        # plans would cost more than the whole lookup).
+        plans = pa.concat_tables(tables).combine_chunks() if tables else None
+        if plans is None or not plans.num_rows:
+            self.dictionary, self.width = pa.array([], task_type), 1
+            self.keys, self.copies = np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return
+        encoded = pc.dictionary_encode(pc.cast(plans["task"], task_type).combine_chunks())
+        self.dictionary, self.width = encoded.dictionary, max(len(encoded.dictionary), 1)
+        code = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        plan_batch = np.repeat(np.arange(len(tables), dtype=np.int64), [t.num_rows for t in tables])
+        keys = plan_batch * self.width + code
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.copies = np.asarray(plans["copies"].to_numpy(), dtype=np.int64)[order]
+
+    def lookup(self, batch: np.ndarray, task: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(copies (n,), strides (n,)) int64 of each row: how many copies its (batch, task)
+        group's plan asks for (0 without one) and its batch's task-id stride (0 without a plan)."""
+        n = len(batch)
+        copies = np.zeros(n, dtype=np.int64)
+        strides = np.zeros(n, dtype=np.int64)
+        if not n or not len(self.batches):
+            return copies, strides
+        pos = np.minimum(np.searchsorted(self.batches, batch), len(self.batches) - 1)
+        planned = self.batches[pos] == batch
+        strides[planned] = self.strides[pos[planned]]
+        if not len(self.keys):
+            return copies, strides
+        where = pc.index_in(task, value_set=self.dictionary)
+        known = np.asarray(where.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & planned
+        code = np.asarray(where.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        key = pos * self.width + code
+        at = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        found = known & (self.keys[at] == key)
+        copies[found] = self.copies[at[found]]
         return copies, strides
-    unique, inverse = np.unique(batch, return_inverse=True)
-    batch_stride = np.zeros(len(unique), dtype=np.int64)
-    task_chunks, copy_chunks, planned, sizes = [], [], [], []
-    for i, b in enumerate(unique.tolist()):
-        if b not in copy_plans:
-            continue
-        stride, plan = copy_plans[b]
-        batch_stride[i] = stride
-        task_chunks += plan.column("task").cast(task_type).chunks
-        copy_chunks += plan.column("copies").chunks
-        planned.append(i)
-        sizes.append(plan.num_rows)
-    strides[:] = batch_stride[inverse]
-    if not planned or not sum(sizes):
-        return copies, strides
-    plan_batch = np.repeat(np.asarray(planned, dtype=np.int64), sizes)
-    plan_copies = np.asarray(pa.concat_arrays(copy_chunks).to_numpy(zero_copy_only=False), dtype=np.int64)
-    codes = pc.dictionary_encode(pa.concat_arrays([task, *task_chunks]))
-    width = len(codes.dictionary)
-    code = np.asarray(codes.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    row_key = inverse.astype(np.int64) * width + code[:n]
-    plan_key = plan_batch * width + code[n:]
-    order = np.argsort(plan_key, kind="stable")
-    sorted_key = plan_key[order]
-    at = np.minimum(np.searchsorted(sorted_key, row_key), len(sorted_key) - 1)
-    found = sorted_key[at] == row_key
-    copies[found] = plan_copies[order[at[found]]]
-    return copies, strides
+
+
+_copy_index_cache: tuple = (None, None, None)
+"""(copy_plans, task_type, CopyIndex) of the last side input seen: the index is built once per
+run (per worker process), not once per read unit. It holds a reference to the plans, so `is`
+can never match a different object that reused the address."""
+
+
+def copy_index_for(copy_plans, task_type: pa.DataType) -> CopyIndex:
+    global _copy_index_cache
+    plans, cached_type, index = _copy_index_cache
+    if plans is copy_plans and cached_type == task_type:
+        return index
+    index = CopyIndex(copy_plans, task_type)
+    _copy_index_cache = (copy_plans, task_type, index)  # one assignment: safe across threads
+    return index
 
 
 def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> tuple[pa.Table, np.ndarray, list[pa.Array]]:
@@ -173,7 +198,7 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
     n = table.num_rows
     batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64) if n else np.zeros(0, np.int64)
     task = pc.cast(table["task"], task_type).combine_chunks() if n else pa.array([], task_type)
-    copies, strides = _copy_counts(batch, task, copy_plans, task_type)
+    copies, strides = copy_index_for(copy_plans, task_type).lookup(batch, task)
     # Copy k = 1..copies[i] of row i, in row order: one vectorised pass, no loop over rows.
     source = np.repeat(np.arange(n), copies)
     index = np.arange(len(source), dtype=np.int64) - np.repeat(np.cumsum(copies) - copies, copies) + 1
