@@ -174,8 +174,9 @@ class CopyIndex:
 
 _copy_index_cache: tuple = (None, None, None)
 """(copy_plans, task_type, CopyIndex) of the last side input seen: the index is built once per
-run (per worker process), not once per read unit. It holds a reference to the plans, so `is`
-can never match a different object that reused the address."""
+side-input object (Beam materialises the AsDict once per bundle), not once per read unit. It
+holds a reference to the plans, so `is` can never match a different object that reused the
+address."""
 
 
 def copy_index_for(copy_plans, task_type: pa.DataType) -> CopyIndex:
