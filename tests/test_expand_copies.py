@@ -135,9 +135,9 @@ def test_string_copy_ids_and_no_plan():
     assert empty.num_rows == 0 and len(rows) == 0 and len(extra[0]) == 0
 
 
-def test_a_new_plan_object_is_never_served_from_the_cache():
-    """The CopyIndex is cached per side-input object: a different dict (the next Beam bundle,
-    another run in the same process) with other copies must give its own answer."""
+def test_each_call_follows_its_own_plans():
+    """Calls with different plan dicts (the next Beam bundle, another run in the same process)
+    each get their own answer: nothing is carried over between calls."""
     table = pa.table({"batch": [1, 1], "task": [4, 5]})
 
     def plans(k):
@@ -160,7 +160,7 @@ def test_benchmark_script_runs(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
-        [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1"],
+        [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1", "--other-batches", "7"],
         cwd=root, capture_output=True, text=True, timeout=300, check=True,
     )
     lines = [json.loads(line) for line in proc.stdout.splitlines()]

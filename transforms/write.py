@@ -121,20 +121,22 @@ def copy_fields(task_type: pa.DataType) -> list[pa.Field]:
 
 
 class CopyIndex:
-    """Every copy plan of a run as sorted arrays, so that a read unit finds its rows' copies
-    with vectorised lookups (no loop over its batches or rows).
+    """Copy plans as sorted arrays, so that a read unit finds its rows' copies with vectorised
+    lookups (no loop over its rows, no pass over the unit per batch).
 
-    copy_plans: {batch: (stride, plan table with columns task, copies)}, the side input.
-    Keys are batch position * tasks + task code, tasks dictionary-encoded over all plans.
+    copy_plans: {batch: (stride, plan table with columns task, copies)}, the side input;
+    batches: the batches to index (a read unit's), default all. Keys are batch position *
+    tasks + task code, tasks dictionary-encoded over the indexed plans.
     """
 
-    def __init__(self, copy_plans, task_type: pa.DataType):
-        self.batches = np.array(sorted(copy_plans), dtype=np.int64)
+    def __init__(self, copy_plans, task_type: pa.DataType, batches=None):
+        wanted = sorted(copy_plans) if batches is None else [b for b in batches if b in copy_plans]
+        self.batches = np.array(wanted, dtype=np.int64)
         entries = [copy_plans[b] for b in self.batches.tolist()]
         self.strides = np.array([stride for stride, _ in entries], dtype=np.int64)
         tables = [plan for _, plan in entries]
-        # One concatenation, then one pass over the columns (per-chunk casts of ~100k tiny
-        # plans would cost more than the whole lookup).
+        # One concatenation, then one pass over the columns (a cast per tiny plan would cost
+        # more than the whole lookup when a unit holds thousands of batches).
         plans = pa.concat_tables(tables).combine_chunks() if tables else None
         if plans is None or not plans.num_rows:
             self.dictionary, self.width = pa.array([], task_type), 1
@@ -172,23 +174,6 @@ class CopyIndex:
         return copies, strides
 
 
-_copy_index_cache: tuple = (None, None, None)
-"""(copy_plans, task_type, CopyIndex) of the last side input seen: the index is built once per
-side-input object (Beam materialises the AsDict once per bundle), not once per read unit. It
-holds a reference to the plans, so `is` can never match a different object that reused the
-address."""
-
-
-def copy_index_for(copy_plans, task_type: pa.DataType) -> CopyIndex:
-    global _copy_index_cache
-    plans, cached_type, index = _copy_index_cache
-    if plans is copy_plans and cached_type == task_type:
-        return index
-    index = CopyIndex(copy_plans, task_type)
-    _copy_index_cache = (copy_plans, task_type, index)  # one assignment: safe across threads
-    return index
-
-
 def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> tuple[pa.Table, np.ndarray, list[pa.Array]]:
     """`table` (kept rows) followed by the copies the plan asks for.
 
@@ -199,7 +184,8 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
     n = table.num_rows
     batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64) if n else np.zeros(0, np.int64)
     task = pc.cast(table["task"], task_type).combine_chunks() if n else pa.array([], task_type)
-    copies, strides = copy_index_for(copy_plans, task_type).lookup(batch, task)
+    # Index only this unit's batches: its cost follows the unit, not the run's batch count.
+    copies, strides = CopyIndex(copy_plans, task_type, np.unique(batch).tolist()).lookup(batch, task)
     # Copy k = 1..copies[i] of row i, in row order: one vectorised pass, no loop over rows.
     source = np.repeat(np.arange(n), copies)
     index = np.arange(len(source), dtype=np.int64) - np.repeat(np.cumsum(copies) - copies, copies) + 1
