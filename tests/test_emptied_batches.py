@@ -12,11 +12,14 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import reference
 from data import SCHEMA_MULTI_STEP, by_id, multi_step_rows, read_output, write_parquet
+
+from transforms.strategies import create, names, spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SQRT_HALF = math.sqrt(0.5)  # std (ddof 1) of [0, 1]
@@ -148,3 +151,23 @@ def test_cli_exit_0_for_the_issue_command(tmp_path):
     assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr
     assert (out / "_SUCCESS").exists()
     assert json.loads((out / "metrics.json").read_text())["totals"]["rows_filtered"] == 2
+
+
+def _batch_level_strategies():
+    for name in names():
+        defaults = spec(name).defaults
+        variants = [{}] + ([{"std_cal_level": "batch"}] if "std_cal_level" in defaults else [])
+        for params in variants:
+            strategy = create(name, params)
+            if strategy.batch_level:
+                yield name, params, strategy
+
+
+def test_every_batch_level_strategy_accepts_a_batch_without_values():
+    """The score step asks for the statistics of every batch, also one an earlier filter
+    emptied: every registered batch-level strategy must answer with finite numbers."""
+    found = list(_batch_level_strategies())
+    assert {n for n, _, _ in found} >= {"grpo", "step_wise_grpo", "reinforce_plus_plus_baseline"}
+    for name, params, strategy in found:
+        stats = strategy.batch_stats(np.zeros(0), np.zeros(0))
+        assert len(stats) >= 1 and all(np.isfinite(stats)), (name, params, stats)
