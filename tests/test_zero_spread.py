@@ -15,6 +15,8 @@ import pyarrow.compute as pc
 import pytest
 import reference
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from data import SCHEMA_MULTI_STEP, by_id, read_output, write_parquet
 
 from transforms.strategies import GroupedRows, create, plan_of
@@ -286,3 +288,36 @@ def test_end_to_end_filters_and_duplication_drop_all_equal_groups(tmp_path, resc
     assert t["rows_read"] == t["rows_written_original"] + t["rows_filtered"] + t["rows_rejected"]
     expected = reference.rescore_plan(rows, strategy.split(","), params)
     assert set(expected["scored"]) == set(by_id(originals))
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    groups=st.lists(
+        st.tuples(st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False), st.integers(2, 12)), min_size=1, max_size=6
+    ),
+    epsilon=st.sampled_from([0.0, 1e-6]),
+)
+def test_any_all_equal_group_has_exact_statistics_and_scores_zero(groups, epsilon):
+    rewards = [v for v, n in groups for _ in range(n)]
+    sizes = [n for _, n in groups]
+    values, offsets = torch.tensor(rewards, dtype=F64), torch.tensor([0, *np.cumsum(sizes).tolist()])
+    mean, std = mean_and_std(values, offsets)
+    assert mean.tolist() == [v for v, _ in groups] and std.tolist() == [0.0] * len(groups)
+    assert population_var(values, offsets).tolist() == [0.0] * len(groups)
+    rows = grouped(rewards, sizes)
+    for name in ("grpo", "rloo", "dr_grpo", "opmd"):
+        assert _score(plan_of(name, {"epsilon": epsilon} if name == "grpo" else {}), rows).score.tolist() == [0.0] * len(rewards)
+    assert not _score(plan_of("grpo", {"std_threshold": 0.0}), rows).keep.any()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False), min_size=2, max_size=20))
+def test_groups_that_are_not_flat_keep_two_pass_statistics(values):
+    if max(values) == min(values):
+        return
+    mean, std = mean_and_std(torch.tensor(values, dtype=F64), torch.tensor([0, len(values)]))
+    assert mean.item() == pytest.approx(float(np.mean(values)), rel=1e-12, abs=1e-9)
+    assert std.item() == pytest.approx(float(np.std(values, ddof=1)), rel=1e-9, abs=1e-12)
