@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from data import SCHEMA_MULTI_STEP, by_id, read_output, write_parquet
 
-from transforms.strategies import GroupedRows, create, plan_of
+from transforms.strategies import GroupedRows, plan_of
 from transforms.strategies.baselines import whiten_stats
 from transforms.strategies.segments import group_stats, mean_and_std, population_var, std_of, zero_spread
 
