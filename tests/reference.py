@@ -49,12 +49,22 @@ def _response_mask(row: dict) -> list[float]:
 
 
 def _mean(xs):
+    # The spec's zero spread: equal values have mean exactly that value (sum(6 x 0.1) / 6 is not).
+    if max(xs) == min(xs):
+        return xs[0]
     return sum(xs) / len(xs)
 
 
 def _std(xs):
+    if max(xs) == min(xs):
+        return 0.0
     m = _mean(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _grpo(x, mean, den, eps):
+    """(x - mean) / (den + eps); exactly 0 where the std used is 0 (spec: zero spread)."""
+    return 0.0 if den == 0 else (x - mean) / (den + eps)
 
 
 def _mean_logprob(row: dict) -> float:
@@ -134,7 +144,7 @@ def rescore(rows: list[dict], strategy: str, params: dict | None = None) -> dict
             if dropped:
                 out["filtered"].add(rid(row))
                 continue
-            score = (reward - mean) / (denominator + epsilon)
+            score = _grpo(reward, mean, denominator, epsilon)
             out["scored"][rid(row)] = (score, [score * m for m in _response_mask(row)])
     return out
 
@@ -161,6 +171,8 @@ FILTERS, DUPLICATORS = {"reward_variance"}, {"duplicate_informative"}
 
 
 def _pvar(xs):
+    if max(xs) == min(xs):
+        return 0.0
     m = _mean(xs)
     return sum((x - m) ** 2 for x in xs) / len(xs)
 
@@ -217,6 +229,9 @@ def _advantage(name, p, groups, batch_of):
             total = sum(w for _, w in pairs)
             mu = sum(s * w for s, w in pairs) / total if total > 0 else 0.0
             var = sum(w * (s - mu) ** 2 for s, w in pairs) / (total - 1) if total > 1 else 0.0
+            weighted = {s for s, w in pairs if w > 0}
+            if len(weighted) == 1:  # zero spread: mu is that value, var exactly 0
+                mu, var = weighted.pop(), 0.0
             whiten[b] = (mu, var)
 
     for key, members in groups.items():
@@ -236,7 +251,7 @@ def _advantage(name, p, groups, batch_of):
                 continue
             den = batch_std[b] if p.get("std_cal_level") == "batch" else std
             for r, x in zip(members, rewards):
-                out[rid(r)] = ((x - mean) / (den + eps), 1.0)
+                out[rid(r)] = (_grpo(x, mean, den, eps), 1.0)
         elif name == "step_wise_grpo":
             last, steps = _last_steps(members)
             runs = sorted(last)
@@ -246,13 +261,13 @@ def _advantage(name, p, groups, batch_of):
                 continue
             den = batch_std[b] if p["std_cal_level"] == "batch" else std
             for r in members:
-                score = (last[r["run"]] - mean) / (den + p["epsilon"])
+                score = _grpo(last[r["run"]], mean, den, p["epsilon"])
                 out[rid(r)] = (score, 1.0 / steps[r["run"]] if p["enable_step_norm"] else 1.0)
         elif name == "opmd":
             if n == 1:
                 base = 0.0
-            elif p["opmd_baseline"] == "mean":
-                base = _mean(rewards)
+            elif p["opmd_baseline"] == "mean" or max(rewards) == min(rewards):
+                base = _mean(rewards)  # logavgexp of equal rewards is that reward
             else:
                 tau = p["tau"]
                 top = max(x / tau for x in rewards)
@@ -289,7 +304,7 @@ def _advantage(name, p, groups, batch_of):
             if usual:
                 mean, std = _stats([x for _, x in usual])
                 for r, x in usual:
-                    out[rid(r)] = ((x - mean) / (std + p["epsilon"]), 1.0)
+                    out[rid(r)] = (_grpo(x, mean, std, p["epsilon"]), 1.0)
             for r in members:
                 if r["expert"]:
                     out[rid(r)] = (0.0, 1.0)

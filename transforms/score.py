@@ -142,9 +142,12 @@ class _BatchValues(beam.DoFn):
 
     def process(self, element):
         _, light = element
-        batch, values, weights = self._plan.batch_values(to_grouped_rows(light, torch.device("cpu")))
+        rows = to_grouped_rows(light, torch.device("cpu"))
+        batch, values, weights = self._plan.batch_values(rows)
         batch, values, weights = batch.numpy(), values.numpy(), weights.numpy()
-        for b in np.unique(batch):
+        # Every batch of the bucket, also one whose groups a filter stage dropped all of (it
+        # gets no values): each batch then has statistics, and nothing looks one up in vain.
+        for b in np.unique(rows.batch.numpy()):
             at = batch == b
             yield int(b), (values[at], weights[at])
 

@@ -123,6 +123,60 @@ def copy_fields(task_type: pa.DataType) -> list[pa.Field]:
     return [pa.field(COPY_INDEX, pa.int32()), pa.field(SOURCE_TASK, task_type)]
 
 
+class CopyIndex:
+    """Copy plans as sorted arrays, so that a read unit finds its rows' copies with vectorised
+    lookups (no loop over its rows, no pass over the unit per batch).
+
+    copy_plans: {batch: (stride, plan table with columns task, copies)}, the side input;
+    batches: the batches to index (a read unit's), default all. Keys are batch position *
+    tasks + task code, tasks dictionary-encoded over the indexed plans.
+    """
+
+    def __init__(self, copy_plans, task_type: pa.DataType, batches=None):
+        wanted = sorted(copy_plans) if batches is None else [b for b in batches if b in copy_plans]
+        self.batches = np.array(wanted, dtype=np.int64)
+        entries = [copy_plans[b] for b in self.batches.tolist()]
+        self.strides = np.array([stride for stride, _ in entries], dtype=np.int64)
+        tables = [plan for _, plan in entries]
+        # One concatenation, then one pass over the columns (a cast per tiny plan would cost
+        # more than the whole lookup when a unit holds thousands of batches).
+        plans = pa.concat_tables(tables).combine_chunks() if tables else None
+        if plans is None or not plans.num_rows:
+            self.dictionary, self.width = pa.array([], task_type), 1
+            self.keys, self.copies = np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return
+        encoded = pc.dictionary_encode(pc.cast(plans["task"], task_type).combine_chunks())
+        self.dictionary, self.width = encoded.dictionary, max(len(encoded.dictionary), 1)
+        code = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        plan_batch = np.repeat(np.arange(len(tables), dtype=np.int64), [t.num_rows for t in tables])
+        keys = plan_batch * self.width + code
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.copies = np.asarray(plans["copies"].to_numpy(), dtype=np.int64)[order]
+
+    def lookup(self, batch: np.ndarray, task: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(copies (n,), strides (n,)) int64 of each row: how many copies its (batch, task)
+        group's plan asks for (0 without one) and its batch's task-id stride (0 without a plan)."""
+        n = len(batch)
+        copies = np.zeros(n, dtype=np.int64)
+        strides = np.zeros(n, dtype=np.int64)
+        if not n or not len(self.batches):
+            return copies, strides
+        pos = np.minimum(np.searchsorted(self.batches, batch), len(self.batches) - 1)
+        planned = self.batches[pos] == batch
+        strides[planned] = self.strides[pos[planned]]
+        if not len(self.keys):
+            return copies, strides
+        where = pc.index_in(task, value_set=self.dictionary)
+        known = np.asarray(where.is_valid().to_numpy(zero_copy_only=False), dtype=bool) & planned
+        code = np.asarray(where.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        key = pos * self.width + code
+        at = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        found = known & (self.keys[at] == key)
+        copies[found] = self.copies[at[found]]
+        return copies, strides
+
+
 def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> tuple[pa.Table, np.ndarray, list[pa.Array]]:
     """`table` (kept rows) followed by the copies the plan asks for.
 
@@ -131,22 +185,13 @@ def expand_copies(table: pa.Table, copy_plans: dict, task_type: pa.DataType) -> 
     every other column, the score included, is the original's.
     """
     n = table.num_rows
-    copies = np.zeros(n, dtype=np.int64)
-    strides = np.zeros(n, dtype=np.int64)
     batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64) if n else np.zeros(0, np.int64)
     task = pc.cast(table["task"], task_type).combine_chunks() if n else pa.array([], task_type)
-    for b in np.unique(batch).tolist():
-        if b not in copy_plans:
-            continue
-        stride, plan = copy_plans[b]
-        at = np.flatnonzero(batch == b)
-        where = pc.index_in(task.take(pa.array(at)), value_set=plan["task"].combine_chunks())
-        found = np.asarray(where.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        idx = np.asarray(where.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        copies[at[found]] = plan["copies"].to_numpy()[idx[found]]
-        strides[at] = stride
+    # Index only this unit's batches: its cost follows the unit, not the run's batch count.
+    copies, strides = CopyIndex(copy_plans, task_type, np.unique(batch).tolist()).lookup(batch, task)
+    # Copy k = 1..copies[i] of row i, in row order: one vectorised pass, no loop over rows.
     source = np.repeat(np.arange(n), copies)
-    index = np.concatenate([np.arange(1, k + 1) for k in copies[copies > 0]]) if copies.any() else np.zeros(0, np.int64)
+    index = np.arange(len(source), dtype=np.int64) - np.repeat(np.cumsum(copies) - copies, copies) + 1
     rows_out = np.concatenate([np.arange(n), source])
     copy_index = np.concatenate([np.zeros(n, np.int64), index]).astype(np.int32)
     source_task = task.take(pa.array(rows_out))

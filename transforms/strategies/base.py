@@ -147,7 +147,9 @@ class Strategy(Protocol):
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         """The statistics of one batch from all its values and weights, sorted by
-        (value, weight) so that the result never depends on arrival order."""
+        (value, weight) so that the result never depends on arrival order. The arrays may be
+        empty (a filter stage dropped every group of the batch): return finite placeholders
+        then; no row of such a batch is scored."""
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         """Score every row. `batch_stats` is (n, k) float64, the batch_stats of each row's

@@ -28,6 +28,7 @@ from transforms.strategies.segments import (
     per_row,
     segment_max,
     segment_sum,
+    zero_spread,
 )
 
 WHITEN_EPSILON = 1e-8
@@ -49,6 +50,9 @@ def logavgexp_baseline(reward: Tensor, offsets: Tensor, tau: float) -> Tensor:
     peak = segment_max(x, offsets)
     lse = peak + torch.log(segment_sum(torch.exp(x - per_row(peak, offsets)), offsets))
     b = tau * (lse - torch.log(sizes.to(reward.dtype)))
+    # All rewards equal: the baseline is that reward exactly (float rounding of the formula
+    # above would leave scores of ~1e-16).
+    b = torch.where(zero_spread(reward, offsets), group_stats(reward, offsets)[0], b)
     return torch.where(sizes == 1, torch.zeros_like(b), b)
 
 
@@ -58,10 +62,11 @@ def opmd_scores(reward: Tensor, offsets: Tensor, *, baseline: str, tau: float) -
 
 
 def asymre_scores(reward: Tensor, offsets: Tensor, *, baseline_shift: float) -> Tensor:
-    sizes = offsets[1:] - offsets[:-1]
-    b = group_mean(reward, offsets) + baseline_shift
-    b = torch.where(sizes == 1, torch.zeros_like(b), b)
-    return reward - per_row(b, offsets)
+    # (r - mean) - shift rather than r - (mean + shift): equal mathematically, and a group whose
+    # rewards are all equal then scores exactly -shift.
+    single = per_row((offsets[1:] - offsets[:-1]) == 1, offsets)
+    shifted = (reward - per_row(group_mean(reward, offsets), offsets)) - baseline_shift
+    return torch.where(single, reward, shifted)
 
 
 def dr_grpo_scores(reward: Tensor, offsets: Tensor) -> Tensor:
@@ -79,11 +84,16 @@ def whiten_stats(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]
     var = sum(w (s - mu)^2) / (sum(w) - 1), Bessel-corrected over tokens as verl does.
 
     With no weight at all mu = 0; with a total weight of 1 or less var = 0 (one token has no
-    spread). Callers pass values sorted by (value, weight), so the sums have a fixed order.
+    spread). When every weighted value is the same (rows without weight do not count), mu is
+    that value and var is exactly 0, whatever float rounding says (the spec's zero spread).
+    Callers pass values sorted by (value, weight), so the sums have a fixed order.
     """
     total = math.fsum(weights)
     if total <= 0:
         return 0.0, 0.0
+    weighted = values[weights > 0]
+    if weighted.min() == weighted.max():
+        return float(weighted[0]), 0.0
     mu = math.fsum(values * weights) / total
     if total <= 1:
         return mu, 0.0

@@ -53,11 +53,16 @@ def grpo_scores(
 
     A group of one row has mean 0 and std 1, so its score is r / (1 + epsilon) (or
     r / (batch std + epsilon) with a batch std), as in Trinity-RFT.
+
+    Zero spread is exact (segments.zero_spread): a group whose rewards are all equal has
+    r - mean = 0 and std = 0, and a row whose std (group or batch) is exactly 0 scores exactly
+    0, with epsilon = 0 too (never 0 / 0 = NaN or r / 0 = inf).
     """
     single = (offsets[1:] - offsets[:-1]) == 1
     mean, std = group_stats(reward, offsets)
     denominator = batch_std if batch_std is not None else per_row(std, offsets)
     score = (reward - per_row(mean, offsets)) / (denominator + epsilon)
+    score = torch.where(denominator == 0, torch.zeros_like(score), score)
     if std_threshold is None:
         keep_group = torch.ones_like(single)
     else:

@@ -32,29 +32,65 @@ def segment_max(values: Tensor, offsets: Tensor) -> Tensor:
     return torch.segment_reduce(values, "max", offsets=offsets, unsafe=True)
 
 
+def segment_min(values: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) minima of non-empty segments."""
+    if offsets.numel() <= 1:
+        return values.new_zeros(0)
+    return torch.segment_reduce(values, "min", offsets=offsets, unsafe=True)
+
+
+def zero_spread(values: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) bool: every value of the group is the same (max == min), decided exactly.
+
+    This is the spec's "all equal -> spread exactly 0" rule: six rewards of 0.1 have mean 0.1 and
+    std 0 whatever a float sum of them says. Empty groups are False. Every statistic below
+    uses it, so strategies built on these helpers inherit the rule.
+    """
+    if offsets.numel() <= 1:
+        return torch.zeros(0, dtype=torch.bool, device=values.device)
+    if values.numel() == 0:
+        return torch.zeros(offsets.numel() - 1, dtype=torch.bool, device=values.device)
+    sizes = offsets[1:] - offsets[:-1]
+    return (sizes > 0) & (segment_max(values, offsets) == segment_min(values, offsets))
+
+
 def per_row(per_group: Tensor, offsets: Tensor) -> Tensor:
     """Broadcast a (G,) tensor to the (n,) rows of each group."""
     return torch.repeat_interleave(per_group, offsets[1:] - offsets[:-1])
 
 
-def mean_and_std(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    """(G,) mean and unbiased std (ddof=1) of each group, two-pass for accuracy.
+def _mean_and_sq_dev(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(G,) exact-zero-spread-aware mean, sum of squared deviations, and group sizes.
 
-    Groups of one row get std NaN (ddof=1 is undefined); callers decide what a singleton means.
+    A group whose values are all equal (zero_spread) gets mean = that value and a sum of squared
+    deviations of exactly 0; the others are two-pass sums in a fixed order.
     """
     sizes = (offsets[1:] - offsets[:-1]).to(values.dtype)
     mean = segment_sum(values, offsets) / sizes
+    flat = zero_spread(values, offsets)
+    if values.numel():
+        mean = torch.where(flat, values[offsets[:-1].clamp(max=values.numel() - 1)], mean)
     dev = values - per_row(mean, offsets)
-    var = segment_sum(dev * dev, offsets) / (sizes - 1)
+    sq = segment_sum(dev * dev, offsets)
+    return mean, torch.where(flat, torch.zeros_like(sq), sq), sizes
+
+
+def mean_and_std(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """(G,) mean and unbiased std (ddof=1) of each group, two-pass for accuracy.
+
+    A group whose values are all equal has mean = that value and std exactly 0 (zero_spread).
+    Groups of one row get std NaN (ddof=1 is undefined); callers decide what a singleton means.
+    """
+    mean, sq, sizes = _mean_and_sq_dev(values, offsets)
+    var = sq / (sizes - 1)
     return mean, torch.sqrt(var)
 
 
 def population_var(values: Tensor, offsets: Tensor) -> Tensor:
-    """(G,) population variance (ddof=0) of each group, two-pass."""
-    sizes = (offsets[1:] - offsets[:-1]).to(values.dtype)
-    mean = segment_sum(values, offsets) / sizes
-    dev = values - per_row(mean, offsets)
-    return segment_sum(dev * dev, offsets) / sizes
+    """(G,) population variance (ddof=0) of each group, two-pass; exactly 0 for a group whose
+    values are all equal (zero_spread)."""
+    _, sq, sizes = _mean_and_sq_dev(values, offsets)
+    return sq / sizes
 
 
 def group_stats(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:

@@ -163,8 +163,8 @@ def copy_task_ids(task: pa.Array, copy_index: np.ndarray, stride: int) -> pa.Arr
     if pa.types.is_integer(task.type):
         values = np.asarray(task.to_numpy(zero_copy_only=False), dtype=np.int64)
         return pa.array(values + copy_index.astype(np.int64) * np.int64(stride), pa.int64())
-    suffix = pa.array([f"#copy{k}" for k in copy_index.tolist()], pa.string())
-    return pc.binary_join_element_wise(task.cast(pa.string()), suffix, "")
+    number = pc.cast(pa.array(np.asarray(copy_index, dtype=np.int64)), pa.string())
+    return pc.binary_join_element_wise(task.cast(pa.string()), "#copy", number, "")
 
 
 @register(
