@@ -41,7 +41,7 @@ CONFIG_KEYS = {
     "io_threads": "read units each worker reads or writes at once (0: one per core, at most 4)",
     "device": "where the torch math runs: auto, cpu or cuda",
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
-    "incremental": "score only input files not yet in the output's manifest, into a new run directory",
+    "incremental": "keep the output as a Delta Lake table; rescore only batches that new, changed or deleted input touches",
     "pipeline_options": "mapping of Beam pipeline options",
 }
 
@@ -132,9 +132,12 @@ def _parser() -> argparse.ArgumentParser:
         "--incremental",
         action="store_true",
         default=None,
-        help="score only input files not yet in OUTPUT/_manifest.json, into OUTPUT/run=<UTC time>/",
+        help="keep OUTPUT as a Delta Lake table and rescore only the batches new, changed or deleted input touches (docs/runners.md)",
     )
-    p.add_argument("--run-name", "--run_name", help="with --incremental: the run directory's name (default run=YYYYMMDDTHHMMSS, UTC)")
+    p.add_argument(
+        "--run-name", "--run_name",
+        help="with --incremental: the run's name, one path component [A-Za-z0-9][A-Za-z0-9._=+-]* (default run=YYYYMMDDTHHMMSS, UTC)",
+    )
     p.add_argument(
         "--no-wait", "--no_wait", action="store_true", help="submit to a remote runner and return without waiting (Flex Templates)"
     )

@@ -169,25 +169,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
-    manifest = incremental.load_manifest(cfg.output)
-    files = incremental.list_inputs(cfg.inputs)
-    chosen = incremental.select(files, manifest)
-    for path in chosen.changed:
-        log.warning("%s changed since it was scored (size or mtime); scoring it again", path)
-    if not chosen.new:
-        return {"nothing_new": True, "input_files": len(files), "output": cfg.output, "strategy": ",".join(cfg.strategies)}
-    if not cfg.wait:
-        raise ConfigError("--incremental waits for the run to finish before it records it; drop --no-wait")
-    for path in incremental.remove_failed_runs(cfg.output, manifest):
-        log.info("removed %s, a failed earlier run", path)
-    name = cfg.run_name or incremental.run_name()
-    run_output = storage.join(cfg.output, name)
-    if storage.exists(storage.join(run_output, SUCCESS)):
-        raise ConfigError(f"{run_output} already holds a finished run; pick another --run-name")
-    info = {"incremental": {"run": name, "new_files": len(chosen.new), "already_scored": chosen.already}}
-    doc = _run_once(replace(cfg, inputs=[f.path for f in chosen.new], output=run_output, incremental=False), info)
-    incremental.record(cfg.output, name, chosen.new)
-    return doc
+    """Batch-level incremental rescoring into a Delta Lake table (pipelines/incremental.py)."""
+    return incremental.run(cfg)
 
 
 def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -242,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines import report
 
         return report.main(argv[1:])
+    if argv[:1] == ["show"]:
+        from pipelines import show
+
+        return show.main(argv[1:])
     quiet = "--quiet" in argv
     started = time.monotonic()
     try:
@@ -249,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    except RejectBudgetExceeded as e:
+    except (RejectBudgetExceeded, incremental.ConflictError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -270,14 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if doc.get("nothing_new"):
         if not quiet:
-            print(
-                f"rescore: nothing new to score: all {doc['input_files']} input files are already in "
-                f"{incremental.manifest_path(doc['output'])}",
-                file=sys.stderr,
-            )
+            print(f"rescore: {doc['message']}", file=sys.stderr)
         return EXIT_OK
     if not quiet:
-        print(_summary(doc, time.monotonic() - started), file=sys.stderr)
+        if "totals" in doc:
+            print(_summary(doc, time.monotonic() - started), file=sys.stderr)
+        if doc.get("incremental", {}).get("summary"):
+            print(doc["incremental"]["summary"], file=sys.stderr)
     return EXIT_OK
 
 
