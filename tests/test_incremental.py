@@ -297,20 +297,22 @@ def test_orphan_files_of_a_killed_commit_are_invisible(tmp_path, days, capsys):
     assert duckdb.sql("SELECT count(*) FROM dataset").fetchall()[0][0] == rows.num_rows
 
 
-def test_two_overlapping_runs(tmp_path, days):
+def test_two_overlapping_runs(tmp_path, days, capsys):
+    import pipelines.rescore  # noqa: F401  (imported before the race: Beam and torch take seconds)
+
     inp, first, second = days
     out = str(tmp_path / "table")
     write(first + second, str(inp / "a.parquet"))
-    slow = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_FAULT": "slow_write:3"})
-    lock = os.path.join(out, "_rescore", "lock")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(lock) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    second_run = subprocess_incremental([str(inp / "*.parquet")], out)
-    code, err = second_run.wait(timeout=300), second_run.stderr.read()
+    slow = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_FAULT": "slow_write:8"})
+    runs = os.path.join(out, "_rescore", "runs")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any("_staging" in d for d, _, fs in os.walk(runs) if fs):
+        time.sleep(0.1)
+    code, err = incremental([str(inp / "*.parquet")], out, "--quiet", capsys=capsys)  # while the first one writes
     assert code == 1, err
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("rescore: error: another incremental run into this output is in progress (pid ")
+    assert f"pid {slow.pid} on " in err
     assert slow.wait(timeout=300) == 0, slow.stderr.read()
     assert_same_rows(current(out), one_shot([str(inp / "*.parquet")], str(tmp_path / "ref")))
 
