@@ -4,7 +4,7 @@
       _delta_log/                  its transaction log; every Rescore commit carries the run's
                                    bookkeeping (input files, their fingerprints and batches)
       part-*.parquet               data files (written by delta-rs, referenced by the log)
-      _rescore/lock                the running run (pid, host, start), absent between runs
+      _rescore/lock                flock'ed by the running run, which writes its pid, host, start
       _rescore/runs/RUN/           a run's work: metrics.json and rejected-*.parquet are kept
 
 A run (see docs/runners.md):
@@ -301,8 +301,12 @@ def parse_state(doc: Any, where: str) -> State:
     return State(None, doc.get("config_hash"), doc.get("strategy"), inputs, dict(files), list(runs))
 
 
-def is_table(output: str) -> bool:
-    return storage.exists(storage.join(output, DELTA_LOG))
+def is_table(output: str, storage_options: dict | None = None) -> bool:
+    if storage.is_local(output):
+        return os.path.isdir(os.path.join(output, DELTA_LOG))
+    from deltalake import DeltaTable  # object stores have no directories to look for
+
+    return DeltaTable.is_deltatable(table_uri(output), storage_options=storage_options)
 
 
 def load_state(output: str, *, storage_options: dict | None = None) -> State:
@@ -401,47 +405,29 @@ def select(files: list[InputFile], state: State, *, rebuild: bool = False, skip_
 # --- the lock ---------------------------------------------------------------------------------
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (guards against pid reuse)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(pid: int, ticks: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    now = _start_ticks(pid)
-    return ticks is None or now is None or now == ticks
-
-
 class RunLock:
-    """OUTPUT/_rescore/lock, created exclusively: one incremental run at a time per output.
+    """OUTPUT/_rescore/lock: one incremental run at a time per output.
 
-    A lock whose holder is a dead process on this host is stale and taken over. On object
-    stores the lock is best effort (no exclusive create through Beam's FileSystems); there the
-    Delta commit, made against the version the run started from and never retried, is what
-    keeps two runs from mixing (the later one fails at its commit)."""
+    Local outputs: an exclusive flock(2) on the file, which the kernel releases when the
+    holder exits in any way (a SIGKILLed run never blocks the next one); the file says who
+    holds it (pid, host, start). On object stores the lock is best effort (Beam's file
+    systems have no exclusive create): there the Delta commit, made against the version the
+    run started from and never retried, is what keeps two runs from mixing."""
 
     def __init__(self, output: str):
         self.path = storage.join(output, WORK, "lock")
         self.held = False
+        self._fd: int | None = None
 
     def _holder(self) -> dict:
         try:
-            return json.loads(storage.read_text(self.path))
+            return json.loads(storage.read_text(self.path) or "{}")
         except (OSError, ValueError):
             return {}
 
     def acquire(self) -> None:
         me = {
-            "pid": os.getpid(), "host": socket.gethostname(), "ticks": _start_ticks(os.getpid()),
+            "pid": os.getpid(), "host": socket.gethostname(),
             "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         if not storage.is_local(self.path):
@@ -451,47 +437,45 @@ class RunLock:
             storage.write_text(self.path, json.dumps(me))
             self.held = True
             return
+        import fcntl
+
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = self._holder()
+            if not holder:  # the holder is writing its name this instant
+                time.sleep(0.2)
                 holder = self._holder()
-                if not holder:  # being written this instant, or garbage from a crash
-                    time.sleep(0.2)
-                    holder = self._holder()
-                stale = (
-                    holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
-                    and not _alive(holder["pid"], holder.get("ticks"))
-                ) or (not holder and time.time() - os.path.getmtime(self.path) > 60)
-                if not stale:
-                    raise ConflictError(self._busy(holder)) from None
-                log.info("removing the lock of a dead run (%s)", self._describe(holder))
-                try:
-                    os.remove(self.path)
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return
-        raise ConflictError(f"cannot take the lock {self.path}; another run keeps taking it")
+            raise ConflictError(self._busy(holder)) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(me).encode())
+        os.fsync(fd)
+        self._fd = fd
+        self.held = True
 
     @staticmethod
     def _describe(holder: dict) -> str:
-        return f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}"
+        return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
 
     def _busy(self, holder: dict) -> str:
         return (
             f"another incremental run into this output is in progress ({self._describe(holder)}; lock {self.path}); "
-            "nothing was done. If that run is dead on another host, delete the lock"
+            "nothing was done"
         )
 
     def release(self) -> None:
-        if self.held:
+        if not self.held:
+            return
+        if self._fd is None:
             storage.delete([self.path])
-            self.held = False
+        else:  # emptied, not removed: removing a flocked file lets a waiter lock a dead inode
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+        self.held = False
 
     def __enter__(self):
         self.acquire()
