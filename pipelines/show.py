@@ -106,14 +106,15 @@ def main(argv: list[str]) -> int:
     from pipelines.load import OutputError
     from transforms.read import InputError
 
-    parser = argparse.ArgumentParser(prog="rescore show", description="What a Rescore output holds.")
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line, like every other Rescore failure
+            raise OutputError(message)
+
+    parser = _Parser(prog="rescore show", description="What a Rescore output holds.")
     parser.add_argument("path", help="a one-shot output directory or an incremental table")
     parser.add_argument("--batches", action="store_true", help="list rows per batch")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:
-        return 0 if e.code == 0 else 2
-    try:
         lines = describe(args.path, batches=args.batches)
     except (OutputError, InputError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)

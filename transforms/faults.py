@@ -6,6 +6,8 @@ The environment variable RESCORE_FAULT selects one fault; worker processes inher
                        creating PATH first, so a retry or a rerun goes through
     slow_write:SECONDS every write step sleeps this long after staging a file, so a test can
                        kill the job while output is half written
+    kill_at:STEP       an --incremental run SIGKILLs itself at STEP: locked, planned,
+                       before_commit, after_commit (pipelines/incremental.py)
 """
 
 from __future__ import annotations
