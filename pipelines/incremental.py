@@ -671,6 +671,7 @@ def run(cfg) -> dict[str, Any]:
         }
         whole = {f.path for f in chosen.new + chosen.changed}
         sources = [f for f in files if f in chosen.sources or f.path in whole]
+        info["source_files"] = len(sources)
         doc: dict[str, Any] = {}
         schema = None
         if sources:

@@ -335,6 +335,33 @@ def test_a_commit_against_a_stale_version_fails_cleanly(tmp_path, days, capsys):
 # --- bookkeeping, names and one-line failures ------------------------------------------------
 
 
+def test_canonical_location(tmp_path, monkeypatch):
+    from pipelines.incremental import canonical
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.parquet").write_bytes(b"x")
+    os.symlink(tmp_path / "in", tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+    real = os.path.realpath(tmp_path / "in" / "a.parquet")
+    for spelling in ("in/a.parquet", "./in/a.parquet", "in/../in/a.parquet", str(tmp_path / "link" / "a.parquet")):
+        assert canonical(spelling) == real
+    assert canonical("GS://Bucket/exp//day1/./a.parquet") == "gs://bucket/exp/day1/a.parquet"
+    assert canonical("gs://bucket/exp/x/../day1/a.parquet") == "gs://bucket/exp/day1/a.parquet"
+
+
+def test_touched_batches_from_statistics_or_the_column(tmp_path):
+    from pipelines.incremental import file_batches, row_group_may_hold
+
+    rows = [{"batch": b, "task": 1, "run": r, "step": 0, "reward": 0.0, "tokens": [], "prompt_length": 0,
+             "logprobs": [], "action_mask": [], "note": None} for b in (4, 4, 9, 9, 12, 15) for r in range(2)]
+    path = str(tmp_path / "f.parquet")
+    write(rows, path, row_group_size=4)  # row groups: {4}, {9}, {12, 15}
+    assert file_batches(path) == [4, 9, 12, 15]
+    assert row_group_may_hold(path, {9}) == [0, 4, 0]
+    assert row_group_may_hold(path, {13}) == [0, 0, 4]  # statistics are a range: 13 may be in [12, 15]
+    assert row_group_may_hold(path, {5, 20}) == [0, 0, 0]
+
+
 def _cli(argv, cwd=ROOT):
     proc = subprocess.run([sys.executable, "-m", "pipelines.rescore", *argv], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
