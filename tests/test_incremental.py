@@ -148,6 +148,39 @@ def test_group_split_across_two_arrivals_is_scored_whole(tmp_path, days, capsys)
     assert_same_rows(current(out), whole)
 
 
+def test_several_days_of_arriving_changing_and_deleted_files(tmp_path, capsys):
+    """Row groups that span batches (statistics are ranges), groups split over up to three
+    files, string task ids; after each day the table equals a one-shot run over what is there."""
+    rows = experience(21, batches=6, max_tasks=4, max_runs=7, string_tasks=True)
+    inp, out = tmp_path / "in", str(tmp_path / "table")
+    parts = {k: [r for r in rows if r["run"] % 3 == k] for k in range(3)}
+    schema = SCHEMA_INT_TASK.set(SCHEMA_INT_TASK.get_field_index("task"), pa.field("task", pa.string()))
+
+    def put(name, chunk):
+        os.makedirs(inp, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(chunk, schema=schema), str(inp / name), row_group_size=7)
+
+    def day(n):
+        code, err = incremental([str(inp)], out, "--run-name", f"day{n}", capsys=capsys)
+        assert code == 0, err
+        assert_same_rows(current(out), one_shot([str(inp)], str(tmp_path / f"ref{n}")))
+
+    put("a.parquet", parts[0])
+    put("b.parquet", [r for r in parts[1] if r["batch"] < 3])
+    day(1)
+    put("c.parquet", parts[2] + [r for r in parts[1] if r["batch"] >= 3])
+    put("a.parquet", [dict(r, reward=-r["reward"]) for r in parts[0]])
+    day(2)
+    os.remove(inp / "b.parquet")
+    put("d.parquet", [r for r in parts[1] if r["batch"] < 2])
+    day(3)
+    code, err = incremental([str(inp)], out, capsys=capsys)
+    assert code == 0 and "nothing new to score" in err
+    from pipelines.incremental import load_state
+
+    assert [r["run"] for r in load_state(out).runs] == ["day1", "day2", "day3"]
+
+
 def test_untouched_batches_are_not_reread(tmp_path, capsys):
     rows = experience(3, batches=3, max_tasks=4)
     inp, out = tmp_path / "in", str(tmp_path / "table")
