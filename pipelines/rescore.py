@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import replace
 from typing import Any
 
 import apache_beam as beam
