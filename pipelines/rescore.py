@@ -4,6 +4,7 @@
             [--config FILE.yaml] [beam options...]
     rescore sample --output DIR [--rows N]      # write sample experience to try it on
     rescore report OUTPUT_DIR [--to DIR]        # report.html and charts of a finished run
+    rescore show OUTPUT [--batches]             # rows, batches, runs, pending input (pipelines/show.py)
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
