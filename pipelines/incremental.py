@@ -633,8 +633,12 @@ def run(cfg) -> dict[str, Any]:
                 f"strategy or parameters differ ({scoring.name}, config {chash[:12]}): pass --overwrite to rescore "
                 "every batch with them, or use another --output"
             )
-        if any(r["run"] == name for r in state.runs):
+        used = {r["run"] for r in state.runs}
+        if name in used and cfg.run_name:
             raise ConfigError(f"{cfg.output} already has a run named {name}; pick another --run-name")
+        base, k = name, 1
+        while name in used:  # two runs within one second
+            name, k = f"{base}-{k}", k + 1
         _clean_work(cfg.output, state)
         files = list_inputs(cfg.inputs)
         out_real = canonical(table_uri(cfg.output)).rstrip("/") + "/"

@@ -181,6 +181,28 @@ def test_several_days_of_arriving_changing_and_deleted_files(tmp_path, capsys):
     assert [r["run"] for r in load_state(out).runs] == ["day1", "day2", "day3"]
 
 
+def test_default_run_names_are_utc_times_and_unique(tmp_path, capsys):
+    from pipelines.incremental import load_state, run_name
+
+    rows = experience(8, batches=2, max_tasks=3)
+    inp, out = tmp_path / "in", str(tmp_path / "table")
+    write([r for r in rows if r["batch"] == 0], str(inp / "a.parquet"))
+    assert incremental([str(inp)], out, capsys=capsys)[0] == 0
+    write([r for r in rows if r["batch"] == 1], str(inp / "b.parquet"))
+    import pipelines.incremental as inc
+
+    first = load_state(out).runs[0]["run"]
+    assert len(first) == len("run=20261122T030000") and first[12] == "T"
+    original = inc.run_name
+    try:
+        inc.run_name = lambda: first  # the same second again
+        assert incremental([str(inp)], out, capsys=capsys)[0] == 0
+    finally:
+        inc.run_name = original
+    assert [r["run"] for r in load_state(out).runs] == [first, f"{first}-1"]
+    assert run_name().startswith("run=")
+
+
 def test_untouched_batches_are_not_reread(tmp_path, capsys):
     rows = experience(3, batches=3, max_tasks=4)
     inp, out = tmp_path / "in", str(tmp_path / "table")
