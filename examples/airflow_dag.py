@@ -1,5 +1,8 @@
 """Airflow: rescore each day's new experience on Dataflow, incrementally.
 
+Each run rescores the batches that new, changed or deleted files touch and commits them to the
+Delta Lake table at `output` in one transaction (docs/runners.md); one run at a time.
+
 Needs apache-airflow-providers-apache-beam and rescore[gcp] on the Airflow workers. The
 options below are Rescore's CLI flags (tests/test_runners.py parses them); the operator turns
 True into a bare flag and every other value into --name=value.
@@ -22,7 +25,7 @@ RESCORE_OPTIONS = {
     "temp_location": "gs://BUCKET/tmp",
 }
 
-with DAG("rescore_daily", start_date=datetime(2026, 11, 1), schedule="0 3 * * *", catchup=False) as dag:
+with DAG("rescore_daily", start_date=datetime(2026, 11, 1), schedule="0 3 * * *", catchup=False, max_active_runs=1) as dag:
     BeamRunPythonPipelineOperator(
         task_id="rescore",
         py_file="/opt/rescore/pipelines/rescore.py",

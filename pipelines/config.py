@@ -45,7 +45,7 @@ CONFIG_KEYS = {
     "accelerator": "Beam accelerator resource hint for the scoring and writing steps",
     "keep_filtered": "write the rows a filter drops to filtered-*.parquet with a filter_reason",
     "audit_columns": "add group_size, group_reward_mean, group_reward_std, baseline to every scored row",
-    "incremental": "score only input files not yet in the output's manifest, into a new run directory",
+    "incremental": "keep the output as a Delta Lake table; rescore only batches that new, changed or deleted input touches",
     "pipeline_options": "mapping of Beam pipeline options",
     "input_table": "with a database URL as input: the Trinity-RFT experience buffer (table) to read",
     "input_format": "parquet (default) or verl-rollouts (verl rollout_data_dir *.jsonl)",
@@ -169,7 +169,11 @@ def _parser() -> argparse.ArgumentParser:
         "--incremental",
         action="store_true",
         default=None,
-        help="score only input files not yet in OUTPUT/_manifest.json, into OUTPUT/run=<UTC time>/",
+        help="keep OUTPUT as a Delta Lake table and rescore only the batches new, changed or deleted input touches (docs/runners.md)",
+    )
+    p.add_argument(
+        "--run-name", "--run_name",
+        help="with --incremental: the run's name, one path component [A-Za-z0-9][A-Za-z0-9._=+-]* (default run=YYYYMMDDTHHMMSS, UTC)",
     )
     p.add_argument(
         "--keep-filtered",
@@ -186,7 +190,6 @@ def _parser() -> argparse.ArgumentParser:
         help="add to every scored row the numbers its score came from: group_size, group_reward_mean, "
         "group_reward_std, batch_reward_std, baseline",
     )
-    p.add_argument("--run-name", "--run_name", help="with --incremental: the run directory's name (default run=YYYYMMDDTHHMMSS, UTC)")
     p.add_argument(
         "--no-wait", "--no_wait", action="store_true", help="submit to a remote runner and return without waiting (Flex Templates)"
     )

@@ -1,87 +1,79 @@
-"""Scheduled, incremental rescoring: score only the input files a previous run has not.
+"""Scheduled, incremental rescoring into a Delta Lake table: the batch is the unit of work.
 
-    OUTPUT/
-      _manifest.json              every input file already scored: path, size, mtime, run
-      run=20261122T030000/        one finished run: scored-*, rejected-*, metrics.json, _SUCCESS
-      run=20261123T030000/        the next day's new files only
+    OUTPUT/                        a Delta Lake table: the current scored rows
+      _delta_log/                  its transaction log; every Rescore commit carries the run's
+                                   bookkeeping (input files, their fingerprints and batches)
+      part-*.parquet               data files (written by delta-rs, referenced by the log)
+      _rescore/lock                flock'ed by the running run, which writes its pid, host, start
+      _rescore/runs/RUN/           a run's work: metrics.json and rejected-*.parquet are kept
 
-A run lists the input, keeps the files the manifest does not hold (or whose size or mtime has
-changed since), scores them into a new run directory, and adds them to the manifest only after
-that directory has its _SUCCESS. A failed run leaves the manifest as it was, so the next run
-picks the same files up again (and removes the failed run's directory).
+A run (see docs/runners.md):
+1. lists the input and identifies each file by its canonical location (real path, normalised
+   URL) and a content fingerprint (size, mtime, sha256 of the Parquet footer);
+2. compares with the bookkeeping of the table's last Rescore commit: new, changed and deleted
+   files; the batches they hold (or held) are the *touched* batches (from the footer's `batch`
+   statistics where a row group holds one batch, else from the `batch` column itself);
+3. scores every touched batch from ALL current input files that hold rows of it (only the row
+   groups whose statistics can hold a touched batch are read), with the one-shot pipeline,
+   into _rescore/runs/RUN/;
+4. replaces the touched batches' rows in ONE Delta commit (replace-where `batch IN (...)`),
+   together with the new bookkeeping; the commit is made against the table version the run
+   started from and is never retried, so a concurrent commit makes it fail cleanly.
+
+Before the commit the table is unchanged (readers see the previous version); after it they
+see the new one; there is no state in between. A killed run leaves at most an unreferenced
+work directory and unreferenced data files, which the next run removes or ignores.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
+import re
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow as pa
 
 from transforms import storage
 from transforms.read import InputError
 
 log = logging.getLogger("rescore")
 
-MANIFEST = "_manifest.json"
 RUN_PREFIX = "run="
+WORK = "_rescore"
+DELTA_LOG = "_delta_log"
+STATE_KEY = "rescore.state"
+STATE_VERSION = 2
+LEGACY_MANIFEST = "_manifest.json"
+RUN_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}"
+"""--run-name: one path component: letters, digits and . _ = + -, starting with a letter or
+digit, at most 128 characters, and never `..` (so never a path, never absolute)."""
 
 
-@dataclass(frozen=True)
-class InputFile:
-    path: str
-    size: int
-    mtime: float
-
-    def entry(self, run: str) -> dict:
-        return {"size": self.size, "mtime": self.mtime, "run": run}
+class ConflictError(RuntimeError):
+    """Another run committed to the table, or holds its lock (exit 1, one line)."""
 
 
-@dataclass(frozen=True)
-class Selection:
-    new: list[InputFile]
-    already: int
-    changed: list[str]
+# --- names and identity -----------------------------------------------------------------
 
 
-def manifest_path(output: str) -> str:
-    return storage.join(output, MANIFEST)
+def check_run_name(name: str) -> str:
+    if not re.fullmatch(RUN_NAME_PATTERN, name) or ".." in name:
+        from transforms.strategies import ConfigError
 
-
-def load_manifest(output: str) -> dict[str, dict]:
-    path = manifest_path(output)
-    if not storage.exists(path):
-        return {}
-    try:
-        doc = json.loads(storage.read_text(path))
-        return dict(doc["files"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{path} is not a Rescore manifest ({e}); move it away to start over") from None
-
-
-def list_inputs(patterns: list[str]) -> list[InputFile]:
-    files: dict[str, InputFile] = {}
-    for pattern in patterns:
-        found = storage.match_stats(pattern)
-        if not found:
-            raise InputError(f"no input files match {pattern!r}")
-        for path, size, mtime in found:
-            files[path] = InputFile(path, size, mtime)
-    return [files[p] for p in sorted(files)]
-
-
-def select(files: list[InputFile], manifest: dict[str, dict]) -> Selection:
-    """The files to score: not in the manifest, or changed (size or mtime) since they were."""
-    new, changed = [], []
-    for f in files:
-        seen = manifest.get(f.path)
-        if seen is None:
-            new.append(f)
-        elif seen.get("size") != f.size or seen.get("mtime") != f.mtime:
-            new.append(f)
-            changed.append(f.path)
-    return Selection(new, len(files) - len(new), changed)
+        raise ConfigError(
+            f"--run-name {name!r} must be one path component matching {RUN_NAME_PATTERN} "
+            "(letters, digits, . _ = + -; no '/', no '..')"
+        )
+    return name
 
 
 def run_name(now: datetime | None = None) -> str:
@@ -89,25 +81,698 @@ def run_name(now: datetime | None = None) -> str:
     return f"{RUN_PREFIX}{now.strftime('%Y%m%dT%H%M%S')}"
 
 
-def record(output: str, run: str, files: list[InputFile]) -> None:
-    """Add `files` to the manifest (after the run's _SUCCESS); written whole, then renamed."""
-    manifest = load_manifest(output)
-    manifest.update({f.path: f.entry(run) for f in files})
-    doc = {"version": 1, "files": dict(sorted(manifest.items()))}
-    storage.write_text(manifest_path(output), json.dumps(doc, indent=1) + "\n")
+def canonical(path: str) -> str:
+    """The one name of a file however it was spelt: the real path (symlinks, `.`, `..` and
+    relative paths resolved) for local files; for URLs the scheme and host in lower case and
+    the path with `.`/`..` segments and repeated slashes removed."""
+    if storage.is_local(path):
+        return os.path.realpath(path)
+    parts = urlsplit(path)
+    segments: list[str] = []
+    for seg in parts.path.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(seg)
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), "/" + "/".join(segments), "", ""))
 
 
-def remove_failed_runs(output: str, manifest: dict[str, dict]) -> list[str]:
-    """Delete run directories without _SUCCESS that the manifest does not name (local outputs;
-    elsewhere they are left, and readers skip them for want of _SUCCESS)."""
-    if not storage.is_local(output) or not os.path.isdir(output):
-        return []
-    finished = {entry.get("run") for entry in manifest.values()}
-    removed = []
-    for name in sorted(os.listdir(output)):
-        path = os.path.join(output, name)
-        if name.startswith(RUN_PREFIX) and os.path.isdir(path) and name not in finished:
-            if not os.path.exists(os.path.join(path, "_SUCCESS")):
-                storage.delete([path])
-                removed.append(path)
-    return removed
+def table_uri(output: str) -> str:
+    return os.path.abspath(output) if storage.is_local(output) else output.rstrip("/")
+
+
+def _footer_digest(path: str) -> str:
+    """sha256 of the file's Parquet footer (schema, row groups, statistics): a rewrite that
+    keeps size and mtime still changes it unless it wrote the very same row groups."""
+    if storage.is_local(path):
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size < 12:
+                return "short"
+            f.seek(size - 8)
+            tail = f.read(8)
+            length = int.from_bytes(tail[:4], "little")
+            f.seek(max(0, size - 8 - length))
+            return hashlib.sha256(f.read(length) + tail).hexdigest()
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size < 12:
+            return "short"
+        f.seek(size - 8)
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        f.seek(max(0, size - 8 - length))
+        return hashlib.sha256(f.read(length) + tail).hexdigest()
+
+
+@dataclass(frozen=True)
+class InputFile:
+    key: str
+    """canonical location: the file's identity"""
+    path: str
+    """a path this run can open (as matched)"""
+    size: int
+    mtime: float
+    footer: str = ""
+
+    def same_content(self, entry: dict) -> bool:
+        return (entry.get("size"), entry.get("mtime"), entry.get("footer")) == (self.size, self.mtime, self.footer)
+
+
+def list_inputs(patterns: list[str], *, footers: bool = True) -> list[InputFile]:
+    """Every file the patterns match, once per canonical location, sorted by it."""
+    found: dict[str, InputFile] = {}
+    for pattern in patterns:
+        matched = storage.match_stats(pattern)
+        if not matched:
+            raise InputError(f"no input files match {pattern!r}")
+        for path, size, mtime in matched:
+            key = canonical(path)
+            found.setdefault(key, InputFile(key, path, size, mtime))
+    files = [found[k] for k in sorted(found)]
+    if not footers or not files:
+        return files
+
+    def digest(f: InputFile) -> InputFile:
+        try:
+            return replace(f, footer=_footer_digest(f.path))
+        except OSError as e:
+            raise InputError(f"{f.path}: cannot read its footer ({e.strerror or e})") from None
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return list(pool.map(digest, files))
+
+
+# --- batches held by a file ---------------------------------------------------------------
+
+
+def _ranges(values: list[int]) -> list[list[int]]:
+    """Sorted distinct ints as [lo, hi] ranges (compact in the bookkeeping)."""
+    out: list[list[int]] = []
+    for v in sorted(set(values)):
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return out
+
+
+def expand(ranges: list[list[int]]) -> set[int]:
+    return {v for lo, hi in ranges for v in range(lo, hi + 1)}
+
+
+def _batch_leaf(pf) -> int | None:
+    """The Parquet leaf column index of an integer `batch` column (None if there is none)."""
+    if "batch" not in pf.schema_arrow.names or not pa.types.is_integer(pf.schema_arrow.field("batch").type):
+        return None
+    for i in range(pf.metadata.num_columns):
+        if pf.metadata.schema.column(i).path == "batch":
+            return i
+    return None
+
+
+def file_batches(path: str) -> list[int]:
+    """The distinct non-null `batch` values of a file: from the footer where a row group's
+    statistics are exact (min == max), else from the row group's `batch` column."""
+    pf = storage.open_parquet(path)
+    leaf = _batch_leaf(pf)
+    if leaf is None:
+        return []  # no usable batch column: the pipeline rejects the file or its rows, with reasons
+    values: set[int] = set()
+    for g in range(pf.num_row_groups):
+        rg = pf.metadata.row_group(g)
+        if rg.num_rows == 0:
+            continue
+        stats = rg.column(leaf).statistics
+        if stats is not None and stats.has_min_max and stats.min == stats.max:
+            values.add(int(stats.min))
+            continue
+        column = pf.read_row_group(g, columns=["batch"])["batch"]
+        values.update(int(v) for v in column.drop_null().unique().to_pylist())
+    return sorted(values)
+
+
+def row_group_may_hold(path: str, batches: set[int]) -> list[int]:
+    """Row counts of the file's row groups, 0 for those whose `batch` statistics show they
+    hold none of `batches` (groups without statistics are kept)."""
+    import bisect
+
+    pf = storage.open_parquet(path)
+    counts = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+    leaf = _batch_leaf(pf)
+    if leaf is None or not batches:
+        return counts
+    ordered = sorted(batches)
+    for g in range(pf.num_row_groups):
+        stats = pf.metadata.row_group(g).column(leaf).statistics
+        if stats is None or not stats.has_min_max:
+            continue
+        lo, hi = int(stats.min), int(stats.max)
+        i = bisect.bisect_left(ordered, lo)
+        if i == len(ordered) or ordered[i] > hi:
+            counts[g] = 0
+    return counts
+
+
+# --- the committed state --------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    version: int | None = None
+    """the table version this state was read at (None: no table yet)"""
+    config_hash: str | None = None
+    strategy: str | None = None
+    inputs: list[str] = field(default_factory=list)
+    files: dict[str, dict] = field(default_factory=dict)
+    runs: list[dict] = field(default_factory=list)
+
+    def document(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "config_hash": self.config_hash,
+            "strategy": self.strategy,
+            "inputs": self.inputs,
+            "files": dict(sorted(self.files.items())),
+            "runs": self.runs,
+        }
+
+
+def _bad_state(where: str, why: str) -> InputError:
+    return InputError(f"{where}: malformed Rescore bookkeeping ({why}); start a new --output, or move this one away")
+
+
+def parse_state(doc: Any, where: str) -> State:
+    """The bookkeeping of a commit, every entry checked (a malformed one is a one-line exit 2)."""
+    if not isinstance(doc, dict) or doc.get("version") != STATE_VERSION:
+        raise _bad_state(where, f"version {doc.get('version') if isinstance(doc, dict) else doc!r}, expected {STATE_VERSION}")
+    files = doc.get("files")
+    if not isinstance(files, dict):
+        raise _bad_state(where, "'files' is not a mapping")
+    for key, entry in files.items():
+        ok = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("size"), int)
+            and isinstance(entry.get("mtime"), (int, float))
+            and isinstance(entry.get("footer"), str)
+            and isinstance(entry.get("run"), str)
+            and isinstance(entry.get("batches"), list)
+            and all(
+                isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+                and r[0] <= r[1]
+                for r in entry["batches"]
+            )
+        )
+        if not ok:
+            raise _bad_state(where, f"entry for {key!r} is not {{size, mtime, footer, run, batches}}")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and isinstance(r.get("run"), str) for r in runs):
+        raise _bad_state(where, "'runs' is not a list of runs")
+    inputs = doc.get("inputs", [])
+    if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+        raise _bad_state(where, "'inputs' is not a list of patterns")
+    return State(None, doc.get("config_hash"), doc.get("strategy"), inputs, dict(files), list(runs))
+
+
+def is_table(output: str, storage_options: dict | None = None) -> bool:
+    if storage.is_local(output):
+        return os.path.isdir(os.path.join(output, DELTA_LOG))
+    from deltalake import DeltaTable  # object stores have no directories to look for
+
+    return DeltaTable.is_deltatable(table_uri(output), storage_options=storage_options)
+
+
+def load_state(output: str, *, storage_options: dict | None = None) -> State:
+    """The bookkeeping of the table's latest Rescore commit (an empty State without a table)."""
+    if storage.exists(storage.join(output, LEGACY_MANIFEST)):
+        raise InputError(
+            f"{output} holds an incremental output of an earlier Rescore (_manifest.json, run=*/ directories); "
+            "incremental runs now write a Delta Lake table: start a new --output"
+        )
+    if not is_table(output):
+        return State()
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(table_uri(output), storage_options=storage_options)
+    version = dt.version()
+    for commit in dt.history():
+        text = commit.get(STATE_KEY)
+        if text is None:
+            continue
+        where = f"{output} (table version {commit.get('version', version)})"
+        try:
+            doc = json.loads(text) if isinstance(text, str) else text
+        except ValueError as e:
+            raise _bad_state(where, f"not JSON: {e}") from None
+        state = parse_state(doc, where)
+        state.version = version
+        return state
+    raise InputError(f"{output} is a Delta table that Rescore did not write (no {STATE_KEY} in its commits); pick another --output")
+
+
+# --- selection ------------------------------------------------------------------------------
+
+
+@dataclass
+class Selection:
+    current: list[InputFile]
+    new: list[InputFile]
+    changed: list[InputFile]
+    deleted: list[str]
+    batches: dict[str, list[int]]
+    """batches held now by every new or changed file, by key"""
+    touched: set[int]
+    sources: list[InputFile]
+    """current files holding rows of a touched batch"""
+
+    @property
+    def nothing_new(self) -> bool:
+        return not (self.new or self.changed or self.deleted)
+
+
+def select(files: list[InputFile], state: State, *, rebuild: bool = False, skip_bad_files: bool = False) -> Selection:
+    previous = state.files
+    new = [f for f in files if f.key not in previous]
+    changed = [f for f in files if f.key in previous and not f.same_content(previous[f.key])]
+    present = {f.key for f in files}
+    deleted = sorted(k for k in previous if k not in present)
+    fresh = files if rebuild else new + changed
+
+    def batches_of(f: InputFile):
+        try:
+            return file_batches(f.path)
+        except Exception as e:  # noqa: BLE001  (pyarrow raises several types for foreign files)
+            if skip_bad_files:
+                return e
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise InputError(f"{f.path}: not a readable Parquet file ({first})") from None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(fresh)))) as pool:
+        found = list(pool.map(batches_of, fresh))
+    batches: dict[str, list[int]] = {}
+    for f, b in zip(fresh, found):
+        if isinstance(b, Exception):
+            log.warning("skipping %s: not a readable Parquet file", f.path)
+            continue
+        batches[f.key] = b
+    touched: set[int] = set()
+    for b in batches.values():
+        touched.update(b)
+    for f in changed:
+        touched |= expand(previous[f.key]["batches"])
+    for key in deleted:
+        touched |= expand(previous[key]["batches"])
+    if rebuild:
+        for entry in previous.values():
+            touched |= expand(entry["batches"])
+
+    def held(f: InputFile) -> set[int]:
+        if f.key in batches:
+            return set(batches[f.key])
+        return expand(previous[f.key]["batches"]) if f.key in previous else set()
+
+    sources = [f for f in files if held(f) & touched]
+    return Selection(files, new, changed, deleted, batches, touched, sources)
+
+
+# --- the lock ---------------------------------------------------------------------------------
+
+
+class RunLock:
+    """OUTPUT/_rescore/lock: one incremental run at a time per output.
+
+    Local outputs: an exclusive flock(2) on the file, which the kernel releases when the
+    holder exits in any way (a SIGKILLed run never blocks the next one); the file says who
+    holds it (pid, host, start). On object stores the lock is best effort (Beam's file
+    systems have no exclusive create): there the Delta commit, made against the version the
+    run started from and never retried, is what keeps two runs from mixing."""
+
+    def __init__(self, output: str):
+        self.path = storage.join(output, WORK, "lock")
+        self.held = False
+        self._fd: int | None = None
+
+    def _holder(self) -> dict:
+        try:
+            return json.loads(storage.read_text(self.path) or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def acquire(self) -> None:
+        me = {
+            "pid": os.getpid(), "host": socket.gethostname(),
+            "started": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        if not storage.is_local(self.path):
+            holder = self._holder() if storage.exists(self.path) else {}
+            if holder:
+                raise ConflictError(self._busy(holder))
+            storage.write_text(self.path, json.dumps(me))
+            self.held = True
+            return
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = self._holder()
+            if not holder:  # the holder is writing its name this instant
+                time.sleep(0.2)
+                holder = self._holder()
+            raise ConflictError(self._busy(holder)) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(me).encode())
+        os.fsync(fd)
+        self._fd = fd
+        self.held = True
+
+    @staticmethod
+    def _describe(holder: dict) -> str:
+        return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
+
+    def _busy(self, holder: dict) -> str:
+        return (
+            f"another incremental run into this output is in progress ({self._describe(holder)}; lock {self.path}); "
+            "nothing was done"
+        )
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        if self._fd is None:
+            storage.delete([self.path])
+        else:  # emptied, not removed: removing a flocked file lets a waiter lock a dead inode
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None
+        self.held = False
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def work_dir(output: str, name: str | None = None) -> str:
+    return storage.join(output, WORK, "runs", name) if name else storage.join(output, WORK, "runs")
+
+
+def _clean_work(output: str, state: State) -> None:
+    """Remove what killed runs left: work directories of runs never committed, and the scored
+    files of committed runs (their rows live in the table). Local outputs only; elsewhere they
+    are left and never read."""
+    root = work_dir(output)
+    if not storage.is_local(root) or not os.path.isdir(root):
+        return
+    committed = {r["run"] for r in state.runs}
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name not in committed:
+            log.info("removing %s, the work of a run that never committed", path)
+            storage.delete([path])
+        else:
+            storage.delete([os.path.join(path, n) for n in os.listdir(path) if n.startswith("scored-") or n == "_staging"])
+
+
+def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
+    """The plan with only the row groups that can hold a touched batch (files in `whole`, the
+    new and changed ones, are read whole so that every rejected row of them is reported)."""
+    from transforms.read import ReadUnit, split_row_groups
+
+    units: list = []
+    for path in plan.files:
+        counts = None if path in whole else row_group_may_hold(path, touched)
+        if counts is None:
+            pf = storage.open_parquet(path)
+            counts = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        for groups in split_row_groups(counts, shard_rows):
+            units.append(ReadUnit(len(units), path, groups, sum(counts[g] for g in groups)))
+    return replace(plan, units=tuple(units))
+
+
+def _predicate(batches: set[int]) -> str:
+    return "batch IN (" + ", ".join(str(b) for b in sorted(batches)) + ")"
+
+
+def _scored_reader(work: str, touched: set[int], schema: pa.Schema):
+    """The staged scored rows of touched batches, streamed; and a counter of rows passed."""
+    import pyarrow.compute as pc
+
+    paths = storage.list_dir(work, "scored-*.parquet")
+    keep = pa.array(sorted(touched), pa.int64())
+    counted = {"rows": 0}
+    if paths:
+        schema = storage.open_parquet(paths[0]).schema_arrow
+    schema = schema.remove_metadata()
+
+    def batches():
+        for path in paths:
+            for rb in storage.open_parquet(path).iter_batches(batch_size=65536):
+                rb = rb.filter(pc.is_in(rb.column("batch"), value_set=keep))
+                if rb.num_rows:
+                    counted["rows"] += rb.num_rows
+                    yield pa.RecordBatch.from_arrays(rb.columns, schema=schema)
+
+    return pa.RecordBatchReader.from_batches(schema, batches()), counted
+
+
+def commit(output: str, state: State, new_state: State, touched: set[int], data, *, rebuild: bool,
+           storage_options: dict | None = None) -> int:
+    """Replace the touched batches' rows by `data` and record `new_state`, in one Delta commit
+    against the version `state` was read at (never retried). Returns the new table version."""
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    props = CommitProperties(custom_metadata={STATE_KEY: json.dumps(new_state.document(), separators=(",", ":"))},
+                             max_commit_retries=0)
+    uri = table_uri(output)
+    try:
+        if state.version is None:
+            write_deltalake(uri, data, mode="error", commit_properties=props, storage_options=storage_options)
+        else:
+            dt = DeltaTable(uri, version=state.version, storage_options=storage_options)
+            if rebuild:
+                write_deltalake(dt, data, mode="overwrite", schema_mode="overwrite", commit_properties=props)
+            elif not touched:  # files without rows of any batch: only the bookkeeping changes
+                write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
+            else:
+                write_deltalake(dt, data, mode="overwrite", predicate=_predicate(touched), schema_mode="merge",
+                                commit_properties=props)
+    except CommitFailedError as e:
+        raise ConflictError(
+            f"another run committed to {output} while this one ran (table version {state.version} is no longer "
+            f"the latest); this run published nothing: run it again ({_first_line(e)})"
+        ) from None
+    except DeltaError as e:
+        if state.version is None and "exist" in str(e).lower():
+            raise ConflictError(f"another run created the table {output} while this one ran; this run published nothing: run it again") from None
+        raise
+    return DeltaTable(uri, storage_options=storage_options).version()
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def run(cfg) -> dict[str, Any]:
+    """One incremental run (see the module docstring); returns its metrics document, or
+    {"nothing_new": True, "message": ...}."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
+
+    from pipelines import __version__
+    from pipelines import rescore as rs
+    from pipelines.progress import Progress
+    from transforms.read import plan_input
+    from transforms.strategies import ConfigError, build_plan
+    from transforms.write import METRICS, SUCCESS
+
+    name = check_run_name(cfg.run_name) if cfg.run_name else run_name()
+    if not cfg.wait:
+        raise ConfigError("--incremental waits for the run to finish before it commits it; drop --no-wait")
+    scoring = build_plan(cfg.strategies, cfg.params)
+    chash = rs.config_hash(scoring.name, scoring.params, cfg.algorithm)
+    options = PipelineOptions(cfg.beam_args)
+    rs._check_local_device(cfg, options)
+    dry_run = options.view_as(TestOptions).dry_run
+    if storage.is_local(cfg.output) and os.path.isfile(cfg.output):
+        raise ConfigError(f"--output {cfg.output} is a file; incremental output is a directory (a Delta table)")
+    if not is_table(cfg.output) and storage.exists(storage.join(cfg.output, SUCCESS)):
+        raise ConfigError(
+            f"{cfg.output} holds a one-shot run (_SUCCESS); an incremental table needs a directory of its own"
+        )
+    if dry_run:
+        state = load_state(cfg.output)
+        return _dry_run(cfg, scoring, state, rs, beam, plan_input)
+
+    lock = RunLock(cfg.output)
+    with lock:
+        state = load_state(cfg.output)
+        faults_step("locked")
+        rebuild = bool(cfg.overwrite)
+        if state.config_hash and state.config_hash != chash and not rebuild:
+            raise ConfigError(
+                f"{cfg.output} was scored with strategy {state.strategy} (config {state.config_hash[:12]}); this run's "
+                f"strategy or parameters differ ({scoring.name}, config {chash[:12]}): pass --overwrite to rescore "
+                "every batch with them, or use another --output"
+            )
+        used = {r["run"] for r in state.runs}
+        if name in used and cfg.run_name:
+            raise ConfigError(f"{cfg.output} already has a run named {name}; pick another --run-name")
+        base, k = name, 1
+        while name in used:  # two runs within one second
+            name, k = f"{base}-{k}", k + 1
+        _clean_work(cfg.output, state)
+        files = list_inputs(cfg.inputs)
+        out_real = canonical(table_uri(cfg.output)).rstrip("/") + "/"
+        for f in files:
+            if f.key.startswith(out_real):
+                raise ConfigError(f"input file {f.path} lies inside --output {cfg.output}; write to a directory of its own")
+        chosen = select(files, state, rebuild=rebuild, skip_bad_files=cfg.skip_bad_files)
+        for f in chosen.changed:
+            log.warning("%s changed since it was scored; its batches are scored again", f.path)
+        for key in chosen.deleted:
+            log.warning("%s is gone since it was scored; its rows are removed (its batches are scored again from the other files)", key)
+        if chosen.nothing_new and not rebuild:
+            return {
+                "nothing_new": True, "input_files": len(files), "output": cfg.output,
+                "strategy": scoring.name, "table_version": state.version,
+                "message": (
+                    f"nothing new to score: all {len(files)} input files are already scored in {cfg.output} "
+                    f"(table version {state.version})"
+                ),
+            }
+
+        faults_step("planned")
+        work = work_dir(cfg.output, name)
+        storage.delete([work])
+        info = {
+            "run": name,
+            "table_version_before": state.version,
+            "new_files": len(chosen.new),
+            "changed_files": len(chosen.changed),
+            "deleted_files": len(chosen.deleted),
+            "already_scored": len(files) - len(chosen.new) - len(chosen.changed),
+            "batches_rescored": len(chosen.touched),
+            "source_files": len(chosen.sources),
+        }
+        whole = {f.path for f in chosen.new + chosen.changed}
+        sources = [f for f in files if f in chosen.sources or f.path in whole]
+        info["source_files"] = len(sources)
+        doc: dict[str, Any] = {}
+        schema = None
+        if sources:
+            plan = plan_input([f.path for f in sources], needs=scoring.needs, shard_rows=cfg.shard_rows,
+                              skip_bad_files=cfg.skip_bad_files)
+            for warning in plan.warnings:
+                log.warning(warning)
+            plan = restrict(plan, chosen.touched, cfg.shard_rows, whole)
+            run_cfg = replace(cfg, output=work, incremental=False)
+            run_info = {
+                "rescore_version": __version__, "strategy": scoring.name, "algorithm": cfg.algorithm,
+                "params": scoring.params, "config_hash": chash, "input": cfg.inputs, "output": work,
+                "buckets": cfg.buckets, "shard_rows": cfg.shard_rows, "max_reject_fraction": cfg.max_reject_fraction,
+                "max_group_rows": cfg.max_group_rows, "device": cfg.device, "incremental": info,
+            }
+            p = beam.Pipeline(options=options)
+            rs.build(p, plan, scoring, run_cfg, run_info)
+            with Progress(work, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet):
+                p.run().wait_until_finish()
+            metrics = storage.join(work, METRICS)
+            doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
+            if doc.get("failed"):
+                raise rs.RejectBudgetExceeded(f"{doc['failed']}; the rejected rows and metrics.json are in {work}; nothing was committed")
+            if not storage.exists(storage.join(work, SUCCESS)):
+                raise RuntimeError(f"the pipeline finished but {work}/_SUCCESS was not written")
+            from schemas import output_schema
+
+            schema = output_schema(plan.schema)  # used only when no row is left to commit
+        else:  # only deleted files, and no other file holds their batches: remove their rows
+            from deltalake import DeltaTable
+
+            schema = pa.schema(DeltaTable(table_uri(cfg.output)).schema().to_arrow())
+
+        faults_step("before_commit")
+        new_state = _next_state(state, chosen, files, name, chash, scoring.name, cfg.inputs, info, rebuild)
+        data, counted = _scored_reader(work, chosen.touched, schema)
+        version = commit(cfg.output, state, new_state, chosen.touched, data, rebuild=rebuild)
+        faults_step("after_commit")
+        storage.delete(storage.list_dir(work, "scored-*.parquet"))
+        info.update({"table_version": version, "rows_committed": counted["rows"]})
+        if doc:
+            storage.write_text(storage.join(work, METRICS), json.dumps({**doc, "incremental": info}, indent=2) + "\n")
+            doc["output"] = cfg.output
+            doc["incremental"] = info
+        else:
+            doc = {"incremental": info, "output": cfg.output, "strategy": scoring.name, "deleted_only": True}
+        info["summary"] = (
+            f"rescore: committed table version {version} of {cfg.output}: {len(chosen.touched):,} batches replaced "
+            f"({counted['rows']:,} rows) from {len(sources)} input files; {len(chosen.new)} new, "
+            f"{len(chosen.changed)} changed, {len(chosen.deleted)} deleted"
+        )
+        return doc
+
+
+def faults_step(where: str) -> None:
+    """RESCORE_FAULT=kill_at:STEP kills this process (SIGKILL) at an incremental step: the tests'
+    way to crash a run at each point."""
+    from transforms import faults
+
+    kind, _, arg = os.environ.get(faults.ENV, "").partition(":")
+    if kind == "kill_at" and arg == where:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _next_state(state: State, chosen: Selection, files: list[InputFile], name: str, chash: str, strategy: str,
+                inputs: list[str], info: dict, rebuild: bool) -> State:
+    entries = {} if rebuild else {k: v for k, v in state.files.items() if k not in chosen.deleted}
+    for f in files:
+        if f.key in chosen.batches:
+            entries[f.key] = {
+                "size": f.size, "mtime": f.mtime, "footer": f.footer, "run": name,
+                "batches": _ranges(chosen.batches[f.key]),
+            }
+    run_doc = {
+        "run": name, "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **{k: info[k] for k in ("new_files", "changed_files", "deleted_files", "batches_rescored", "source_files")},
+    }
+    return State(None, chash, strategy, list(inputs), entries, [*state.runs, run_doc])
+
+
+def _dry_run(cfg, scoring, state: State, rs, beam, plan_input) -> dict[str, Any]:
+    """--dry_run=True: build the job graph for what a run would score now; submit nothing."""
+    files = list_inputs(cfg.inputs)
+    chosen = select(files, state, rebuild=bool(cfg.overwrite), skip_bad_files=cfg.skip_bad_files)
+    sources = chosen.sources or files
+    plan = plan_input([f.path for f in sources], needs=scoring.needs, shard_rows=cfg.shard_rows,
+                      skip_bad_files=cfg.skip_bad_files)
+    name = cfg.run_name or run_name()
+    run_info = {"strategy": scoring.name, "output": cfg.output, "incremental": {"run": name}}
+    run_info.update({
+        "rescore_version": "", "algorithm": cfg.algorithm, "params": scoring.params,
+        "config_hash": rs.config_hash(scoring.name, scoring.params, cfg.algorithm),
+    })
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    p = beam.Pipeline(options=PipelineOptions(cfg.beam_args))
+    rs.build(p, plan, scoring, replace(cfg, output=work_dir(cfg.output, name)), run_info)
+    return {**run_info, "dry_run": True, "job": getattr(p.run(), "job", None)}

@@ -4,6 +4,7 @@
             [--config FILE.yaml] [beam options...]
     rescore sample --output DIR [--rows N]      # write sample experience to try it on
     rescore report OUTPUT_DIR [--to DIR]        # report.html and charts of a finished run
+    rescore show OUTPUT [--batches]             # rows, batches, runs, pending input (pipelines/show.py)
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
@@ -26,7 +27,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import replace
 from typing import Any
 
 import apache_beam as beam
@@ -194,25 +194,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
-    manifest = incremental.load_manifest(cfg.output)
-    files = incremental.list_inputs(cfg.inputs)
-    chosen = incremental.select(files, manifest)
-    for path in chosen.changed:
-        log.warning("%s changed since it was scored (size or mtime); scoring it again", path)
-    if not chosen.new:
-        return {"nothing_new": True, "input_files": len(files), "output": cfg.output, "strategy": ",".join(cfg.strategies)}
-    if not cfg.wait:
-        raise ConfigError("--incremental waits for the run to finish before it records it; drop --no-wait")
-    for path in incremental.remove_failed_runs(cfg.output, manifest):
-        log.info("removed %s, a failed earlier run", path)
-    name = cfg.run_name or incremental.run_name()
-    run_output = storage.join(cfg.output, name)
-    if storage.exists(storage.join(run_output, SUCCESS)):
-        raise ConfigError(f"{run_output} already holds a finished run; pick another --run-name")
-    info = {"incremental": {"run": name, "new_files": len(chosen.new), "already_scored": chosen.already}}
-    doc = _run_once(replace(cfg, inputs=[f.path for f in chosen.new], output=run_output, incremental=False), info)
-    incremental.record(cfg.output, name, chosen.new)
-    return doc
+    """Batch-level incremental rescoring into a Delta Lake table (pipelines/incremental.py)."""
+    return incremental.run(cfg)
 
 
 def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -341,13 +324,17 @@ def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
     if not argv:
         print(usage(), file=sys.stderr)
         return EXIT_CONFIG
+    if argv[:1] == ["show"]:
+        from pipelines import show
+
+        return show.main(argv[1:])
     quiet = "--quiet" in argv
     try:
         doc = run(argv)
     except USER_ERRORS as e:
         print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_CONFIG
-    except RejectBudgetExceeded as e:
+    except (RejectBudgetExceeded, incremental.ConflictError) as e:
         print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -370,16 +357,13 @@ def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
         return EXIT_OK
     if doc.get("nothing_new"):
         if not quiet:
-            print(
-                "rescore: nothing new to score: "
-                + ("the input file is" if doc["input_files"] == 1 else f"all {plural(doc['input_files'], 'input file')} are")
-                + " already in "
-                f"{incremental.manifest_path(doc['output'])}",
-                file=sys.stderr,
-            )
+            print(f"rescore: {doc['message']}", file=sys.stderr)
         return EXIT_OK
     if not quiet:
-        print(_summary(doc, process_seconds() if from_process else time.monotonic() - started), file=sys.stderr)
+        if "totals" in doc:
+            print(_summary(doc, process_seconds() if from_process else time.monotonic() - started), file=sys.stderr)
+        if doc.get("incremental", {}).get("summary"):
+            print(doc["incremental"]["summary"], file=sys.stderr)
     return EXIT_OK
 
 

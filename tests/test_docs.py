@@ -157,6 +157,11 @@ def test_doc_command(doc, command, scratch, capsys):
     if " models/" in command and not os.path.exists("models"):
         pytest.skip("the model flags need the [models] extra (transformers)")
     argv = _localise(shlex.split(command, comments=True)[1:])
+    if argv[0] == "show":  # an incremental table to show (docs/runners.md builds one first)
+        assert main(["--input", "data/*.parquet", "--output", argv[1], "--strategy", "grpo", "--quiet",
+                     "--incremental", "--runner=FnApiRunner"]) == 0
+        assert main(argv) == 0, capsys.readouterr().err
+        return
     if argv[0] in ("sample", "report"):
         if argv[0] == "report":
             assert main(["--input", "data/*.parquet", "--output", argv[1], "--strategy", "grpo", "--quiet",
@@ -175,7 +180,7 @@ def test_doc_command(doc, command, scratch, capsys):
     code = main([*argv, "--quiet"])
     assert code == 0, capsys.readouterr().err
     out = argv[argv.index("--output") + 1]
-    assert os.path.exists(os.path.join(out, "_SUCCESS")) or os.path.exists(os.path.join(out, "_manifest.json"))
+    assert os.path.exists(os.path.join(out, "_SUCCESS")) or os.path.exists(os.path.join(out, "_delta_log"))
 
 
 def _python_blocks(path):
@@ -198,6 +203,9 @@ def test_doc_python_snippet(doc, code, scratch):
 
     assert main(["--input", "data/*.parquet", "--output", "out", "--strategy", "grpo,duplicate_informative",
                  "--quiet", "--runner=FnApiRunner"]) == 0
+    if '"scored"' in code:  # reads the incremental table of docs/output.md
+        assert main(["--input", "data/*.parquet", "--output", "scored", "--strategy", "grpo", "--quiet",
+                     "--incremental", "--runner=FnApiRunner"]) == 0
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_HOME": str(scratch / "hf")}
     proc = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env, capture_output=True, text=True, timeout=300)

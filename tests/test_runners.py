@@ -147,68 +147,7 @@ def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
         assert any(n.startswith(step) for n in names), step
 
 
-# --- scheduled, incremental runs ------------------------------------------------------------
-
-
-def _incremental(capsys, glob, out, *extra):
-    from pipelines.rescore import main
-
-    code = main(["--input", glob, "--output", out, "--strategy", "grpo", "--incremental", "--runner=FnApiRunner", *extra])
-    return code, capsys.readouterr().err
-
-
-def _write_day(rows, directory, name):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    os.makedirs(directory, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA_MULTI_STEP), os.path.join(directory, name))
-
-
-def test_incremental_runs_score_only_new_files(tmp_path, capsys, monkeypatch):
-    inp, out = tmp_path / "in", str(tmp_path / "out")
-    day1, day2 = multi_step_rows(1, batches=2), [dict(r, batch=r["batch"] + 10) for r in multi_step_rows(2, batches=2)]
-    _write_day(day1, inp, "day1.parquet")
-    glob = str(inp / "*.parquet")
-
-    code, err = _incremental(capsys, glob, out, "--run-name", "run=day1")
-    assert code == 0, err
-    manifest = json.loads(open(os.path.join(out, "_manifest.json")).read())["files"]
-    assert list(manifest) == [str(inp / "day1.parquet")] and manifest[str(inp / "day1.parquet")]["run"] == "run=day1"
-    assert read_output(os.path.join(out, "run=day1")).num_rows == len(day1)
-
-    # Nothing new: no work, a clear message, success.
-    code, err = _incremental(capsys, glob, out)
-    assert code == 0 and "nothing new to score: the input file is already in" in err
-    assert sorted(os.listdir(out)) == ["_manifest.json", "run=day1"]
-
-    # A new file: only it is scored, into a new run directory.
-    _write_day(day2, inp, "day2.parquet")
-    monkeypatch.setenv("RESCORE_FAULT", f"fail_once:{tmp_path / 'marker'}")
-    code, err = _incremental(capsys, glob, out, "--run-name", "run=day2-try1")
-    assert code == 1 and "injected fault" in err
-    assert list(json.loads(open(os.path.join(out, "_manifest.json")).read())["files"]) == [str(inp / "day1.parquet")]
-    assert not os.path.exists(os.path.join(out, "run=day2-try1", "_SUCCESS"))
-
-    # The next run retries the same file (the marker lets it through) and clears the failed one.
-    code, err = _incremental(capsys, glob, out, "--run-name", "run=day2")
-    assert code == 0, err
-    assert sorted(os.listdir(out)) == ["_manifest.json", "run=day1", "run=day2"]
-    scored = read_output(os.path.join(out, "run=day2"))
-    assert scored.num_rows == len(day2) and min(scored["batch"].to_pylist()) >= 10
-    manifest = json.loads(open(os.path.join(out, "_manifest.json")).read())["files"]
-    assert {v["run"] for v in manifest.values()} == {"run=day1", "run=day2"}
-    doc = json.loads(open(os.path.join(out, "run=day2", "metrics.json")).read())
-    assert doc["incremental"] == {"run": "run=day2", "new_files": 1, "already_scored": 1}
-
-
-def test_incremental_default_run_name_is_utc_time(tmp_path, capsys):
-    inp = tmp_path / "in"
-    _write_day(multi_step_rows(4, batches=1), inp, "a.parquet")
-    code, err = _incremental(capsys, str(inp), str(tmp_path / "out"))
-    assert code == 0, err
-    (name,) = [n for n in os.listdir(tmp_path / "out") if n.startswith("run=")]
-    assert len(name) == len("run=20261122T030000") and name[12] == "T"
+# --- scheduled, incremental runs: tests/test_incremental.py ------------------------------
 
 
 # --- Flex Template --------------------------------------------------------------------------

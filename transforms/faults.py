@@ -10,6 +10,8 @@ The environment variable RESCORE_FAULT selects one fault; worker processes inher
                        waits (up to 120 s) for DIR/resume, so a test can change an input file
                        between the two reads
     pause_finalize:DIR the same, at the start of the publishing step (every unit written)
+    kill_at:STEP       an --incremental run SIGKILLs itself at STEP: locked, planned,
+                       before_commit, after_commit (pipelines/incremental.py)
 """
 
 from __future__ import annotations

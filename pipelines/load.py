@@ -1,0 +1,118 @@
+"""One way to read any Rescore output: `load_scored(path)` -> the current scored rows.
+
+    from pipelines.load import load_scored
+    table = load_scored("out")          # a pyarrow.Table
+
+`path` is either a one-shot output directory (`scored-*.parquet` + `_SUCCESS`) or the Delta
+Lake table that `rescore --incremental` keeps. A directory without `_SUCCESS` (a run in
+progress or failed) is refused rather than read half-written.
+
+This module imports neither Beam nor torch (training code imports it), and reads a local
+Delta table's files with pyarrow itself: delta-rs gives the list of files of the latest
+version, pyarrow reads them. (Reading through delta-rs's own pyarrow file system in a process
+that has imported torch can abort the interpreter at exit.)
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pyarrow as pa
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
+
+__all__ = ["load_scored", "OutputError", "kind_of"]
+
+SUCCESS = "_SUCCESS"  # transforms.write.SUCCESS: the contract's name, kept here to stay light
+DELTA_LOG = "_delta_log"
+LEGACY_MANIFEST = "_manifest.json"
+
+
+class OutputError(ValueError):
+    """`path` is not a finished Rescore output (one-line message)."""
+
+
+def _local(path: str) -> bool:
+    return "://" not in path
+
+
+def _exists(path: str) -> bool:
+    if _local(path):
+        return os.path.exists(path)
+    from transforms import storage
+
+    return storage.exists(path)
+
+
+def _join(base: str, name: str) -> str:
+    return os.path.join(base, name) if _local(base) else base.rstrip("/") + "/" + name
+
+
+def kind_of(path: str, storage_options: dict | None = None) -> str:
+    """'table' (incremental Delta table), 'oneshot' (finished one-shot run), or raises OutputError."""
+    if _local(path):
+        if os.path.isdir(os.path.join(path, DELTA_LOG)):
+            return "table"
+    else:
+        from deltalake import DeltaTable
+
+        if DeltaTable.is_deltatable(path.rstrip("/"), storage_options=storage_options):
+            return "table"
+    if _exists(_join(path, SUCCESS)):
+        return "oneshot"
+    if _exists(_join(path, LEGACY_MANIFEST)):
+        raise OutputError(
+            f"{path} is an incremental output of an earlier Rescore (_manifest.json); read each run=*/ with _SUCCESS, "
+            "or rescore into a new --output"
+        )
+    if not _exists(path):
+        raise OutputError(f"{path} does not exist")
+    raise OutputError(f"{path} is not a finished Rescore output (no _SUCCESS, no Delta table)")
+
+
+def load_scored(path: str, *, columns: list[str] | None = None, storage_options: dict | None = None) -> pa.Table:
+    """The current scored rows of a Rescore output as a pyarrow.Table.
+
+    One-shot directory: every `scored-*.parquet`, in file-name order. Incremental table: the
+    table's latest version (a commit replaces rescored batches atomically, so this is never a
+    mix of two versions). `columns` selects columns; `storage_options` go to delta-rs for
+    object stores (credentials, endpoints).
+    """
+    if kind_of(path, storage_options) == "table":
+        return _read_table(path, columns, storage_options)
+    if _local(path):
+        files = sorted(glob.glob(os.path.join(glob.escape(path), "scored-*.parquet")))
+        tables = [pa.parquet.read_table(f, columns=columns) for f in files]
+    else:
+        from transforms import storage
+
+        files = sorted(storage.list_dir(path, "scored-*.parquet"))
+        tables = [storage.open_parquet(f).read(columns=columns) for f in files]
+    if not tables:
+        return _empty(columns)
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _read_table(path: str, columns: list[str] | None, storage_options: dict | None) -> pa.Table:
+    import pyarrow.dataset as pads
+    from deltalake import DeltaTable
+
+    uri = os.path.abspath(path) if _local(path) else path.rstrip("/")
+    dt = DeltaTable(uri, storage_options=storage_options)
+    protocol = dt.protocol()
+    plain = _local(path) and not protocol.reader_features and not dt.metadata().partition_columns
+    if not plain:  # deletion vectors, column mapping, partitions or an object store: delta-rs reads it
+        return dt.to_pyarrow_dataset().to_table(columns=columns)
+    schema = pa.schema(dt.schema().to_arrow())
+    files = [u[len("file://"):] if u.startswith("file://") else u for u in dt.file_uris()]
+    if not files:
+        return schema.empty_table().select(columns) if columns else schema.empty_table()
+    return pads.dataset(files, schema=schema, format="parquet").to_table(columns=columns)
+
+
+def _empty(columns: list[str] | None) -> pa.Table:
+    """A finished run that wrote no scored row (every group filtered, say): an empty table, with
+    only the id columns, since there is no file to take the full schema from."""
+    schema = pa.schema([("batch", pa.int64()), ("task", pa.int64()), ("run", pa.int64()), ("step", pa.int64())])
+    table = schema.empty_table()
+    return table.select([c for c in columns if c in schema.names]) if columns else table
