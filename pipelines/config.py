@@ -56,10 +56,10 @@ CONFIG_KEYS = {
 }
 INPUT_FORMATS = ("parquet", "verl-rollouts")
 
-_BOOL_KEYS = ("overwrite", "skip_bad_files", "incremental")
+_BOOL_KEYS = ("overwrite", "skip_bad_files", "incremental", "keep_filtered", "audit_columns")
 _INT_KEYS = ("buckets", "shard_rows", "max_group_rows", "io_threads")
 _FLOAT_KEYS = ("max_reject_fraction", "wait_for_lock")
-_STR_KEYS = ("output", "algorithm", "device", "accelerator")
+_STR_KEYS = ("output", "algorithm", "device", "accelerator", "input_table", "input_format", "output_db", "output_table")
 
 
 @dataclass

@@ -288,9 +288,11 @@ def _no_foreign_errors(record: logging.LogRecord) -> bool:
     return record.levelno < logging.ERROR or record.name.split(".")[0] in ("rescore", "pipelines", "transforms", "schemas")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, from_process: bool | None = None) -> int:
+    """The command; `from_process` (default: argv is None, the command line) makes the summary's
+    wall time count the process's start-up too."""
     started = time.monotonic()
-    from_process = argv is None  # the command line: the wall time counts the process's start-up
+    from_process = argv is None if from_process is None else from_process
     argv = list(sys.argv[1:] if argv is None else argv)
     level = _log_level(argv)
     if argv[:1] in (["sample"], ["report"]) or level in ("DEBUG", "INFO"):
@@ -298,20 +300,20 @@ def main(argv: list[str] | None = None) -> int:
         if level == "INFO":  # Beam's ERROR log of a failed step repeats the error line, with a traceback
             for handler in logging.getLogger().handlers:
                 handler.addFilter(_no_foreign_errors)
-        return _main(argv)
+        return _main(argv, None, started, from_process)
     held = _HeldLogs()
     root = logging.getLogger()
     root.addHandler(held)
     logging.captureWarnings(True)
     try:
-        code = _main(argv, held)
+        code = _main(argv, held, started, from_process)
     finally:
         root.removeHandler(held)
         logging.captureWarnings(False)
     return code
 
 
-def _main(argv: list[str], held: _HeldLogs | None = None) -> int:
+def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process: bool) -> int:
     """The command; with `held`, log records are written only after a success."""
     if argv[:1] == ["sample"]:
         from pipelines import sample
@@ -391,7 +393,7 @@ def _main_with_one_line_stderr(argv: list[str]) -> int:
     spill = tempfile.TemporaryFile()
     os.dup2(spill.fileno(), 2)
     sys.stderr = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    code = main(argv)
+    code = main(argv, from_process=True)
     sys.stderr.flush()
     if code == EXIT_OK:
         spill.seek(0)
@@ -415,7 +417,7 @@ def cli() -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
     argv = sys.argv[1:]
     if argv[:1] in (["sample"], ["report"]) or _log_level(argv) in ("DEBUG", "INFO"):
-        code = main(argv)
+        code = main(argv, from_process=True)
     else:
         code = _main_with_one_line_stderr(argv)
     logging.shutdown()

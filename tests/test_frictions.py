@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -79,7 +80,9 @@ def sample_input(tmp_path_factory):
 
 def test_summary_reads_unambiguously_and_counts_start_up(sample_input, tmp_path):
     out = str(tmp_path / "out")
-    p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "reward_variance,grpo,duplicate_informative")
+    # --log-level INFO: the progress line ("planned ... in 1 file") goes to a non-terminal stderr only then
+    p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "reward_variance,grpo,duplicate_informative",
+             "--log-level", "INFO")
     assert p.returncode == 0, p.stderr
     import json
 
@@ -97,9 +100,11 @@ def test_summary_reads_unambiguously_and_counts_start_up(sample_input, tmp_path)
     assert wall >= 1.0  # importing Beam and torch alone takes longer than that
 
 
-def test_progress_counts_units_already_published(tmp_path):
+def test_progress_counts_units_already_published(tmp_path, caplog):
     """Finalize moves staged files into the output: a fast write step must not read as 0 done."""
     from pipelines.progress import Progress
+
+    caplog.set_level(logging.INFO)  # a non-terminal stream gets the progress line only at INFO
 
     out = tmp_path / "out"
     (out / "_staging").mkdir(parents=True)
@@ -118,7 +123,7 @@ def test_progress_counts_units_already_published(tmp_path):
 def test_progress_advances_with_multi_processing(sample_input, tmp_path):
     out = str(tmp_path / "mp")
     p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--shard-rows", "16",
-             "--direct_running_mode=multi_processing", "--direct_num_workers=2", timeout=400)
+             "--direct_running_mode=multi_processing", "--direct_num_workers=2", "--log-level", "INFO", timeout=400)
     assert p.returncode == 0, p.stderr
     progress = [line for line in p.stderr.splitlines() if "read units written" in line]
     assert len(glob.glob(os.path.join(out, "scored-*.parquet"))) == 4

@@ -197,7 +197,7 @@ def plan_input(
     units: list[ReadUnit] = []
     for path, (_, row_counts) in zip(files, footers):
         for groups in split_row_groups(row_counts, shard_rows):
-            units.append(ReadUnit(len(units), path, groups, sum(row_counts[g] for g in groups), planned[path]))
+            units.append(ReadUnit(len(units), path, groups, sum(row_counts[g] for g in groups), fingerprint=planned[path]))
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
     return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
