@@ -1,17 +1,22 @@
 """End-to-end benchmark: Rescore against a hand-written script and the I/O floor.
 
-    python benchmarks/run.py                       # 200k rows, GRPO, 3 repeats
-    python benchmarks/run.py --sizes 20000 200000 1000000 --multi-step --repeats 3
+    python benchmarks/run.py                       # 204,800 rows, GRPO, 3 repeats
+    python benchmarks/run.py --sizes 20480 204800 1024000 --repeats 3
 
 For each size it generates deterministic experience (benchmarks/generate.py; cached under
 --data), then times whole processes on the same input, interleaved, --repeats times each:
   (a) rescore on the default local runner;
   (b) the hand-written pyarrow+numpy+polars script (benchmarks/baseline.py);
-  (c) the I/O floor: read and write back with one added list column (benchmarks/io_floor.py).
-It checks that (a) and (b) agree (every score, and the advantages of sampled rows), reports the
-median wall time, rows/s and peak RSS of each, the ratios a/b and a/c, and prints PASS/FAIL
-against the targets: a/b <= 2.0, RSS(a) <= 2 x RSS(b), time per row within 1.5x across sizes,
-multi-process mode not slower than in-process. --multi-step repeats it for step_wise_grpo and
+  (c) the I/O floor: read and write back with one added list column (benchmarks/io_floor.py);
+  (d) the peers a user would write instead: the lazy polars script (benchmarks/polars_script.py,
+      scan_parquet -> window mean/std -> list arithmetic -> sink_parquet) and DuckDB SQL
+      (benchmarks/duckdb_script.py; skipped when duckdb is not installed).
+It checks that (a) agrees with (b) and with every peer (every score, and the advantages of
+sampled rows), reports the median wall time, rows/s and peak RSS of each, the ratios a/b, a/c
+and Rescore / fastest peer, and prints PASS/FAIL against the targets: Rescore / fastest peer
+<= 1.0 at 1,024,000 rows (and peak RSS <= the polars script's), <= 1.3 at 204,800, <= 1.5 at
+20,480; a/b <= 2.0, RSS(a) <= 2 x RSS(b), time per row within 1.5x across sizes, multi-process
+mode not slower than in-process. `rescore --help` is timed too (start-up alone). --multi-step repeats it for step_wise_grpo and
 duplicate_informative on multi-step data ((b) has no duplication: (a) and (c) only).
 """
 
@@ -26,6 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import importlib.util
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -52,6 +59,18 @@ def timed(cmd: list[str]) -> tuple[float, int]:
 def rescore_cmd(inp: str, out: str, strategy: str, extra=()) -> list[str]:
     return [sys.executable, "-m", "pipelines.rescore", "--input", inp, "--output", out, "--strategy", strategy,
             "--overwrite", "--quiet", *extra]
+
+
+# Rescore / fastest peer at each size the issue names (rows: the largest allowed ratio).
+PEER_TARGETS = {1_024_000: 1.0, 204_800: 1.3, 20_480: 1.5}
+
+
+def peer_commands(inp: str, out: str) -> dict[str, list[str]]:
+    """The scripts a user would write instead, each writing one Parquet file `out`-NAME."""
+    peers = {"polars": [sys.executable, str(HERE / "polars_script.py"), inp, f"{out}-polars.parquet"]}
+    if importlib.util.find_spec("duckdb") is not None:
+        peers["duckdb"] = [sys.executable, str(HERE / "duckdb_script.py"), inp, f"{out}-duckdb.parquet"]
+    return peers
 
 
 def compare(rescore_out: str, baseline_out: str) -> str:
@@ -106,7 +125,7 @@ def verdict(ok: bool) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[200_000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[204_800])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data", default=str(ROOT / "benchmarks" / "data"))
     ap.add_argument("--multi-step", action="store_true", help="also step_wise_grpo and duplicate_informative")
@@ -125,6 +144,9 @@ def main(argv=None) -> int:
     fixed = statistics.median(timed(rescore_cmd(str(tiny), str(work / "tiny"), "grpo"))[0] for _ in range(args.repeats))
     results["fixed_cost_s"] = round(fixed, 2)
     print(f"fixed cost (512 rows: imports, pipeline start-up): {fixed:.2f} s", flush=True)
+    helps = bench("start-up", {"rescore --help": [sys.executable, "-m", "pipelines.rescore", "--help"],
+                               "import apache_beam": [sys.executable, "-c", "import apache_beam"]}, args.repeats)
+    results["startup"] = helps
     layout = "" if args.row_group_rows == 16_384 else f"-rg{args.row_group_rows}"
     for rows in args.sizes:
         inp = Path(args.data) / f"grpo-{rows}{layout}.parquet"
@@ -134,21 +156,28 @@ def main(argv=None) -> int:
         a, b, c = str(work / f"a-{rows}"), str(work / f"b-{rows}.parquet"), str(work / f"c-{rows}.parquet")
         work.mkdir(parents=True, exist_ok=True)
         print(f"{rows:,} rows, GRPO", flush=True)
+        peers = peer_commands(str(inp), str(work / f"d-{rows}"))
         times = bench("grpo", {
             "rescore": rescore_cmd(str(inp), a, "grpo"),
             "script": [sys.executable, str(HERE / "baseline.py"), str(inp), b],
             "io_floor": [sys.executable, str(HERE / "io_floor.py"), str(inp), c],
+            **peers,
         }, args.repeats)
         check = in_child(f"run.compare({a!r}, {b!r})")
         print(f"  {check}", flush=True)
+        for name, cmd in peers.items():
+            print(f"  {name}: " + in_child(f"run.compare({a!r}, {cmd[-1]!r})"), flush=True)
         r, s, f = (times[k]["median_s"] for k in ("rescore", "script", "io_floor"))
+        fastest = min(peers, key=lambda k: times[k]["median_s"])
         results["sizes"][rows] = {
             **times, "check": check, "a_over_b": round(r / s, 2), "a_over_c": round(r / f, 2),
+            "fastest_peer": fastest, "rescore_over_fastest_peer": round(r / times[fastest]["median_s"], 2),
             "rescore_rows_per_s": round(rows / r), "rescore_us_per_row": round(r / rows * 1e6, 2),
             "rescore_marginal_us_per_row": round((r - fixed) / rows * 1e6, 2),
             "script_us_per_row": round(s / rows * 1e6, 2),
         }
-        print(f"  a/b = {r / s:.2f}, a/c = {r / f:.2f}, rescore {rows / r:,.0f} rows/s", flush=True)
+        print(f"  a/b = {r / s:.2f}, a/c = {r / f:.2f}, rescore / {fastest} = {r / times[fastest]['median_s']:.2f}, "
+              f"rescore {rows / r:,.0f} rows/s", flush=True)
 
         if args.multi_step:
             ms = Path(args.data) / f"multistep-{rows}{layout}.parquet"
@@ -182,6 +211,16 @@ def main(argv=None) -> int:
 
     t = results["targets"]
     detail: dict[str, str] = {}
+    for rows, limit in PEER_TARGETS.items():
+        if rows in results["sizes"]:
+            v = results["sizes"][rows]
+            key = f"{rows:,} rows: rescore / fastest peer <= {limit}"
+            t[key] = verdict(v["rescore_over_fastest_peer"] <= limit)
+            detail[key] = f"{v['rescore_over_fastest_peer']:.2f} against {v['fastest_peer']}"
+    if 1_024_000 in results["sizes"]:
+        v = results["sizes"][1_024_000]
+        t["1,024,000 rows: peak RSS <= the polars script's"] = verdict(v["rescore"]["peak_rss_mb"] <= v["polars"]["peak_rss_mb"])
+        detail["1,024,000 rows: peak RSS <= the polars script's"] = f"{v['rescore']['peak_rss_mb']} vs {v['polars']['peak_rss_mb']} MB"
     main_size = results["sizes"][200_000] if 200_000 in results["sizes"] else results["sizes"][largest]
     t["a/b <= 2.0"] = verdict(main_size["a_over_b"] <= 2.0)
     detail["a/b <= 2.0"] = f"{main_size['a_over_b']:.2f}"

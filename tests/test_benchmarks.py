@@ -77,3 +77,10 @@ def test_run_command_end_to_end_on_tiny_data(tmp_path):
     # Peak RSS is the child's own: the driver reads the outputs to compare them in a child process.
     assert 0 < result["sizes"]["3000"]["io_floor"]["peak_rss_mb"] < 1500
     assert "targets:" in proc.stdout and "time per row within 1.5x across sizes" in proc.stdout
+    # The peers a user would write instead produce the same scores, and the ratio to the fastest is reported.
+    for peer in ("polars", "duckdb"):
+        assert f"  {peer}: agree: 3,000 scores" in proc.stdout, proc.stdout
+        assert result["sizes"]["3000"][peer]["median_s"] > 0
+    assert result["sizes"]["3000"]["fastest_peer"] in ("polars", "duckdb")
+    assert result["sizes"]["3000"]["rescore_over_fastest_peer"] > 0
+    assert result["startup"]["rescore --help"]["median_s"] > 0
