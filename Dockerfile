@@ -16,9 +16,11 @@ RUN pip install --no-cache-dir "torch==2.13.0" --index-url "${TORCH_INDEX}"
 
 WORKDIR /opt/rescore
 COPY pyproject.toml README.md ./
+COPY rescore ./rescore
 COPY pipelines ./pipelines
 COPY transforms ./transforms
 COPY schemas ./schemas
+COPY examples ./examples
 COPY run_configs ./run_configs
 # [models]: transformers for the model stage (--teacher-model, --reward-model, ...).
 RUN pip install --no-cache-dir ".[gcp,models]"

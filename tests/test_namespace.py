@@ -1,0 +1,78 @@
+"""Every import name lives under `rescore`: a user's own `schemas.py`, `transforms.py` or
+`pipelines.py` in the working directory cannot shadow any part of Rescore."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from data import random_rows, write_parquet
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHADOWS = ("schemas", "transforms", "pipelines", "examples")
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    """A working directory like a web project's: modules with the generic names, which fail
+    loudly if anything imports them."""
+    for name in SHADOWS:
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('the user\\'s own {name}.py was imported')\n")
+    rows = random_rows(7)
+    write_parquet(rows, str(tmp_path / "in"))
+    (tmp_path / "rows").write_text(str(len(rows)))
+    return tmp_path
+
+
+def _run(cwd, *args):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("mode", ["in_process", "multi_processing"])
+def test_cli_runs_beside_shadowing_modules(user_dir, mode):
+    beam = ["--runner=FnApiRunner"]
+    if mode == "multi_processing":
+        beam = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    proc = _run(user_dir, "-m", "rescore", "--input", "in/*.parquet", "--output", "out", "--strategy", "grpo", "--quiet", *beam)
+    assert proc.returncode == 0, proc.stderr
+    assert os.path.exists(user_dir / "out" / "_SUCCESS")
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(user_dir / "out" / "scored-*.parquet")))
+    assert rows == int((user_dir / "rows").read_text())
+
+
+def test_import_names(user_dir):
+    code = (
+        "import rescore, rescore.pipelines.rescore, rescore.transforms.strategies, rescore.schemas, "
+        "rescore.examples.to_trinity, sys; "
+        "print(rescore.__version__); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'pipelines', 'transforms', 'schemas', 'examples'}))"
+    )
+    proc = _run(user_dir, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    version, generic = proc.stdout.split("\n")[:2]
+    assert version == "0.1.0"
+    assert generic == "[]"  # nothing imported under a generic top-level name
+
+
+def test_help_from_console_script_and_module(user_dir):
+    for argv in (["-m", "rescore", "--help"], ["-c", "import sys; sys.argv[0] = 'rescore'; from rescore.pipelines.cli import main; main()", "--help"]):
+        proc = _run(user_dir, *argv)
+        assert proc.returncode == 0, proc.stderr
+        assert "--strategy" in proc.stdout
+
+
+def test_installed_top_level_is_rescore_alone():
+    """pyproject maps the repository's folders under `rescore`; no other top-level package."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        conf = tomllib.load(f)["tool"]["setuptools"]
+    assert {p.split(".")[0] for p in conf["packages"]} == {"rescore"}
+    for package, folder in conf["package-dir"].items():
+        assert os.path.isfile(os.path.join(ROOT, folder, "__init__.py")), (package, folder)
+    on_disk = {d for d in ("pipelines", "transforms", "transforms/strategies", "schemas", "examples")}
+    assert {f"rescore.{d.replace('/', '.')}" for d in on_disk} <= set(conf["packages"])
