@@ -30,7 +30,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from test_expand_copies import old_expand_copies  # noqa: E402
 
-from transforms.write import expand_copies  # noqa: E402
+from rescore.transforms.write import expand_copies  # noqa: E402
 
 
 def unit(rows: int, batches: int, runs: int, string_tasks: bool, other_batches: int = 0) -> tuple[pa.Table, dict]:

@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transforms.strategies import GroupedRows, plan_of  # noqa: E402
-from transforms.strategies.tokens import token_advantages  # noqa: E402
+from rescore.transforms.strategies import GroupedRows, plan_of  # noqa: E402
+from rescore.transforms.strategies.tokens import token_advantages  # noqa: E402
 
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0, "A10G": 600.0, "T4": 320.0}
 

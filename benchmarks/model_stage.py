@@ -64,9 +64,9 @@ def run_stage(path: str, model_dir: str, work: str, batch_size: int, device: str
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from transforms import models as model_stage
-    from transforms.model_columns import ModelOptions
-    from transforms.read import plan_input
+    from rescore.transforms import models as model_stage
+    from rescore.transforms.model_columns import ModelOptions
+    from rescore.transforms.read import plan_input
 
     options = ModelOptions(teacher_model=model_dir, batch_size=batch_size, dtype=dtype)
     plan, context = model_stage.plan_with_models(plan_input([path], shard_rows=1 << 20), options, work)
@@ -87,7 +87,7 @@ def run_stage(path: str, model_dir: str, work: str, batch_size: int, device: str
 
 
 def run_loop(table: pa.Table, model, batch_size: int) -> tuple[float, list]:
-    from transforms.inference import pad
+    from rescore.transforms.inference import pad
 
     tokens = [np.asarray(t, dtype=np.int64) for t in table["tokens"].to_pylist()]
     prompt = table["prompt_length"].to_numpy()
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"device": "cuda", "skipped": "torch sees no CUDA device"}))
         return 0
 
-    from transforms import inference
+    from rescore.transforms import inference
 
     with tempfile.TemporaryDirectory(prefix="rescore-model-bench-") as tmp:
         model_dir = args.model or build_model(os.path.join(tmp, "model"), hidden=args.hidden, layers=args.layers, vocab=args.vocab)

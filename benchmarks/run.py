@@ -57,7 +57,7 @@ def timed(cmd: list[str]) -> tuple[float, int]:
 
 
 def rescore_cmd(inp: str, out: str, strategy: str, extra=()) -> list[str]:
-    return [sys.executable, "-m", "pipelines.rescore", "--input", inp, "--output", out, "--strategy", strategy,
+    return [sys.executable, "-m", "rescore", "--input", inp, "--output", out, "--strategy", strategy,
             "--overwrite", "--quiet", *extra]
 
 
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     fixed = statistics.median(timed(rescore_cmd(str(tiny), str(work / "tiny"), "grpo"))[0] for _ in range(args.repeats))
     results["fixed_cost_s"] = round(fixed, 2)
     print(f"fixed cost (512 rows: imports, pipeline start-up): {fixed:.2f} s", flush=True)
-    helps = bench("start-up", {"rescore --help": [sys.executable, "-m", "pipelines.rescore", "--help"],
+    helps = bench("start-up", {"rescore --help": [sys.executable, "-m", "rescore", "--help"],
                                "import apache_beam": [sys.executable, "-c", "import apache_beam"]}, args.repeats)
     results["startup"] = helps
     layout = "" if args.row_group_rows == 16_384 else f"-rg{args.row_group_rows}"

@@ -20,11 +20,11 @@ from pathlib import Path
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines import rescore  # noqa: E402
+from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
-from transforms import read, score, storage, write  # noqa: E402
+from rescore.transforms import read, score, storage, write  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()

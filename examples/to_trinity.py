@@ -4,7 +4,7 @@ To hand the scores to Trinity's trainer directly, let Rescore write a Trinity SQ
 instead: `--output-db URL --output-table NAME` (docs/trainers.md).
 
     import polars as pl
-    from examples.to_trinity import experience_kwargs
+    from rescore.examples.to_trinity import experience_kwargs
     rows = pl.read_parquet("out/scored-*.parquet").to_dicts()
     exps = [Experience(**experience_kwargs(r)) for r in rows]     # with trinity installed
 

@@ -1,10 +1,10 @@
-"""The `rescore` console script (see pipelines.rescore.cli for why it starts this way)."""
+"""The `rescore` console script (see rescore.pipelines.rescore.cli for why it starts this way)."""
 
 import gc
 
 
 def main() -> None:
     gc.disable()
-    from pipelines import rescore
+    from rescore.pipelines import rescore
 
     rescore.cli()

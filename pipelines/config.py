@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from pipelines.model_flags import add_model_flags, model_options
-from transforms.model_columns import ModelOptions
-from transforms.strategies import ConfigError, algorithms, names
+from rescore.pipelines.model_flags import add_model_flags, model_options
+from rescore.transforms.model_columns import ModelOptions
+from rescore.transforms.strategies import ConfigError, algorithms, names
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from transforms import storage
-from transforms.read import InputError
+from rescore.transforms import storage
+from rescore.transforms.read import InputError
 
 log = logging.getLogger("rescore")
 
@@ -67,7 +67,7 @@ class ConflictError(RuntimeError):
 
 def check_run_name(name: str) -> str:
     if not re.fullmatch(RUN_NAME_PATTERN, name) or ".." in name:
-        from transforms.strategies import ConfigError
+        from rescore.transforms.strategies import ConfigError
 
         raise ConfigError(
             f"--run-name {name!r} must be one path component matching {RUN_NAME_PATTERN} "
@@ -513,7 +513,7 @@ def _clean_work(output: str, state: State) -> None:
 def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
     """The plan with only the row groups that can hold a touched batch (files in `whole`, the
     new and changed ones, are read whole so that every rejected row of them is reported)."""
-    from transforms.read import ReadUnit, split_row_groups
+    from rescore.transforms.read import ReadUnit, split_row_groups
 
     units: list = []
     for path in plan.files:
@@ -597,12 +597,12 @@ def run(cfg) -> dict[str, Any]:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
-    from pipelines import __version__
-    from pipelines import rescore as rs
-    from pipelines.progress import Progress
-    from transforms.read import plan_input
-    from transforms.strategies import ConfigError, build_plan
-    from transforms.write import METRICS, SUCCESS
+    from rescore.pipelines import __version__
+    from rescore.pipelines import rescore as rs
+    from rescore.pipelines.progress import Progress
+    from rescore.transforms.read import plan_input
+    from rescore.transforms.strategies import ConfigError, build_plan
+    from rescore.transforms.write import METRICS, SUCCESS
 
     name = check_run_name(cfg.run_name) if cfg.run_name else run_name()
     if not cfg.wait:
@@ -701,7 +701,7 @@ def run(cfg) -> dict[str, Any]:
                 raise rs.RejectBudgetExceeded(f"{doc['failed']}; the rejected rows and metrics.json are in {work}; nothing was committed")
             if not storage.exists(storage.join(work, SUCCESS)):
                 raise RuntimeError(f"the pipeline finished but {work}/_SUCCESS was not written")
-            from schemas import output_schema
+            from rescore.schemas import output_schema
 
             schema = output_schema(plan.schema)  # used only when no row is left to commit
         else:  # only deleted files, and no other file holds their batches: remove their rows
@@ -733,7 +733,7 @@ def run(cfg) -> dict[str, Any]:
 def faults_step(where: str) -> None:
     """RESCORE_FAULT=kill_at:STEP kills this process (SIGKILL) at an incremental step: the tests'
     way to crash a run at each point."""
-    from transforms import faults
+    from rescore.transforms import faults
 
     kind, _, arg = os.environ.get(faults.ENV, "").partition(":")
     if kind == "kill_at" and arg == where:

@@ -1,6 +1,6 @@
 """One way to read any Rescore output: `load_scored(path)` -> the current scored rows.
 
-    from pipelines.load import load_scored
+    from rescore.pipelines.load import load_scored
     table = load_scored("out")          # a pyarrow.Table
 
 `path` is either a one-shot output directory (`scored-*.parquet` + `_SUCCESS`) or the Delta
@@ -23,7 +23,7 @@ import pyarrow.parquet  # noqa: F401  (pa.parquet)
 
 __all__ = ["load_scored", "OutputError", "kind_of"]
 
-SUCCESS = "_SUCCESS"  # transforms.write.SUCCESS: the contract's name, kept here to stay light
+SUCCESS = "_SUCCESS"  # rescore.transforms.write.SUCCESS: the contract's name, kept here to stay light
 DELTA_LOG = "_delta_log"
 LEGACY_MANIFEST = "_manifest.json"
 
@@ -39,7 +39,7 @@ def _local(path: str) -> bool:
 def _exists(path: str) -> bool:
     if _local(path):
         return os.path.exists(path)
-    from transforms import storage
+    from rescore.transforms import storage
 
     return storage.exists(path)
 
@@ -84,7 +84,7 @@ def load_scored(path: str, *, columns: list[str] | None = None, storage_options:
         files = sorted(glob.glob(os.path.join(glob.escape(path), "scored-*.parquet")))
         tables = [pa.parquet.read_table(f, columns=columns) for f in files]
     else:
-        from transforms import storage
+        from rescore.transforms import storage
 
         files = sorted(storage.list_dir(path, "scored-*.parquet"))
         tables = [storage.open_parquet(f).read(columns=columns) for f in files]

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 
-from pipelines.wording import plural
-from transforms import storage
-from transforms.write import staging_dir
+from rescore.pipelines.wording import plural
+from rescore.transforms import storage
+from rescore.transforms.write import staging_dir
 
 
 class Progress:

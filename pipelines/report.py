@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.wording import plural
-from transforms import storage
-from transforms.metrics import MEAN_KEY, STD_KEY
-from transforms.write import METRICS
+from rescore.pipelines.wording import plural
+from rescore.transforms import storage
+from rescore.transforms.metrics import MEAN_KEY, STD_KEY
+from rescore.transforms.write import METRICS
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects")
 OPTIONAL_CHARTS = ("columns", "audit")
@@ -681,7 +681,7 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
 def _own(directory: str, paths) -> None:
     """In a Rescore output, the report joins the files Rescore owns (transforms/ownership.py),
     so the next run into it removes the page with the data it describes."""
-    from transforms import ownership
+    from rescore.transforms import ownership
 
     try:
         ledger = ownership.read_ledger(directory)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import sys
 
-if __name__ == "__main__":  # `python -m pipelines.rescore`: no collections during the imports (see cli)
+if __name__ == "__main__":  # `python -m rescore`: no collections during the imports (see cli)
     gc.disable()
 
 import hashlib
@@ -36,18 +36,18 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from pipelines import __version__, incremental
-from pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
-from pipelines.progress import Progress
-from pipelines.wording import plural, process_seconds
-from schemas import SchemaError
-from transforms import device as devices
-from transforms import lock as output_lock
-from transforms import ownership, storage
-from transforms.read import InputError, InputPlan, ReadExperiences, plan_input
-from transforms.score import ScoreGroups
-from transforms.strategies import ConfigError, ScoringPlan, build_plan
-from transforms.write import FILTERED_FILES, METRICS, SUCCESS, WriteScored, finalize, staging_dir
+from rescore.pipelines import __version__, incremental
+from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
+from rescore.pipelines.progress import Progress
+from rescore.pipelines.wording import plural, process_seconds
+from rescore.schemas import SchemaError
+from rescore.transforms import device as devices
+from rescore.transforms import lock as output_lock
+from rescore.transforms import ownership, storage
+from rescore.transforms.read import InputError, InputPlan, ReadExperiences, plan_input
+from rescore.transforms.score import ScoreGroups
+from rescore.transforms.strategies import ConfigError, ScoringPlan, build_plan
+from rescore.transforms.write import FILTERED_FILES, METRICS, SUCCESS, WriteScored, finalize, staging_dir
 
 log = logging.getLogger("rescore")
 
@@ -63,7 +63,7 @@ USER_ERRORS = (ConfigError, SchemaError, InputError, ownership.OutputError, outp
 def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
     source = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
-        from transforms.models import ComputeModelColumns
+        from rescore.transforms.models import ComputeModelColumns
 
         source = p | "ComputeModelColumns" >> ComputeModelColumns(
             plan, cfg.models, staging_dir(cfg.output), device=cfg.device, context=run_info["models"]["context"]
@@ -136,7 +136,7 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     )
     models_info = None
     if cfg.models.enabled:
-        from transforms.models import plan_with_models
+        from rescore.transforms.models import plan_with_models
 
         plan, context = plan_with_models(plan, cfg.models, staging_dir(cfg.output))
         models_info = {**{k: v for k, v in vars(cfg.models).items() if v is not None}, "columns": list(computed), "context": context}
@@ -180,7 +180,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
-    from pipelines import sources  # Trinity SQL buffers, verl rollout dumps
+    from rescore.pipelines import sources  # Trinity SQL buffers, verl rollout dumps
 
     ownership.check_output_path(cfg.output)
     if PipelineOptions(cfg.beam_args).view_as(TestOptions).dry_run and not sources.wanted(cfg):
@@ -316,18 +316,18 @@ def main(argv: list[str] | None = None, *, from_process: bool | None = None) -> 
 def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process: bool) -> int:
     """The command; with `held`, log records are written only after a success."""
     if argv[:1] == ["sample"]:
-        from pipelines import sample
+        from rescore.pipelines import sample
 
         return sample.main(argv[1:])
     if argv[:1] == ["report"]:
-        from pipelines import report
+        from rescore.pipelines import report
 
         return report.main(argv[1:])
     if not argv:
         print(usage(), file=sys.stderr)
         return EXIT_CONFIG
     if argv[:1] == ["show"]:
-        from pipelines import show
+        from rescore.pipelines import show
 
         return show.main(argv[1:])
     quiet = "--quiet" in argv

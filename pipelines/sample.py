@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         batches=a.batches, tasks=a.tasks, runs=a.runs, steps=a.steps, string_tasks=a.string_tasks, seed=a.seed
     )
     if a.format != "parquet":
-        from pipelines import sample_formats
+        from rescore.pipelines import sample_formats
 
         try:
             if a.overwrite and a.format == "trinity-sql" and os.path.isfile(a.output):

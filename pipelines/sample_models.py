@@ -1,6 +1,6 @@
 """Tiny random-weight Hugging Face models to try the model flags offline (nothing downloaded):
 
-    python -m pipelines.sample_models models
+    python -m rescore.pipelines.sample_models models
 
 writes models/teacher (2-layer Llama causal LM), models/student (2-layer GPT-2 causal LM),
 models/reward (2-layer Llama sequence-classification reward model) and models/tokenizer (a
@@ -51,7 +51,7 @@ def write_tiny_models(directory: str, *, vocab: int = VOCAB, context: int = CONT
 
 def echo_verifier(prompt: str, response: str) -> float:
     """A sample --reward-fn over decoded text: the fraction of response words that also occur
-    in the prompt (try: --reward-fn pipelines.sample_models:echo_verifier --tokenizer DIR)."""
+    in the prompt (try: --reward-fn rescore.pipelines.sample_models:echo_verifier --tokenizer DIR)."""
     words = response.split()
     if not words:
         return 0.0
@@ -62,7 +62,7 @@ def echo_verifier(prompt: str, response: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
-        print("usage: python -m pipelines.sample_models DIR", file=sys.stderr)
+        print("usage: python -m rescore.pipelines.sample_models DIR", file=sys.stderr)
         return 2
     for name, path in write_tiny_models(argv[0]).items():
         print(f"{name:10s} {path}")

@@ -18,7 +18,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms import storage
+from rescore.transforms import storage
 
 
 def _batch_rows(table: pa.Table) -> list[tuple[int, int]]:
@@ -38,8 +38,8 @@ def _batch_summary(pairs: list[tuple[int, int]]) -> str:
 
 
 def describe(path: str, *, batches: bool = False) -> list[str]:
-    from pipelines import incremental
-    from pipelines.load import kind_of, load_scored
+    from rescore.pipelines import incremental
+    from rescore.pipelines.load import kind_of, load_scored
 
     kind = kind_of(path)
     ids = load_scored(path, columns=["batch"])
@@ -85,7 +85,7 @@ def describe(path: str, *, batches: bool = False) -> list[str]:
 
 
 def _pending(state) -> str:
-    from pipelines import incremental
+    from rescore.pipelines import incremental
 
     if not state.inputs:
         return "unknown (no --input recorded)"
@@ -103,8 +103,8 @@ def _pending(state) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from pipelines.load import OutputError
-    from transforms.read import InputError
+    from rescore.pipelines.load import OutputError
+    from rescore.transforms.read import InputError
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, like every other Rescore failure

@@ -22,11 +22,11 @@ from typing import Any, Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
-from pipelines.config import RunConfig
-from transforms import storage
-from transforms.read import InputError
-from transforms.strategies import ConfigError
-from transforms.write import SUCCESS
+from rescore.pipelines.config import RunConfig
+from rescore.transforms import storage
+from rescore.transforms.read import InputError
+from rescore.transforms.strategies import ConfigError
+from rescore.transforms.write import SUCCESS
 
 log = logging.getLogger("rescore")
 
@@ -75,7 +75,7 @@ def _fresh_dir(path: str) -> str:
 
 
 def _stage_buffer(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
-    from transforms import sql_buffer
+    from rescore.transforms import sql_buffer
 
     plan = sql_buffer.plan_source(cfg.inputs[0], cfg.input_table, cfg.shard_rows)
     _run_pipeline(cfg, lambda p: p | "StageBuffer" >> sql_buffer.StageBuffer(plan, directory))
@@ -85,7 +85,7 @@ def _stage_buffer(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, 
 
 
 def _stage_verl(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
-    from transforms import verl_rollouts
+    from rescore.transforms import verl_rollouts
 
     files: list[str] = []
     for pattern in cfg.inputs:
@@ -105,7 +105,7 @@ def _stage_verl(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, An
 
 def _check_parquet_sink(cfg: RunConfig) -> None:
     """Plain Parquet in, buffer out: the input must carry token ids (checked before the run)."""
-    from transforms import sql_buffer
+    from rescore.transforms import sql_buffer
 
     first = storage.match(cfg.inputs[0])
     if first:
@@ -113,7 +113,7 @@ def _check_parquet_sink(cfg: RunConfig) -> None:
 
 
 def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
-    from transforms import sql_buffer
+    from rescore.transforms import sql_buffer
 
     files = sorted(storage.list_dir(cfg.output, "scored-*.parquet"))
     placed, first_id = [], 1
@@ -141,7 +141,7 @@ def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, An
     """Stage the input if it is not Parquet, run the job, write the buffer if asked."""
     _check(cfg)
     if cfg.output_db:
-        from transforms import sql_buffer
+        from rescore.transforms import sql_buffer
 
         sql_buffer.check_sink(cfg.output_db, cfg.output_table, cfg.overwrite)
         if not cfg.input_table and cfg.input_format == "parquet":

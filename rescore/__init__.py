@@ -20,3 +20,12 @@ if not _os.path.isdir(_os.path.join(__path__[0], "pipelines")) and _os.path.isfi
     _os.path.join(_checkout, "pipelines", "rescore.py")
 ):
     __path__.append(_checkout)
+
+
+def load_scored(path: str, *, columns: list[str] | None = None, storage_options: dict | None = None):
+    """The current scored rows of any Rescore output as a `pyarrow.Table`: a one-shot directory
+    (`scored-*.parquet` under `_SUCCESS`) or an `--incremental` Delta Lake table. Imports neither
+    Beam nor torch (see `rescore.pipelines.load`)."""
+    from rescore.pipelines.load import load_scored as _load
+
+    return _load(path, columns=columns, storage_options=storage_options)

@@ -1,6 +1,6 @@
 """Arrow schemas of Rescore's input/output contract and their validation."""
 
-from schemas.experience import (
+from rescore.schemas.experience import (
     ID_COLUMNS,
     INPUT_COLUMNS,
     INPUT_SCHEMA,
@@ -12,7 +12,7 @@ from schemas.experience import (
     unify,
     validate_file_schema,
 )
-from schemas.validation import RowCheck, check_rows, reason_category
+from rescore.schemas.validation import RowCheck, check_rows, reason_category
 
 __all__ = [
     "ID_COLUMNS",

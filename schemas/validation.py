@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.lists import FlatList, flat_list, row_of_value
+from rescore.schemas.lists import FlatList, flat_list, row_of_value
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ RUNNER = "--runner=FnApiRunner"
 @pytest.fixture
 def rescore(tmp_path):
     """Run the job in-process; returns (metrics document, output dir)."""
-    from pipelines.rescore import run
+    from rescore.pipelines.rescore import run
 
     def _run(input_glob, *args, output=None):
         out = output or str(tmp_path / "out")

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def cli(*args, cwd=ROOT):
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.rescore", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "rescore", *args], cwd=cwd, capture_output=True, text=True, timeout=300
     )
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -125,7 +125,7 @@ def test_shipped_local_config_runs(data_dir, tmp_path):
 
 
 def test_sample_command_and_console_script_agree(tmp_path):
-    code = subprocess.run([sys.executable, "-m", "pipelines.rescore", "sample", "--output", str(tmp_path / "s"),
+    code = subprocess.run([sys.executable, "-m", "rescore", "sample", "--output", str(tmp_path / "s"),
                            "--batches", "2", "--tasks", "3"], cwd=ROOT, capture_output=True, text=True).returncode
     assert code == 0
     t = pq.read_table(str(tmp_path / "s"))
@@ -134,8 +134,8 @@ def test_sample_command_and_console_script_agree(tmp_path):
 
 
 def test_yaml_strategy_list_with_nested_params(tmp_path):
-    from pipelines.config import parse_args
-    from transforms.strategies import build_plan
+    from rescore.pipelines.config import parse_args
+    from rescore.transforms.strategies import build_plan
 
     cfg = tmp_path / "polaris.yaml"
     cfg.write_text(

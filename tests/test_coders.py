@@ -3,7 +3,7 @@
 import numpy as np
 import pyarrow as pa
 
-from transforms.coders import ArrowTableCoder
+from rescore.transforms.coders import ArrowTableCoder
 
 
 def test_slice_encodes_without_its_parent_buffer():

@@ -29,7 +29,7 @@ NOT_RUN = {
     "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line; its rescore command is checked below",
-    "python -m pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
+    "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
 }
 REMOTE = ("DataflowRunner", "FlinkRunner", "dataflow.yaml", "dataflow_gpu.yaml", "flink.yaml", "gs://", "s3://",
           "job_endpoint=localhost", "environment_type=EXTERNAL")
@@ -101,7 +101,7 @@ def _localise(argv):
 
 @pytest.fixture(scope="module")
 def sample_dir(tmp_path_factory):
-    from pipelines.sample import main as sample_main
+    from rescore.pipelines.sample import main as sample_main
 
     d = tmp_path_factory.mktemp("docs-sample")
     assert sample_main(["--output", str(d / "sample"), "--batches", "3", "--tasks", "6"]) == 0
@@ -114,7 +114,7 @@ def sample_dir(tmp_path_factory):
 def models_dir(tmp_path_factory):
     """docs/models.md's models/ (tiny random-weight models), where transformers is installed."""
     try:
-        from pipelines.sample_models import write_tiny_models
+        from rescore.pipelines.sample_models import write_tiny_models
 
         d = str(tmp_path_factory.mktemp("docs-models"))
         write_tiny_models(d)
@@ -149,8 +149,8 @@ def test_the_docs_have_commands():
 def test_doc_command(doc, command, scratch, capsys):
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.config import parse_args
-    from pipelines.rescore import main
+    from rescore.pipelines.config import parse_args
+    from rescore.pipelines.rescore import main
 
     if _synopsis(command):
         pytest.skip("a synopsis, not a command")
@@ -199,7 +199,7 @@ SNIPPETS = [(doc, b) for doc in DOCS for b in _python_blocks(doc)]
 
 @pytest.mark.parametrize("doc, code", SNIPPETS, ids=[f"{d}:{i}" for i, (d, _) in enumerate(SNIPPETS)])
 def test_doc_python_snippet(doc, code, scratch):
-    from pipelines.rescore import main
+    from rescore.pipelines.rescore import main
 
     assert main(["--input", "data/*.parquet", "--output", "out", "--strategy", "grpo,duplicate_informative",
                  "--quiet", "--runner=FnApiRunner"]) == 0
@@ -213,7 +213,7 @@ def test_doc_python_snippet(doc, code, scratch):
 
 
 def test_readme_python_one_liners(scratch):
-    from pipelines.rescore import main
+    from rescore.pipelines.rescore import main
 
     lines = [part for line in _code_lines("README.md") for part in re.split(r"\s&&\s", line)
              if part.strip().startswith(".venv/bin/python -c ")]
@@ -237,7 +237,7 @@ def test_every_shell_command_is_run_checked_or_explained():
             for part in re.split(r"\s&&\s", line.strip()):
                 if not part.startswith(COMMAND_STARTS) or part.startswith("rescore:"):
                     continue
-                if part.startswith(("rescore ", ".venv/bin/rescore ", ".venv/bin/python -c ", "python -m pipelines.rescore")):
+                if part.startswith(("rescore ", ".venv/bin/rescore ", ".venv/bin/python -c ", "python -m rescore")):
                     continue  # run or checked by the tests above (the module form is the same CLI)
                 if not any(part.startswith(k) or k in part for k in NOT_RUN):
                     unexplained.append(f"{doc}: {part}")

@@ -19,7 +19,7 @@ import pytest
 import reference
 from data import SCHEMA_MULTI_STEP, by_id, multi_step_rows, read_output, write_parquet
 
-from transforms.strategies import create, names, spec
+from rescore.transforms.strategies import create, names, spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SQRT_HALF = math.sqrt(0.5)  # std (ddof 1) of [0, 1]
@@ -143,7 +143,7 @@ def test_cli_exit_0_for_the_issue_command(tmp_path):
     pq.write_table(table, tmp_path / "in" / "x.parquet")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.rescore", "--input", str(tmp_path / "in" / "*.parquet"), "--output", str(out),
+        [sys.executable, "-m", "rescore", "--input", str(tmp_path / "in" / "*.parquet"), "--output", str(out),
          "--strategy", "reward_variance,grpo", "--set", "std_cal_level=batch", "--runner=FnApiRunner", "--quiet"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )

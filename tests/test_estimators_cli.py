@@ -132,7 +132,7 @@ def test_a_missing_reward_column_fails_with_one_line(tmp_path):
     rows = random_batches(1, batches=1)
     glob = _write(rows, str(tmp_path / "in"))
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.rescore", "--input", glob, "--output", str(tmp_path / "out"), "--runner=FnApiRunner",
+        [sys.executable, "-m", "rescore", "--input", glob, "--output", str(tmp_path / "out"), "--runner=FnApiRunner",
          "--strategy", "gdpo", "--set", 'gdpo_reward_keys=["acc","missing_metric"]'],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
@@ -154,7 +154,7 @@ def test_bad_parameters_fail_with_one_line(tmp_path, args, message):
     rows = random_batches(1, batches=1)
     glob = _write(rows, str(tmp_path / "in"))
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.rescore", "--input", glob, "--output", str(tmp_path / "out"), "--runner=FnApiRunner", *args],
+        [sys.executable, "-m", "rescore", "--input", glob, "--output", str(tmp_path / "out"), "--runner=FnApiRunner", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 2, done.stderr

@@ -24,11 +24,11 @@ import pytest
 import torch
 
 import refs
-from schemas.validation import check_rows
-from transforms.light import light_rows
-from transforms.score import sort_rows, to_grouped_rows
-from transforms.strategies import plan_of
-from transforms.strategies.estimators import rec_scores, row_keys
+from rescore.schemas.validation import check_rows
+from rescore.transforms.light import light_rows
+from rescore.transforms.score import sort_rows, to_grouped_rows
+from rescore.transforms.strategies import plan_of
+from rescore.transforms.strategies.estimators import rec_scores, row_keys
 
 
 @pytest.fixture(scope="module")
@@ -492,7 +492,7 @@ def test_presets_cover_trinity_060_and_its_compute_in_trainer_flags(ref):
     import ast
     import os
 
-    from transforms.strategies import ConfigError, algorithms
+    from rescore.transforms.strategies import ConfigError, algorithms
 
     src = os.path.join(refs.cache_dir(), "src", "trinity", "algorithm")
     init = ast.parse(open(os.path.join(src, "__init__.py"), encoding="utf-8").read())

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from transforms.strategies import ConfigError, algorithms, create, plan_of
-from transforms.strategies.base import GroupedRows
-from transforms.strategies.reinforce_pp import discount_sums, reinforce_pp_tokens, token_discounts
+from rescore.transforms.strategies import ConfigError, algorithms, create, plan_of
+from rescore.transforms.strategies.base import GroupedRows
+from rescore.transforms.strategies.reinforce_pp import discount_sums, reinforce_pp_tokens, token_discounts
 
 EPS = 1e-6
 
@@ -151,7 +151,7 @@ def test_a_zero_spread_batch_whitens_to_exactly_zero():
 
 
 def test_jsd_per_token():
-    from transforms.strategies.jsd import jsd_per_token
+    from rescore.transforms.strategies.jsd import jsd_per_token
 
     s, t = np.array([-1.0]), np.array([-2.0])
     m = math.log(0.5 * math.exp(-1) + 0.5 * math.exp(-2))
@@ -254,7 +254,7 @@ def test_truncated_rows_weigh_nothing_in_token_weighted_batch_statistics():
 
 
 def _shared_helpers_exact() -> bool:
-    from transforms.strategies.segments import mean_and_std, population_var
+    from rescore.transforms.strategies.segments import mean_and_std, population_var
 
     values, offsets = torch.full((6,), 0.1, dtype=torch.float64), torch.tensor([0, 6])
     return float(mean_and_std(values, offsets)[0][0]) == 0.1 and float(population_var(values, offsets)[0]) == 0.0
@@ -283,7 +283,7 @@ def test_all_equal_groups_score_exactly_zero(name, params):
 
 
 def test_needed_scalar_columns_are_validated():
-    from schemas.validation import check_rows
+    from rescore.schemas.validation import check_rows
 
     table = pa.table({
         "batch": [0, 0, 0, 0], "task": [1, 1, 1, 1], "run": [0, 1, 2, 3], "reward": [1.0, 0.0, 1.0, 0.0],

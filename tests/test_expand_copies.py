@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.strategies.selection import copy_task_ids
-from transforms.write import expand_copies
+from rescore.transforms.strategies.selection import copy_task_ids
+from rescore.transforms.write import expand_copies
 
 
 def _old_copy_task_ids(task: pa.Array, copy_index: np.ndarray, stride: int) -> pa.Array:

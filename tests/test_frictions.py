@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipelines.rescore", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rescore", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=timeout)
 
 
@@ -51,7 +51,7 @@ def test_set_typo_says_did_you_mean(tmp_path):
 
 
 def test_zero_mask_gives_positive_zero():
-    from transforms.strategies.tokens import token_advantages
+    from rescore.transforms.strategies.tokens import token_advantages
 
     out = token_advantages(torch.tensor([-1.5, 2.0], dtype=torch.float64), torch.tensor([3, 2]), torch.tensor([0, 1, 0, 0, 1]))
     assert out.tolist() == [0.0, -1.5, 0.0, 0.0, 2.0]
@@ -59,7 +59,7 @@ def test_zero_mask_gives_positive_zero():
 
 
 def test_plural_and_process_seconds():
-    from pipelines.wording import plural, process_seconds
+    from rescore.pipelines.wording import plural, process_seconds
 
     assert [plural(1, "file"), plural(2, "file"), plural(1_000, "read unit"), plural(1, "batch", "batches")] == [
         "1 file", "2 files", "1,000 read units", "1 batch"]
@@ -70,7 +70,7 @@ def test_plural_and_process_seconds():
 
 @pytest.fixture(scope="module")
 def sample_input(tmp_path_factory):
-    from pipelines.sample import make_experience
+    from rescore.pipelines.sample import make_experience
 
     d = tmp_path_factory.mktemp("frictions")
     # 64 rows in 4 row groups: 4 read units
@@ -102,7 +102,7 @@ def test_summary_reads_unambiguously_and_counts_start_up(sample_input, tmp_path)
 
 def test_progress_counts_units_already_published(tmp_path, caplog):
     """Finalize moves staged files into the output: a fast write step must not read as 0 done."""
-    from pipelines.progress import Progress
+    from rescore.pipelines.progress import Progress
 
     caplog.set_level(logging.INFO)  # a non-terminal stream gets the progress line only at INFO
 
@@ -131,7 +131,7 @@ def test_progress_advances_with_multi_processing(sample_input, tmp_path):
 
 
 def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
-    from pipelines.rescore import main
+    from rescore.pipelines.rescore import main
 
     out = str(tmp_path / "out")
     assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "grpo", "--keep-filtered"]) == 0
@@ -152,8 +152,8 @@ def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
 
 def test_report_numbers_match_metrics_json(sample_input, tmp_path):
     """The chart data: dead share from metrics.json, solved shares and sizes from the rows."""
-    from pipelines.report import Bins, group_table, load_metrics, read_run
-    from pipelines.rescore import main
+    from rescore.pipelines.report import Bins, group_table, load_metrics, read_run
+    from rescore.pipelines.rescore import main
 
     out = str(tmp_path / "out")
     assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy",
@@ -177,8 +177,8 @@ def test_report_numbers_match_metrics_json(sample_input, tmp_path):
 
 def test_report_draws_extra_reward_columns(tmp_path):
     """A model stage or a second reward column gets its own distribution chart."""
-    from pipelines.rescore import main
-    from pipelines.sample import make_experience
+    from rescore.pipelines.rescore import main
+    from rescore.pipelines.sample import make_experience
 
     table = make_experience(batches=2, tasks=4, runs=4, seed=2)
     rm = np.linspace(-3.0, 3.0, table.num_rows)
@@ -188,7 +188,7 @@ def test_report_draws_extra_reward_columns(tmp_path):
     out = str(tmp_path / "out")
     assert main(["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, RUNNER, "--quiet", "--strategy", "grpo"]) == 0
     assert main(["report", out]) == 0
-    from pipelines.report import read_run
+    from rescore.pipelines.report import read_run
 
     data = read_run(out)
     assert sorted(data.extra) == ["rm_score"] and sorted(data.extra["rm_score"]) == pytest.approx(rm)

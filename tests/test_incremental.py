@@ -48,8 +48,8 @@ def write(rows, path, row_group_size=5):
 
 
 def one_shot(inputs, out):
-    from pipelines.load import load_scored
-    from pipelines.rescore import run
+    from rescore.pipelines.load import load_scored
+    from rescore.pipelines.rescore import run
 
     argv = [a for p in inputs for a in ("--input", p)]
     run([*argv, "--output", out, RUNNER, "--quiet", *STRATEGY])
@@ -58,7 +58,7 @@ def one_shot(inputs, out):
 
 def incremental(inputs, out, *extra, capsys=None):
     """In-process `rescore --incremental`: (exit code, stderr)."""
-    from pipelines.rescore import main
+    from rescore.pipelines.rescore import main
 
     argv = [a for p in inputs for a in ("--input", p)]
     code = main([*argv, "--output", out, "--incremental", RUNNER, *STRATEGY, *extra])
@@ -68,7 +68,7 @@ def incremental(inputs, out, *extra, capsys=None):
 def subprocess_incremental(inputs, out, *extra, env=None):
     argv = [a for p in inputs for a in ("--input", p)]
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.rescore", *argv, "--output", out, "--incremental", RUNNER, *STRATEGY, *extra],
+        [sys.executable, "-m", "rescore", *argv, "--output", out, "--incremental", RUNNER, *STRATEGY, *extra],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )
@@ -98,7 +98,7 @@ def assert_same_rows(current, expected):
 
 
 def current(out):
-    from pipelines.load import load_scored
+    from rescore.pipelines.load import load_scored
 
     return load_scored(out)
 
@@ -176,20 +176,20 @@ def test_several_days_of_arriving_changing_and_deleted_files(tmp_path, capsys):
     day(3)
     code, err = incremental([str(inp)], out, capsys=capsys)
     assert code == 0 and "nothing new to score" in err
-    from pipelines.incremental import load_state
+    from rescore.pipelines.incremental import load_state
 
     assert [r["run"] for r in load_state(out).runs] == ["day1", "day2", "day3"]
 
 
 def test_default_run_names_are_utc_times_and_unique(tmp_path, capsys):
-    from pipelines.incremental import load_state, run_name
+    from rescore.pipelines.incremental import load_state, run_name
 
     rows = experience(8, batches=2, max_tasks=3)
     inp, out = tmp_path / "in", str(tmp_path / "table")
     write([r for r in rows if r["batch"] == 0], str(inp / "a.parquet"))
     assert incremental([str(inp)], out, capsys=capsys)[0] == 0
     write([r for r in rows if r["batch"] == 1], str(inp / "b.parquet"))
-    import pipelines.incremental as inc
+    import rescore.pipelines.incremental as inc
 
     first = load_state(out).runs[0]["run"]
     assert len(first) == len("run=20261122T030000") and first[12] == "T"
@@ -323,7 +323,7 @@ def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     assert err.strip().startswith("rescore: nothing new to score"), err
     assert_same_rows(current(out), after)
     # Work of the killed runs is gone; only committed runs keep their metrics.
-    from pipelines.incremental import load_state
+    from rescore.pipelines.incremental import load_state
 
     assert sorted(os.listdir(runs)) == sorted(r["run"] for r in load_state(out).runs)
 
@@ -350,7 +350,7 @@ def test_orphan_files_of_a_killed_commit_are_invisible(tmp_path, days, capsys):
 
 
 def test_two_overlapping_runs(tmp_path, days, capsys):
-    import pipelines.rescore  # noqa: F401  (imported before the race: Beam and torch take seconds)
+    import rescore.pipelines.rescore  # noqa: F401  (imported before the race: Beam and torch take seconds)
 
     inp, first, second = days
     out = str(tmp_path / "table")
@@ -372,7 +372,7 @@ def test_two_overlapping_runs(tmp_path, days, capsys):
 def test_a_commit_against_a_stale_version_fails_cleanly(tmp_path, days, capsys):
     """Where the lock cannot exclude (object stores), the Delta commit does: it is made against
     the version the run started from and never retried."""
-    from pipelines import incremental as inc
+    from rescore.pipelines import incremental as inc
 
     inp, first, second = days
     out = str(tmp_path / "table")
@@ -391,7 +391,7 @@ def test_a_commit_against_a_stale_version_fails_cleanly(tmp_path, days, capsys):
 
 
 def test_canonical_location(tmp_path, monkeypatch):
-    from pipelines.incremental import canonical
+    from rescore.pipelines.incremental import canonical
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.parquet").write_bytes(b"x")
@@ -405,7 +405,7 @@ def test_canonical_location(tmp_path, monkeypatch):
 
 
 def test_touched_batches_from_statistics_or_the_column(tmp_path):
-    from pipelines.incremental import file_batches, row_group_may_hold
+    from rescore.pipelines.incremental import file_batches, row_group_may_hold
 
     rows = [{"batch": b, "task": 1, "run": r, "step": 0, "reward": 0.0, "tokens": [], "prompt_length": 0,
              "logprobs": [], "action_mask": [], "note": None} for b in (4, 4, 9, 9, 12, 15) for r in range(2)]
@@ -418,7 +418,7 @@ def test_touched_batches_from_statistics_or_the_column(tmp_path):
 
 
 def _cli(argv, cwd=ROOT):
-    proc = subprocess.run([sys.executable, "-m", "pipelines.rescore", *argv], cwd=cwd, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "rescore", *argv], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
     return proc.returncode, proc.stderr
 
@@ -467,15 +467,15 @@ def test_a_changed_strategy_needs_overwrite_which_rescores_everything(tmp_path, 
     write(first, str(inp / "a.parquet"))
     write(second, str(inp / "b.parquet"))
     assert incremental([str(inp / "*.parquet")], out, capsys=capsys)[0] == 0
-    from pipelines.rescore import main
+    from rescore.pipelines.rescore import main
 
     argv = ["--input", str(inp / "*.parquet"), "--output", out, "--incremental", RUNNER, "--strategy", "grpo"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "pass --overwrite" in err and len(err.strip().splitlines()) == 1
     assert main([*argv, "--overwrite", "--quiet"]) == 0
-    from pipelines.load import load_scored
-    from pipelines.rescore import run
+    from rescore.pipelines.load import load_scored
+    from rescore.pipelines.rescore import run
 
     run(["--input", str(inp / "*.parquet"), "--output", str(tmp_path / "ref"), RUNNER, "--quiet", "--strategy", "grpo"])
     assert_same_rows(current(out), load_scored(str(tmp_path / "ref")))
@@ -490,8 +490,8 @@ def test_load_scored_show_and_the_documented_readers(tmp_path, days, capsys):
     import polars as pl
     from deltalake import DeltaTable
 
-    from pipelines.load import OutputError, load_scored
-    from pipelines.rescore import main
+    from rescore.pipelines.load import OutputError, load_scored
+    from rescore.pipelines.rescore import main
 
     inp, first, second = days
     write(first, str(inp / "a.parquet"))

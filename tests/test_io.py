@@ -16,7 +16,7 @@ from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
-from transforms.overlap import MAX_AUTO_THREADS, Overlap, resolve_threads
+from rescore.transforms.overlap import MAX_AUTO_THREADS, Overlap, resolve_threads
 
 
 class _Tracker:
@@ -123,7 +123,7 @@ def test_beam_step_emits_finished_units_from_finish_bundle():
 
 
 def test_row_groups_split_into_even_units_under_the_cap():
-    from transforms.read import split_row_groups
+    from rescore.transforms.read import split_row_groups
 
     assert split_row_groups([16384] * 13, 65536) == [(0, 1, 2), (3, 4, 5, 6), (7, 8, 9), (10, 11, 12)]
     assert split_row_groups([16384] * 12, 65536) == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
@@ -169,7 +169,7 @@ def test_a_unit_larger_than_shard_rows_is_written_in_parts(tmp_path, rescore):
 
 
 def test_part_bounds():
-    from transforms.write import part_bounds
+    from rescore.transforms.write import part_bounds
 
     assert part_bounds(10, 4) == [0, 3, 6, 10]
     assert part_bounds(8, 4) == [0, 4, 8]

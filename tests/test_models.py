@@ -16,8 +16,8 @@ from reference import rescore as reference_rescore
 
 transformers = pytest.importorskip("transformers", reason="the model stage needs the [models] extra (transformers)")
 
-from pipelines.sample_models import write_tiny_models  # noqa: E402
-from transforms import inference  # noqa: E402
+from rescore.pipelines.sample_models import write_tiny_models  # noqa: E402
+from rescore.transforms import inference  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, CONTEXT = 64, 32
@@ -162,7 +162,7 @@ def test_teacher_logprobs_and_on_policy_distill_end_to_end(models, tmp_path, res
     assert rejected[(1, 9, 0)]["reject_reason"].startswith("model_input: prompt_length 0")
     assert len(scored) == len(rows) - 2 and doc["totals"]["reject_reasons"] == {"model_context": 1, "model_input": 1}
     assert doc["models"]["teacher_model"] == models["teacher"] and doc["models"]["context"] == CONTEXT
-    from pipelines.rescore import config_hash
+    from rescore.pipelines.rescore import config_hash
 
     assert doc["config_hash"] != config_hash("on_policy_distill", {"kl_coef": 0.5}, None)  # the teacher is part of it
     for r in rows:
@@ -224,7 +224,7 @@ def test_reward_fn_over_decoded_text_and_logprob_model(models, tmp_path, rescore
 def test_one_model_copy_shared_across_processes(models, tmp_path, rescore, monkeypatch):
     """The GPU path's sharing (Beam large_model: one copy per machine, called through a proxy
     from every SDK process), forced on the CPU: the same values as a direct forward pass."""
-    from transforms import models as stage
+    from rescore.transforms import models as stage
 
     monkeypatch.setattr(stage._Handler, "share_model_across_processes", lambda self: True)
     rows = _rows(10, too_long=False, prompt_zero=False)[:12]
@@ -248,7 +248,7 @@ def _cli(*args, block_transformers=False):
     code = "import sys\n"
     if block_transformers:
         code += "sys.modules['transformers'] = None\n"
-    code += "from pipelines.rescore import main\nsys.exit(main(sys.argv[1:]))\n"
+    code += "from rescore.pipelines.rescore import main\nsys.exit(main(sys.argv[1:]))\n"
     return subprocess.run([sys.executable, "-c", code, *args, RUNNER], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -278,7 +278,7 @@ def test_flags_fail_with_one_line(models, tmp_path, capsys):
             proc = _cli(*argv, block_transformers=block)
             code, err = proc.returncode, proc.stderr
         else:
-            from pipelines.rescore import main
+            from rescore.pipelines.rescore import main
 
             code = main([*argv, RUNNER])
             err = capsys.readouterr().err
@@ -293,7 +293,7 @@ def test_flags_fail_with_one_line(models, tmp_path, capsys):
 
 def test_dataflow_gpu_job_graph_hints_only_the_model_stage(models, tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
-    from pipelines.rescore import run
+    from rescore.pipelines.rescore import run
 
     glob = _write(_rows(8), str(tmp_path / "in"))
     spec = "type:nvidia-l4;count:1;install-nvidia-driver;machine_type:g2-standard-8"

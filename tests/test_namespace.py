@@ -42,6 +42,9 @@ def test_cli_runs_beside_shadowing_modules(user_dir, mode):
     assert os.path.exists(user_dir / "out" / "_SUCCESS")
     rows = sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(user_dir / "out" / "scored-*.parquet")))
     assert rows == int((user_dir / "rows").read_text())
+    import rescore
+
+    assert rescore.load_scored(str(user_dir / "out")).num_rows == rows  # the one way to read any output
 
 
 def test_import_names(user_dir):

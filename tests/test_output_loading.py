@@ -22,7 +22,7 @@ DOCUMENTED = {
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    from pipelines.rescore import run
+    from rescore.pipelines.rescore import run
 
     d = tmp_path_factory.mktemp("loading")
     rows = multi_step_rows(7)
@@ -75,7 +75,7 @@ def test_file_metadata_says_how_rows_were_scored(scored):
 
 
 def test_config_hash_changes_with_the_scoring_only():
-    from pipelines.rescore import config_hash
+    from rescore.pipelines.rescore import config_hash
 
     a = config_hash("grpo", {"grpo": {"epsilon": 1e-6}}, None)
     assert a == config_hash("grpo", {"grpo": {"epsilon": 1e-6}}, None)
@@ -85,7 +85,7 @@ def test_config_hash_changes_with_the_scoring_only():
 def test_rows_convert_to_trinity_experience_fields(scored):
     import polars as pl
 
-    from examples.to_trinity import experience_kwargs
+    from rescore.examples.to_trinity import experience_kwargs
 
     out, _ = scored
     row = pl.read_parquet(os.path.join(out, "scored-*.parquet")).to_dicts()[0]

@@ -130,7 +130,7 @@ def test_output_does_not_depend_on_file_layout_or_order(tmp_path, rescore):
 
 
 def test_rerun_is_identical_and_refuses_a_finished_output(tmp_path, rescore):
-    from transforms.strategies import ConfigError
+    from rescore.transforms.strategies import ConfigError
 
     glob = write_parquet(random_rows(seed=4), str(tmp_path / "in"))
     doc1, out = rescore(glob, "--strategy", "correct_bias")

@@ -44,7 +44,7 @@ def pg(tmp_path_factory):
 
 
 def _engine(url):
-    from transforms import sql_buffer
+    from rescore.transforms import sql_buffer
 
     return sql_buffer.engine(url)
 
@@ -64,11 +64,11 @@ def _grpo(rows, eps=1e-6):
 def test_postgres_source_and_sink(pg, tmp_path):
     import sqlalchemy as sa
 
-    from pipelines.rescore import run
-    from pipelines.sample import make_experience
-    from pipelines.sample_formats import write_trinity_buffer
-    from transforms import sql_buffer
-    from transforms import trinity_format as trxp
+    from rescore.pipelines.rescore import run
+    from rescore.pipelines.sample import make_experience
+    from rescore.pipelines.sample_formats import write_trinity_buffer
+    from rescore.transforms import sql_buffer
+    from rescore.transforms import trinity_format as trxp
 
     table = make_experience(batches=2, tasks=4, runs=4, seed=3)
     write_trinity_buffer(table, pg, "explorer")
@@ -99,7 +99,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     assert {"explorer", "explorer_blob", "rescored", "rescored_blob"} == names
 
     # refused without --overwrite (one line, exit 2), replaced in one transaction with it
-    from pipelines.rescore import main
+    from rescore.pipelines.rescore import main
 
     assert main([*args, "--output", str(tmp_path / "o2")]) == 2
     doc = run([*args[:5], "rloo", *args[6:], "--output", str(tmp_path / "o3"), "--overwrite"])
@@ -111,7 +111,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
 
 @pytest.mark.skipif(trinity_real.load() is None, reason=trinity_real.why or "trinity-rft not importable")
 def test_postgres_round_trip_with_trinity(pg, tmp_path):
-    from pipelines.rescore import run
+    from rescore.pipelines.rescore import run
     from test_trinity_roundtrip import make_experiences, reference
 
     trinity = trinity_real.load()

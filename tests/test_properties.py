@@ -8,12 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.metrics import group_metrics, row_metrics, summarize
-from transforms.records import FILTERED, REJECTED, SCORED
-from transforms.strategies import GroupedRows, create, plan_of
-from transforms.strategies.baselines import whiten_stats
-from transforms.strategies.selection import plan_copies
-from transforms.strategies.tokens import token_advantages
+from rescore.transforms.metrics import group_metrics, row_metrics, summarize
+from rescore.transforms.records import FILTERED, REJECTED, SCORED
+from rescore.transforms.strategies import GroupedRows, create, plan_of
+from rescore.transforms.strategies.baselines import whiten_stats
+from rescore.transforms.strategies.selection import plan_copies
+from rescore.transforms.strategies.tokens import token_advantages
 
 F64 = torch.float64
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -25,7 +25,7 @@ KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
 
 
 def main(capsys, *args):
-    from pipelines.rescore import main as rescore_main
+    from rescore.pipelines.rescore import main as rescore_main
 
     code = rescore_main([RUNNER, "--quiet", *args])
     err = capsys.readouterr().err
@@ -306,7 +306,7 @@ def test_killed_run_leaves_no_success_and_a_rerun_is_complete(tmp_path, rescore)
     out = tmp_path / "out"
     env = {**os.environ, "RESCORE_FAULT": "slow_write:0.5"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.rescore", "--input", glob, "--output", str(out), "--strategy", "grpo",
+        [sys.executable, "-m", "rescore", "--input", glob, "--output", str(out), "--strategy", "grpo",
          "--shard-rows", "5", RUNNER],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from pipelines.sample import make_experience
+from rescore.pipelines.sample import make_experience
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
@@ -71,7 +71,7 @@ def open_in_browser(page_path: str, screenshot: str, height: int = 4000) -> dict
 def _run(tmp_path, name, *, batches, tasks, runs, strategy, extra=()):
     import pyarrow.parquet as pq
 
-    from pipelines.rescore import run
+    from rescore.pipelines.rescore import run
 
     src = tmp_path / f"{name}-in"
     src.mkdir()
@@ -91,7 +91,7 @@ def _run(tmp_path, name, *, batches, tasks, runs, strategy, extra=()):
     ],
 )
 def test_report_in_chromium(tmp_path, name, batches, tasks, runs, strategy, extra):
-    from pipelines.report import write_report
+    from rescore.pipelines.report import write_report
 
     out = _run(tmp_path, name, batches=batches, tasks=tasks, runs=runs, strategy=strategy, extra=extra)
     paths = write_report(out)

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import (
+from rescore.schemas import (
     SchemaError,
     check_rows,
     output_schema,
@@ -12,7 +12,7 @@ from schemas import (
     unify,
     validate_file_schema,
 )
-from schemas.lists import flat_list, segment_sum
+from rescore.schemas.lists import flat_list, segment_sum
 
 BASE = pa.schema([("batch", pa.int64()), ("task", pa.int64()), ("run", pa.int64()), ("reward", pa.float64())])
 

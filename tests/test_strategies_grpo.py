@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from transforms.strategies import ConfigError, GroupedRows, create, names
-from transforms.strategies.grpo import grpo_scores, rank_corrected_rewards
-from transforms.strategies.segments import (
+from rescore.transforms.strategies import ConfigError, GroupedRows, create, names
+from rescore.transforms.strategies.grpo import grpo_scores, rank_corrected_rewards
+from rescore.transforms.strategies.segments import (
     mean_and_std,
     rank_within_groups,
     segment_sum,
@@ -155,7 +155,7 @@ def test_registry_lists_valid_names_and_parameters():
 
 
 def test_register_refuses_a_taken_name():
-    from transforms.strategies.registry import register
+    from rescore.transforms.strategies.registry import register
 
     with pytest.raises(ValueError, match="already registered"):
         register("grpo", kind="advantage", defaults={}, summary="")(lambda: None)

@@ -255,7 +255,7 @@ def test_on_policy_distill_token_advantages(tmp_path, rescore):
 
 
 def test_on_policy_distill_without_teacher_logprobs_says_what_is_needed(tmp_path, rescore):
-    from schemas import SchemaError
+    from rescore.schemas import SchemaError
 
     glob = write_parquet(multi_step_rows(9), str(tmp_path / "in"), files=1, schema=SCHEMA_MULTI_STEP)
     with pytest.raises(SchemaError, match="missing column 'teacher_logprobs'.*teacher model's log-probs"):

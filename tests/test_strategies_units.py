@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from transforms.strategies import ConfigError, GroupedRows, algorithms, create, plan_of
-from transforms.strategies.baselines import (
+from rescore.transforms.strategies import ConfigError, GroupedRows, algorithms, create, plan_of
+from rescore.transforms.strategies.baselines import (
     logavgexp_baseline,
     rloo_scores,
     whiten_stats,
 )
-from transforms.strategies.chord import mu_schedule, phi
-from transforms.strategies.selection import copy_task_ids, plan_copies
-from transforms.strategies.step_wise import runs_of
+from rescore.transforms.strategies.chord import mu_schedule, phi
+from rescore.transforms.strategies.selection import copy_task_ids, plan_copies
+from rescore.transforms.strategies.step_wise import runs_of
 
 F64 = torch.float64
 

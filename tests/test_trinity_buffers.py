@@ -21,8 +21,8 @@ from data import read_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from transforms import sql_buffer  # noqa: E402
-from transforms import trinity_format as trxp  # noqa: E402
+from rescore.transforms import sql_buffer  # noqa: E402
+from rescore.transforms import trinity_format as trxp  # noqa: E402
 
 
 def _blob(batch=0, task=0, run=0, step=0, reward=1.0, prompt=3, response=4, **overrides):
@@ -51,8 +51,8 @@ class _Evil:
 
 
 def _sample_buffer(path, **kw):
-    from pipelines.sample import make_experience
-    from pipelines.sample_formats import write_trinity_sqlite
+    from rescore.pipelines.sample import make_experience
+    from rescore.pipelines.sample_formats import write_trinity_sqlite
 
     write_trinity_sqlite(make_experience(seed=kw.pop("seed", 0), **kw), str(path), "experience")
     return f"sqlite:///{path}"
@@ -75,7 +75,7 @@ def _insert(url, name, rows):
 
 def _cli(*args, cwd=None):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "pipelines.rescore", *args, RUNNER], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rescore", *args, RUNNER], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
 
 
@@ -262,7 +262,7 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
 
     # a run killed while inserting leaves staging tables only: 't' keeps its old rows
     env = {**os.environ, "PYTHONPATH": ROOT, "RESCORE_FAULT": "fail_insert:1"}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.rescore", "--input", url, "--input-table", "experience",
+    proc = subprocess.run([sys.executable, "-m", "rescore", "--input", url, "--input-table", "experience",
                            "--strategy", "rloo", "--output", str(tmp_path / "o3"), "--output-db", out_url,
                            "--output-table", "t", "--overwrite", RUNNER], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 1, proc.stderr
@@ -286,7 +286,7 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
 
 
 def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
-    from pipelines.sample import make_experience, write_files
+    from rescore.pipelines.sample import make_experience, write_files
 
     write_files(make_experience(batches=1, tasks=3, runs=3), str(tmp_path / "data"))
     out_url = f"sqlite:///{tmp_path}/scored.db"
@@ -304,21 +304,21 @@ def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
 
 def test_sample_buffer_command(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.rescore", "sample", "--format", "trinity-sql", "--output",
+    proc = subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "trinity-sql", "--output",
                            str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "wrote 6 experiences to the Trinity buffer 'experience'" in proc.stderr
     meta, blobs = _read_buffer(f"sqlite:///{tmp_path}/b.db", "experience")
     assert len(meta) == len(blobs) == 6
-    again = subprocess.run([sys.executable, "-m", "pipelines.rescore", "sample", "--format", "trinity-sql", "--output",
+    again = subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "trinity-sql", "--output",
                             str(tmp_path / "b.db")], capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 2 and "exists" in again.stderr
 
 
 def test_staged_schema_parquet_is_valid_input(tmp_path):
     """The staged files pass the input contract as they are (a column type drift would fail here)."""
-    from schemas import validate_file_schema
+    from rescore.schemas import validate_file_schema
 
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
     table = sql_buffer.read_range(url, "experience", 1, 100)
@@ -334,8 +334,8 @@ def test_staged_schema_parquet_is_valid_input(tmp_path):
 
 
 def test_yaml_config_keys_and_flags(tmp_path):
-    from pipelines.config import parse_args
-    from transforms.strategies import ConfigError
+    from rescore.pipelines.config import parse_args
+    from rescore.transforms.strategies import ConfigError
 
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text("input: sqlite:///b.db\ninput_table: experience\noutput: out\nstrategy: grpo\n"

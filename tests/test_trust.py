@@ -29,7 +29,7 @@ KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
 
 
 def _cmd(*args):
-    return [sys.executable, "-m", "pipelines.rescore", *args, RUNNER]
+    return [sys.executable, "-m", "rescore", *args, RUNNER]
 
 
 def _env(fault=None):
@@ -47,7 +47,7 @@ def cli(*args, fault=None, timeout=120):
 
 _DRIVER = """
 import json, os, sys
-from pipelines.rescore import main
+from rescore.pipelines.rescore import main
 codes = []
 for argv, fault, err in json.loads(sys.argv[1]):
     os.environ.pop("RESCORE_FAULT", None)
@@ -235,7 +235,7 @@ def test_an_input_changed_after_every_read_still_fails_before_publishing(data, t
 
 
 def test_a_rewrite_that_keeps_size_and_mtime_is_caught_by_ctime(tmp_path):
-    from transforms.fingerprint import InputChanged, take, verify
+    from rescore.transforms.fingerprint import InputChanged, take, verify
 
     path = str(tmp_path / "a.parquet")
     pq.write_table(pa.table({"reward": [0.0, 1.0]}), path)
@@ -387,7 +387,7 @@ def test_odd_files_in_a_glob_stop_the_run_or_are_skipped_and_never_block(data, t
 
 
 def test_null_list_elements_are_null_value_rejections(tmp_path):
-    from schemas.validation import check_rows
+    from rescore.schemas.validation import check_rows
 
     table = pa.table({
         "batch": [0, 0, 0, 0], "task": [1, 1, 1, 1], "run": [0, 1, 2, 3], "reward": [1.0, 0.0, 0.5, 0.2],
@@ -455,8 +455,8 @@ def test_a_string_false_for_overwrite_is_refused_and_the_run_kept(data, tmp_path
     ("input: [1, 2]", "input"),
 ])
 def test_config_values_must_have_their_type(tmp_path, yaml_text, key):
-    from pipelines.config import parse_args
-    from transforms.strategies import ConfigError
+    from rescore.pipelines.config import parse_args
+    from rescore.transforms.strategies import ConfigError
 
     config = tmp_path / "run.yaml"
     base = "input: x.parquet\noutput: out\nstrategy: grpo\n"
@@ -469,7 +469,7 @@ def test_config_values_must_have_their_type(tmp_path, yaml_text, key):
 
 
 def test_good_config_values_still_work(tmp_path):
-    from pipelines.config import parse_args
+    from rescore.pipelines.config import parse_args
 
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -521,7 +521,7 @@ def test_ctrl_c_prints_the_interrupted_line(data, tmp_path):
     after = snapshot(out)
     assert {k: v for k, v in after.items() if not k.startswith(("_staging", "_rescore.lock"))} == before
     # The lock went with the process: the next run can take it at once.
-    from transforms.lock import acquire
+    from rescore.transforms.lock import acquire
 
     acquire(out).release()
 
@@ -588,7 +588,7 @@ def test_gcs_lock_is_exclusive_and_a_stale_one_is_taken_over():
     pytest.importorskip("google.api_core", reason="the GCS lock needs google-cloud-storage (the gcp extra)")
     import datetime
 
-    from transforms.lock import GcsLock, LockBusy
+    from rescore.transforms.lock import GcsLock, LockBusy
 
     store, path = _FakeGcs(), "gs://bucket/out/_rescore.lock"
     first = GcsLock(path, store).acquire("gs://bucket/out", 0)

@@ -48,7 +48,7 @@ def test_groups_by_step_and_prompt_and_scores_scalar(tmp_path, rescore):
 
 def test_sample_rollouts_and_refusals(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "pipelines.rescore", *a], capture_output=True, text=True,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "rescore", *a], capture_output=True, text=True,  # noqa: E731
                                     env=env, timeout=300)
     proc = run("sample", "--format", "verl-rollouts", "--output", str(tmp_path / "r"), "--batches", "2", "--tasks", "3")
     assert proc.returncode == 0 and sorted(os.listdir(tmp_path / "r")) == ["1.jsonl", "2.jsonl"]

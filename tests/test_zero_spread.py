@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from data import SCHEMA_MULTI_STEP, by_id, read_output, write_parquet
 
-from transforms.strategies import GroupedRows, plan_of
-from transforms.strategies.baselines import whiten_stats
-from transforms.strategies.segments import group_stats, mean_and_std, population_var, std_of, zero_spread
+from rescore.transforms.strategies import GroupedRows, plan_of
+from rescore.transforms.strategies.baselines import whiten_stats
+from rescore.transforms.strategies.segments import group_stats, mean_and_std, population_var, std_of, zero_spread
 
 F64 = torch.float64
 FLAT = [(0.1, 6), (0.7, 3), (0.2, 3), (0.1, 3), (0.7, 6), (0.2, 6)]

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from transforms.strategies import GroupedRows, PlanScores, ScoringPlan
-from transforms.strategies.base import ADVANTAGE, KINDS
+from rescore.transforms.strategies import GroupedRows, PlanScores, ScoringPlan
+from rescore.transforms.strategies.base import ADVANTAGE, KINDS
 
 AUDIT_FIELDS = [
     pa.field("group_size", pa.int64()),
@@ -170,7 +170,7 @@ def _baseline(adv, rows: GroupedRows, offsets: np.ndarray, mean: np.ndarray, sco
     if adv.name == "opmd":
         if params.get("opmd_baseline", "mean") == "mean":
             return np.where(sizes > 1, mean, 0.0)
-        from transforms.strategies.baselines import logavgexp_baseline
+        from rescore.transforms.strategies.baselines import logavgexp_baseline
 
         b = _np(logavgexp_baseline(rows.reward, rows.offsets, float(params.get("tau", 1.0)))).astype(np.float64)
         return b[g]

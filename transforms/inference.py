@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transforms.strategies.registry import ConfigError
+from rescore.transforms.strategies.registry import ConfigError
 
 INSTALL_HINT = "pip install 'rescore[models]' (transformers)"
 REWARD_FN_ARGS = ("prompt_tokens", "response_tokens", "prompt", "response", "reward", "batch", "task", "run", "step")

@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.lists import flat_list, segment_sum
-from schemas.validation import RowCheck
+from rescore.schemas.lists import flat_list, segment_sum
+from rescore.schemas.validation import RowCheck
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
@@ -115,7 +115,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
 
 
 def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[np.ndarray, np.ndarray]:
-    from transforms.strategies.reinforce_pp import token_discounts
+    from rescore.transforms.strategies.reinforce_pp import token_discounts
 
     gamma, mode = need[len(DISCOUNT_FEATURE) :].split(":")
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from transforms import storage
+from rescore.transforms import storage
 
 LOCK = "_rescore.lock"
 HEARTBEAT_SECONDS = 60.0

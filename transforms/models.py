@@ -25,12 +25,12 @@ import torch
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 
-from schemas import check_rows
-from schemas.lists import flat_list
-from transforms import device as devices
-from transforms import inference, storage
-from transforms.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
-from transforms.read import InputPlan, read_unit
+from rescore.schemas import check_rows
+from rescore.schemas.lists import flat_list
+from rescore.transforms import device as devices
+from rescore.transforms import inference, storage
+from rescore.transforms.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
+from rescore.transforms.read import InputPlan, read_unit
 
 MODEL_DIR = "model"
 """Under the output's _staging/: the side files."""

@@ -17,8 +17,8 @@ import fnmatch
 import json
 import os
 
-from transforms import storage
-from transforms.strategies.registry import ConfigError
+from rescore.transforms import storage
+from rescore.transforms.strategies.registry import ConfigError
 
 LEDGER = "_rescore_files.json"
 STAGING = "_staging"

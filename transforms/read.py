@@ -12,17 +12,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
-from schemas import SchemaError, check_rows, unify, validate_file_schema
-from schemas.experience import INPUT_BY_NAME
-from transforms import (
+from rescore.schemas import SchemaError, check_rows, unify, validate_file_schema
+from rescore.schemas.experience import INPUT_BY_NAME
+from rescore.transforms import (
     coders,  # noqa: F401  (registers the Arrow table coder)
     storage,
 )
-from transforms import fingerprint as fingerprints
-from transforms.light import bucket_of, light_rows, split_by
-from transforms.model_columns import apply_model_rejects, join_model_columns
-from transforms.overlap import Overlap, resolve_threads
-from transforms.records import rejected_records
+from rescore.transforms import fingerprint as fingerprints
+from rescore.transforms.light import bucket_of, light_rows, split_by
+from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
+from rescore.transforms.overlap import Overlap, resolve_threads
+from rescore.transforms.records import rejected_records
 
 
 class InputError(ValueError):

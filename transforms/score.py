@@ -12,16 +12,16 @@ import pyarrow.compute as pc
 import torch
 from apache_beam.metrics import Metrics
 
-from transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
-from transforms.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
-from transforms import device as devices
-from transforms.device import to_device
-from transforms.light import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
-from transforms.metrics import COPY_METRICS, group_metrics
-from transforms.records import FILTERED, REJECTED, SCORED, records
-from transforms.strategies import DUPLICATE, GroupedRows, PlanScores, ScoringPlan
-from transforms.strategies.segments import segment_sum
-from transforms.strategies.selection import copy_task_ids, plan_copies
+from rescore.transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
+from rescore.transforms.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
+from rescore.transforms import device as devices
+from rescore.transforms.device import to_device
+from rescore.transforms.light import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
+from rescore.transforms.metrics import COPY_METRICS, group_metrics
+from rescore.transforms.records import FILTERED, REJECTED, SCORED, records
+from rescore.transforms.strategies import DUPLICATE, GroupedRows, PlanScores, ScoringPlan
+from rescore.transforms.strategies.segments import segment_sum
+from rescore.transforms.strategies.selection import copy_task_ids, plan_copies
 
 
 def _changes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

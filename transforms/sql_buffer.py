@@ -36,9 +36,9 @@ import pyarrow.parquet as pq
 import torch
 from apache_beam.metrics import Metrics
 
-from transforms import faults, storage
-from transforms import trinity_format as trxp
-from transforms.strategies import ConfigError
+from rescore.transforms import faults, storage
+from rescore.transforms import trinity_format as trxp
+from rescore.transforms.strategies import ConfigError
 
 log = logging.getLogger(__name__)
 

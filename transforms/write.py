@@ -14,21 +14,21 @@ import pyarrow.compute as pc
 import torch
 from apache_beam.metrics import Metrics
 
-from schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
-from schemas.experience import SCORE_FIELDS
-from schemas.lists import flat_list
-from transforms import device as devices
-from transforms import faults, ownership, storage
-from transforms import fingerprint as fingerprints
-from transforms.device import to_device
-from transforms.metrics import row_metrics, summarize
-from transforms.overlap import Overlap, resolve_threads
-from transforms.read import InputPlan, conform, read_unit
-from transforms.audit import AUDIT_FIELDS, FILTER_REASON
-from transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
-from transforms.strategies import ScoringPlan
-from transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
-from transforms.strategies.tokens import token_advantages
+from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
+from rescore.schemas.experience import SCORE_FIELDS
+from rescore.schemas.lists import flat_list
+from rescore.transforms import device as devices
+from rescore.transforms import faults, ownership, storage
+from rescore.transforms import fingerprint as fingerprints
+from rescore.transforms.device import to_device
+from rescore.transforms.metrics import row_metrics, summarize
+from rescore.transforms.overlap import Overlap, resolve_threads
+from rescore.transforms.read import InputPlan, conform, read_unit
+from rescore.transforms.audit import AUDIT_FIELDS, FILTER_REASON
+from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
+from rescore.transforms.strategies import ScoringPlan
+from rescore.transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
+from rescore.transforms.strategies.tokens import token_advantages
 
 STAGING = "_staging"
 SUCCESS = "_SUCCESS"

@@ -4,8 +4,8 @@ Importing this package registers every strategy. Use `plan_of(names, params)` fo
 composition of stages, or `create(name, params)` for one strategy.
 """
 
-from transforms.strategies import baselines, chord, distill, estimators, filters, gigpo, grpo, jsd, reinforce_pp, selection, step_wise  # noqa: F401  (register)
-from transforms.strategies.base import (
+from rescore.transforms.strategies import baselines, chord, distill, estimators, filters, gigpo, grpo, jsd, reinforce_pp, selection, step_wise  # noqa: F401  (register)
+from rescore.transforms.strategies.base import (
     ADVANTAGE,
     DUPLICATE,
     FILTER,
@@ -13,8 +13,8 @@ from transforms.strategies.base import (
     Scores,
     Strategy,
 )
-from transforms.strategies.plan import PlanScores, ScoringPlan, build_plan, plan_of
-from transforms.strategies.registry import ConfigError, create, names, spec
+from rescore.transforms.strategies.plan import PlanScores, ScoringPlan, build_plan, plan_of
+from rescore.transforms.strategies.registry import ConfigError, create, names, spec
 
 __all__ = [
     "ADVANTAGE",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from transforms.strategies.registry import ConfigError
+from rescore.transforms.strategies.registry import ConfigError
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transforms.strategies.segments import segment_sum
+from rescore.transforms.strategies.segments import segment_sum
 
 FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
 KINDS = (FILTER, ADVANTAGE, DUPLICATE)

@@ -23,11 +23,11 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from schemas.lists import flat_list
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.grpo import grpo_scores
-from transforms.strategies.registry import ConfigError, flag, integer, number, register
-from transforms.strategies.segments import group_stats, segment_sum
+from rescore.schemas.lists import flat_list
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.grpo import grpo_scores
+from rescore.transforms.strategies.registry import ConfigError, flag, integer, number, register
+from rescore.transforms.strategies.segments import group_stats, segment_sum
 
 MU, LOSS_WEIGHT, SFT_TOKEN_WEIGHTS = "mu", "loss_weight", "sft_token_weights"
 

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
-from transforms.strategies.registry import ConfigError, choice, flag, integer, number, register
-from transforms.strategies.segments import (
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
+from rescore.transforms.strategies.registry import ConfigError, choice, flag, integer, number, register
+from rescore.transforms.strategies.segments import (
     group_stats,
     mean_and_std,
     per_row,
@@ -35,7 +35,7 @@ from transforms.strategies.segments import (
     segment_max,
     segment_sum,
 )
-from transforms.strategies.selection import mix64
+from rescore.transforms.strategies.selection import mix64
 
 
 def _sizes(offsets: Tensor) -> Tensor:

@@ -23,9 +23,9 @@ import pyarrow.compute as pc
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import FILTER, GroupedRows, Scores
-from transforms.strategies.registry import ConfigError, flag, number, register
-from transforms.strategies.segments import group_stats, per_row, population_var, segment_sum
+from rescore.transforms.strategies.base import FILTER, GroupedRows, Scores
+from rescore.transforms.strategies.registry import ConfigError, flag, number, register
+from rescore.transforms.strategies.segments import group_stats, per_row, population_var, segment_sum
 
 TRUNCATED = "response_truncated"
 
@@ -80,7 +80,7 @@ class DynamicFiltering(_Filter):
 def truncated_flags(values: Tensor, column_is_hash: bool) -> Tensor:
     """(n,) bool from the light column: a hash of the status string, or a bool as 0/1."""
     if column_is_hash:
-        from transforms.light import task_hash
+        from rescore.transforms.light import task_hash
 
         target = int(task_hash(pa.array([TRUNCATED])).view(np.int64)[0])
         return values == target

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.registry import ConfigError, choice, number, register
-from transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.registry import ConfigError, choice, number, register
+from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
 
 
 def normalise(values: Tensor, offsets: Tensor, *, fnorm: str, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:

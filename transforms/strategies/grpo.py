@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.registry import choice, number, register
-from transforms.strategies.segments import (
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.registry import choice, number, register
+from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
     rank_within_groups,

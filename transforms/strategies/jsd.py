@@ -26,10 +26,10 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from schemas.lists import flat_list, segment_sum
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.registry import ConfigError, integer, number, register
-from transforms.strategies.segments import group_stats
+from rescore.schemas.lists import flat_list, segment_sum
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.registry import ConfigError, integer, number, register
+from rescore.transforms.strategies.segments import group_stats
 
 
 def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, temperature: float) -> np.ndarray:

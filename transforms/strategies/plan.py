@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import (
+from rescore.transforms.strategies.base import (
     ADVANTAGE,
     DUPLICATE,
     FILTER,
@@ -30,8 +30,8 @@ from transforms.strategies.base import (
     GroupedRows,
     Strategy,
 )
-from transforms.strategies.registry import ConfigError, create, names, spec
-from transforms.strategies.segments import group_stats, segment_sum
+from rescore.transforms.strategies.registry import ConfigError, create, names, spec
+from rescore.transforms.strategies.segments import group_stats, segment_sum
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class ScoringPlan:
 def _token_offsets(values: np.ndarray, table: pa.Table, score: np.ndarray) -> np.ndarray:
     """(n + 1,) token offsets of the rows of `table` in a flat token array (the response
     lengths as the contract defines them)."""
-    from transforms.strategies.reinforce_pp import layout
+    from rescore.transforms.strategies.reinforce_pp import layout
 
     lengths = layout(table)[0]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)

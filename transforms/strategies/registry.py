@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transforms.strategies.base import Strategy
+from rescore.transforms.strategies.base import Strategy
 
 
 class ConfigError(ValueError):

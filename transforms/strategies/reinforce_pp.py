@@ -35,12 +35,12 @@ import pyarrow as pa
 import torch
 from torch import Tensor
 
-from schemas.lists import flat_list
-from schemas.lists import segment_sum as np_segment_sum
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.baselines import WHITEN_EPSILON
-from transforms.strategies.registry import ConfigError, number, register
-from transforms.strategies.segments import group_stats
+from rescore.schemas.lists import flat_list
+from rescore.schemas.lists import segment_sum as np_segment_sum
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.baselines import WHITEN_EPSILON
+from rescore.transforms.strategies.registry import ConfigError, number, register
+from rescore.transforms.strategies.segments import group_stats
 
 TRINITY, VERL = "trinity", "verl"
 
@@ -166,7 +166,7 @@ class ReinforcePlusPlus:
         return torch.cat([rows.batch, rows.batch]), values, weights
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        from transforms.strategies.estimators import exact_whiten_stats
+        from rescore.transforms.strategies.estimators import exact_whiten_stats
 
         return exact_whiten_stats(values, weights)
 

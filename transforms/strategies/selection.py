@@ -25,9 +25,9 @@ import pyarrow.compute as pc
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores
-from transforms.strategies.registry import flag, integer, number, register
-from transforms.strategies.segments import (
+from rescore.transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores
+from rescore.transforms.strategies.registry import flag, integer, number, register
+from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
     population_var,

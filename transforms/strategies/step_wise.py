@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from transforms.strategies.grpo import grpo_scores
-from transforms.strategies.registry import choice, flag, number, register
-from transforms.strategies.segments import per_row, run_offsets, std_of
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.grpo import grpo_scores
+from rescore.transforms.strategies.registry import choice, flag, number, register
+from rescore.transforms.strategies.segments import per_row, run_offsets, std_of
 
 
 @dataclass(frozen=True)
