@@ -27,7 +27,6 @@ work directory and unreferenced data files, which the next run removes or ignore
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
+from rescore.transforms import fingerprint as fingerprints
 from rescore.transforms import storage
 from rescore.transforms.read import InputError
 
@@ -104,34 +104,6 @@ def table_uri(output: str) -> str:
     return os.path.abspath(output) if storage.is_local(output) else output.rstrip("/")
 
 
-def _footer_digest(path: str) -> str:
-    """sha256 of the file's Parquet footer (schema, row groups, statistics): a rewrite that
-    keeps size and mtime still changes it unless it wrote the very same row groups."""
-    if storage.is_local(path):
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            if size < 12:
-                return "short"
-            f.seek(size - 8)
-            tail = f.read(8)
-            length = int.from_bytes(tail[:4], "little")
-            f.seek(max(0, size - 8 - length))
-            return hashlib.sha256(f.read(length) + tail).hexdigest()
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        if size < 12:
-            return "short"
-        f.seek(size - 8)
-        tail = f.read(8)
-        length = int.from_bytes(tail[:4], "little")
-        f.seek(max(0, size - 8 - length))
-        return hashlib.sha256(f.read(length) + tail).hexdigest()
-
-
 @dataclass(frozen=True)
 class InputFile:
     key: str
@@ -162,7 +134,7 @@ def list_inputs(patterns: list[str], *, footers: bool = True) -> list[InputFile]
 
     def digest(f: InputFile) -> InputFile:
         try:
-            return replace(f, footer=_footer_digest(f.path))
+            return replace(f, footer=fingerprints.footer_hash(f.path, f.size))
         except OSError as e:
             raise InputError(f"{f.path}: cannot read its footer ({e.strerror or e})") from None
 

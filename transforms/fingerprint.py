@@ -51,7 +51,8 @@ def _stat(path: str) -> tuple:
     return (meta[0].size_in_bytes, meta[0].last_updated_in_seconds)
 
 
-def _footer_hash(path: str, size: int) -> str:
+def footer_hash(path: str, size: int) -> str:
+    """sha256 of the Parquet footer of the file at `path` of `size` bytes ('' when it has none)."""
     if size < 12:
         return ""
     f = open(path, "rb") if storage.is_local(path) else FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
@@ -68,7 +69,7 @@ def _footer_hash(path: str, size: int) -> str:
 def take(path: str) -> Fingerprint:
     """The file's fingerprint now."""
     st = _stat(path)
-    return Fingerprint(st, _footer_hash(path, st[0]))
+    return Fingerprint(st, footer_hash(path, st[0]))
 
 
 def same_stat(path: str, expected: Fingerprint) -> None:
