@@ -8,7 +8,9 @@ The flow: stage (a Beam job: id ranges of the buffer, or dump files, are read in
 written as Parquet into OUTPUT/_source/) -> the usual job on those files (unchanged: the same
 read units, validation, scoring, output and _SUCCESS) -> with --output-db, a Beam job inserts
 the scored rows into staging tables, then one transaction renames them to the buffer's name ->
-OUTPUT/_source/ is removed. docs/trainers.md says why the input is staged as Parquet.
+OUTPUT/_source/ is removed. A failed buffer write drops its staging tables and withdraws the
+run's _SUCCESS. docs/trainers.md says why the input is staged as Parquet and in what order the
+outputs are published.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
 from rescore.pipelines.config import RunConfig
-from rescore.transforms import storage
+from rescore.transforms import ownership, storage
 from rescore.transforms.read import InputError
 from rescore.transforms.strategies import ConfigError
 from rescore.transforms.write import SUCCESS
@@ -107,9 +109,16 @@ def _check_parquet_sink(cfg: RunConfig) -> None:
     """Plain Parquet in, buffer out: the input must carry token ids (checked before the run)."""
     from rescore.transforms import sql_buffer
 
-    first = storage.match(cfg.inputs[0])
-    if first:
-        sql_buffer.sink_columns(storage.open_parquet(first[0][0]).schema_arrow)
+    files = sorted({p for pattern in cfg.inputs for p, _ in storage.match(pattern)})
+    for path in files:  # every file: one without token ids would fail the insert after the run
+        try:
+            schema = storage.open_parquet(path).schema_arrow
+        except Exception:  # noqa: BLE001  (an unreadable file is the input check's to report)
+            continue
+        try:
+            sql_buffer.sink_columns(schema)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
 
 
 def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
@@ -120,21 +129,40 @@ def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
     columns: list[str] | None = None
     for path in files:
         pf = storage.open_parquet(path)
-        columns = columns or sql_buffer.sink_columns(pf.schema_arrow)
+        try:
+            found = sql_buffer.sink_columns(pf.schema_arrow)  # every file (checked before the run too)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        columns = (columns or []) + [c for c in found if c not in (columns or [])]
         if pf.metadata.num_rows:
             placed.append((path, first_id))
             first_id += pf.metadata.num_rows
     token = sql_buffer.new_token()
-    sql_buffer.prepare_staging(cfg.output_db, cfg.output_table, token)
-    if placed:
-        _run_pipeline(cfg, lambda p: p | "WriteBuffer" >> sql_buffer.InsertScored(
-            placed, cfg.output_db, cfg.output_table, token, columns or []))
-    else:
-        log.warning("no scored rows: the buffer %s is written empty", cfg.output_table)
-    rows = sql_buffer.commit_staging(cfg.output_db, cfg.output_table, token, cfg.overwrite)
+    try:
+        sql_buffer.prepare_staging(cfg.output_db, cfg.output_table, token)
+        if placed:
+            _run_pipeline(cfg, lambda p: p | "WriteBuffer" >> sql_buffer.InsertScored(
+                placed, cfg.output_db, cfg.output_table, token, columns or []))
+        else:
+            log.warning("no scored rows: the buffer %s is written empty", cfg.output_table)
+        rows = sql_buffer.commit_staging(cfg.output_db, cfg.output_table, token, cfg.overwrite)
+    finally:  # committed: renamed away, nothing to drop; failed: no staging table is left
+        try:
+            sql_buffer.drop_staging(cfg.output_db, cfg.output_table, token)
+        except Exception as e:  # noqa: BLE001  (the write's own error is the one to report)
+            log.warning("could not drop the staging tables of %s: %s", cfg.output_table, e)
     if rows != first_id - 1:  # pragma: no cover - the commit counts what the workers inserted
         raise RuntimeError(f"buffer {cfg.output_table} holds {rows} rows, the scored files {first_id - 1}")
     return {"url": sql_buffer.safe_url(cfg.output_db), "table": cfg.output_table, "rows": rows}
+
+
+def _withdraw_success(output: str) -> None:
+    """The buffer write failed after the Parquet output was published: that output no longer
+    claims success (its files stay, Rescore's by the ledger; the next run clears them)."""
+    storage.delete([p for p in [storage.join(output, SUCCESS)] if storage.exists(p)])
+    ledger = ownership.read_ledger(output)
+    if ledger is not None:
+        ownership.write_ledger(output, [n for n in ledger if n != SUCCESS])
 
 
 def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, Any]:
@@ -158,7 +186,13 @@ def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, An
         info = {"source": source, "input": shown}
     doc = run_once(inner, info)
     if cfg.output_db:
-        doc["buffer"] = _write_buffer(cfg)
+        try:
+            doc["buffer"] = _write_buffer(cfg)
+        except BaseException as e:
+            _withdraw_success(cfg.output)
+            if isinstance(e, ConfigError):
+                raise ConfigError(f"{e}; the scored Parquet files in {cfg.output} are left without _SUCCESS") from None
+            raise
         if not cfg.quiet:
             b = doc["buffer"]
             print(f"rescore: wrote {b['rows']:,} experiences to buffer {b['table']!r} in {b['url']}", file=sys.stderr)

@@ -260,7 +260,8 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
     assert proc.returncode == 2 and "table 't' already exists" in proc.stderr and "--overwrite" in proc.stderr
     assert not (tmp_path / "o2" / "_source").exists()
 
-    # a run killed while inserting leaves staging tables only: 't' keeps its old rows
+    # a run failing while inserting: 't' keeps its old rows, its staging tables are dropped and
+    # the Parquet output it published claims no success
     env = {**os.environ, "PYTHONPATH": ROOT, "RESCORE_FAULT": "fail_insert:1"}
     proc = subprocess.run([sys.executable, "-m", "rescore", "--input", url, "--input-table", "experience",
                            "--strategy", "rloo", "--output", str(tmp_path / "o3"), "--output-db", out_url,
@@ -268,7 +269,8 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
     assert proc.returncode == 1, proc.stderr
     con = sqlite3.connect(f"{tmp_path}/scored.db")
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"t", "t_blob"} <= names and any(n.startswith("t__rescore_") for n in names)
+    assert names == {"t", "t_blob"}, names
+    assert not (tmp_path / "o3" / "_SUCCESS").exists()
     before = con.execute("SELECT count(*) FROM t").fetchone()[0]
     con.close()
     _, old = _read_buffer(out_url, "t")
@@ -279,10 +281,69 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
     con = sqlite3.connect(f"{tmp_path}/scored.db")
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     con.close()
-    assert names == {"t", "t_blob"}  # the killed run's staging tables are gone
+    assert names == {"t", "t_blob"}  # no staging tables
     _, new = _read_buffer(out_url, "t")
     assert len(new) == before == doc["buffer"]["rows"]
     assert any(not torch.equal(new[i][1]["advantages"], grpo_adv[i]) for i in new)  # RLOO replaced GRPO
+
+
+def _one_error(proc, code, message):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code and len(lines) == 1 and lines[0].startswith("rescore: error: "), proc.stderr
+    assert message in lines[0], proc.stderr
+
+
+def _tables(db):
+    con = sqlite3.connect(db)
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    con.close()
+    return names
+
+
+def test_output_db_checks_every_input_file_before_running(tmp_path):
+    """A later input file without token ids: exit 2 before anything runs, the finished run kept."""
+    from rescore.pipelines.sample import make_experience, write_files
+
+    files = write_files(make_experience(batches=1, tasks=3, runs=3), str(tmp_path / "data"))
+    mix = tmp_path / "mixin"
+    mix.mkdir()
+    pq.write_table(pq.read_table(files[0]), str(mix / "a.parquet"))
+    pq.write_table(pq.read_table(files[1]).drop(["tokens", "prompt_length", "logprobs", "action_mask"]),
+                   str(mix / "b.parquet"))
+    out = tmp_path / "out"
+    proc = _cli("--input", str(tmp_path / "data" / "*.parquet"), "--output", str(out), "--strategy", "rloo", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    metrics = (out / "metrics.json").read_text()
+    proc = _cli("--input", str(mix / "*.parquet"), "--output", str(out), "--strategy", "grpo", "--overwrite",
+                "--output-db", f"sqlite:///{tmp_path}/mix.db", "--output-table", "experience")
+    _one_error(proc, 2, f"{mix / 'b.parquet'}: --output-db writes Trinity experiences, which need token ids")
+    assert (out / "_SUCCESS").exists() and (out / "metrics.json").read_text() == metrics  # the rloo run, untouched
+    assert not os.path.exists(tmp_path / "mix.db") or not _tables(tmp_path / "mix.db")
+
+
+def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescore, monkeypatch):
+    """A table created by another writer during the run: ConfigError, staging tables dropped,
+    and the Parquet output published before the buffer no longer claims success."""
+    from rescore.transforms.strategies import ConfigError
+
+    url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
+    out_url = f"sqlite:///{tmp_path}/scored.db"
+    real = sql_buffer.prepare_staging
+
+    def racing(url_, table, token):
+        real(url_, table, token)
+        con = sqlite3.connect(f"{tmp_path}/scored.db")
+        con.execute(f"CREATE TABLE {table} (id INTEGER)")  # another writer, mid-run
+        con.commit()
+        con.close()
+
+    monkeypatch.setattr(sql_buffer, "prepare_staging", racing)
+    with pytest.raises(ConfigError, match="table 't' appeared .* during the run.*left without _SUCCESS"):
+        rescore(url, "--input-table", "experience", "--strategy", "grpo", "--output-db", out_url, "--output-table", "t")
+    out = tmp_path / "out"
+    assert not (out / "_SUCCESS").exists()
+    assert "_SUCCESS" not in (out / "_rescore_files.json").read_text()
+    assert _tables(tmp_path / "scored.db") == {"t"}  # the other writer's table; no staging tables
 
 
 def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):

@@ -529,6 +529,22 @@ def prepare_staging(url: str, table: str, token: str) -> None:
         eng.dispose()
 
 
+def drop_staging(url: str, table: str, token: str) -> None:
+    """Drop this run's staging tables where they exist (a failed write leaves none behind)."""
+    sa = _sqlalchemy()
+    eng = engine(url, must_exist=False)
+    q = eng.dialect.identifier_preparer.quote
+    try:
+        present = set(sa.inspect(eng).get_table_names())
+        staged, staged_blob = staging_names(table, token)
+        with eng.begin() as conn:
+            for n in (staged_blob, staged):
+                if n in present:
+                    conn.exec_driver_sql(f"DROP TABLE {q(n)}")
+    finally:
+        eng.dispose()
+
+
 def insert_rows(conn, table: str, token: str, rows: list[dict], first_id: int) -> int:
     """Insert scored rows as experiences with ids first_id, first_id + 1, ... into the staging tables."""
     staged, _ = staging_names(table, token)
