@@ -8,9 +8,11 @@ The flow: stage (a Beam job: id ranges of the buffer, or dump files, are read in
 written as Parquet into OUTPUT/_source/) -> the usual job on those files (unchanged: the same
 read units, validation, scoring, output and _SUCCESS) -> with --output-db, a Beam job inserts
 the scored rows into staging tables, then one transaction renames them to the buffer's name ->
-OUTPUT/_source/ is removed. A failed buffer write drops its staging tables and withdraws the
-run's _SUCCESS. docs/trainers.md says why the input is staged as Parquet and in what order the
-outputs are published.
+OUTPUT/_source/ is removed (also after a failure). The strategy, its parameters and the output
+directory are checked before anything is staged; OUTPUT/_source/ is Rescore's only where it holds
+the SOURCE_MARK file Rescore writes when it creates it (otherwise exit 2, nothing deleted). A
+failed buffer write drops its staging tables and withdraws the run's _SUCCESS. docs/trainers.md
+says why the input is staged as Parquet and in what order the outputs are published.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 from rescore.pipelines.config import RunConfig
 from rescore.transforms import ownership, storage
 from rescore.transforms.read import InputError
-from rescore.transforms.strategies import ConfigError
+from rescore.transforms.strategies import ConfigError, build_plan
 from rescore.transforms.write import SUCCESS
 
 log = logging.getLogger("rescore")
 
 SOURCE_DIR = "_source"
+SOURCE_MARK = "_RESCORE_SOURCE"  # written by Rescore into OUTPUT/_source/ when it creates it
 DB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 
 
@@ -69,11 +72,41 @@ def _run_pipeline(cfg: RunConfig, build: Callable[[beam.Pipeline], Any]) -> None
     p.run().wait_until_finish()
 
 
-def _fresh_dir(path: str) -> str:
-    stale = storage.list_dir(path, "*")
-    if stale:
-        storage.delete(stale)
-    return path
+def _entries(path: str) -> list[str]:
+    """Every name in `path` (locally dotfiles and folders too: nothing is overlooked)."""
+    if storage.is_local(path):
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return [p.rsplit("/", 1)[-1] for p in storage.list_dir(path, "*")]
+
+
+def _check_source(path: str) -> None:
+    """OUTPUT/_source/ holding files without SOURCE_MARK is the user's: refused (exit 2)."""
+    if storage.is_local(path) and os.path.lexists(path) and not os.path.isdir(path):
+        raise ownership.OutputError(f"--output {path} is a file Rescore did not write; it stages its input there: move it away")
+    names = _entries(path)
+    if names and SOURCE_MARK not in names:
+        raise ownership.OutputError(
+            f"--output {path} exists and holds {names[0]!r}, which Rescore did not write; Rescore stages "
+            "its input there and deletes only its own files: move that directory away"
+        )
+
+
+def _claim_source(path: str) -> None:
+    """Make OUTPUT/_source/ an empty directory of ours, marked with SOURCE_MARK."""
+    _check_source(path)
+    if _entries(path):  # left by a killed run of ours
+        _remove_source(path)
+    storage.write_text(storage.join(path, SOURCE_MARK), "staged input of a Rescore run; removed when the run ends\n")
+
+
+def _remove_source(path: str) -> None:
+    """Delete OUTPUT/_source/ (ours: claimed by _claim_source)."""
+    storage.delete(storage.list_dir(path, "*"))
+    if storage.is_local(path):
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
 
 
 def _stage_buffer(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
@@ -168,6 +201,7 @@ def _withdraw_success(output: str) -> None:
 def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Stage the input if it is not Parquet, run the job, write the buffer if asked."""
     _check(cfg)
+    build_plan(cfg.strategies, cfg.params)  # a bad strategy or parameter: exit 2 before anything is staged
     if cfg.output_db:
         from rescore.transforms import sql_buffer
 
@@ -176,33 +210,35 @@ def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, An
             _check_parquet_sink(cfg)
     inner, info = cfg, {}
     staging = storage.join(cfg.output, SOURCE_DIR)
-    if cfg.input_table or cfg.input_format != "parquet":
-        _fresh_dir(staging)
-        stage = _stage_buffer if cfg.input_table else _stage_verl
-        staged, source = stage(cfg, staging)
-        inner = replace(cfg, inputs=[storage.join(staging, "*.parquet")])
-        # metrics.json names what the user gave (the URL, password hidden), not OUTPUT/_source/
-        shown = [source["url"]] if cfg.input_table else list(cfg.inputs)
-        info = {"source": source, "input": shown}
-    doc = run_once(inner, info)
-    if cfg.output_db:
-        try:
-            doc["buffer"] = _write_buffer(cfg)
-        except BaseException as e:
-            _withdraw_success(cfg.output)
-            if isinstance(e, ConfigError):
-                raise ConfigError(f"{e}; the scored Parquet files in {cfg.output} are left without _SUCCESS") from None
-            raise
-        if not cfg.quiet:
-            b = doc["buffer"]
-            print(f"rescore: wrote {b['rows']:,} experiences to buffer {b['table']!r} in {b['url']}", file=sys.stderr)
-    if inner is not cfg:
-        storage.delete(storage.list_dir(staging, "*"))
-        if storage.is_local(staging):
+    claimed = False
+    try:
+        if cfg.input_table or cfg.input_format != "parquet":
+            # The output is checked (a finished run, foreign files) before anything is staged.
+            _check_source(staging)
+            ownership.prepare(cfg.output, cfg.overwrite)
+            _claim_source(staging)
+            claimed = True
+            stage = _stage_buffer if cfg.input_table else _stage_verl
+            staged, source = stage(cfg, staging)
+            inner = replace(cfg, inputs=[storage.join(staging, "*.parquet")])
+            # metrics.json names what the user gave (the URL, password hidden), not OUTPUT/_source/
+            shown = [source["url"]] if cfg.input_table else list(cfg.inputs)
+            info = {"source": source, "input": shown}
+        doc = run_once(inner, info)
+        if cfg.output_db:
             try:
-                os.rmdir(staging)
-            except OSError:
-                pass
+                doc["buffer"] = _write_buffer(cfg)
+            except BaseException as e:
+                _withdraw_success(cfg.output)
+                if isinstance(e, ConfigError):
+                    raise ConfigError(f"{e}; the scored Parquet files in {cfg.output} are left without _SUCCESS") from None
+                raise
+            if not cfg.quiet:
+                b = doc["buffer"]
+                print(f"rescore: wrote {b['rows']:,} experiences to buffer {b['table']!r} in {b['url']}", file=sys.stderr)
+    finally:
+        if claimed:
+            _remove_source(staging)
     return doc
 
 

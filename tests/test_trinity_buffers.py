@@ -270,7 +270,7 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
     con = sqlite3.connect(f"{tmp_path}/scored.db")
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert names == {"t", "t_blob"}, names
-    assert not (tmp_path / "o3" / "_SUCCESS").exists()
+    assert not (tmp_path / "o3" / "_SUCCESS").exists() and not (tmp_path / "o3" / "_source").exists()
     before = con.execute("SELECT count(*) FROM t").fetchone()[0]
     con.close()
     _, old = _read_buffer(out_url, "t")
@@ -341,9 +341,51 @@ def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescor
     with pytest.raises(ConfigError, match="table 't' appeared .* during the run.*left without _SUCCESS"):
         rescore(url, "--input-table", "experience", "--strategy", "grpo", "--output-db", out_url, "--output-table", "t")
     out = tmp_path / "out"
-    assert not (out / "_SUCCESS").exists()
+    assert not (out / "_SUCCESS").exists() and not (out / "_source").exists()
     assert "_SUCCESS" not in (out / "_rescore_files.json").read_text()
     assert _tables(tmp_path / "scored.db") == {"t"}  # the other writer's table; no staging tables
+
+
+def test_source_input_is_validated_before_staging_and_source_removed(tmp_path):
+    url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
+    base = ["--input", url, "--input-table", "experience", "--algorithm", "grpo"]
+    # a bad parameter: nothing is written at all
+    proc = _cli(*base, "--output", str(tmp_path / "f3"), "--set", "nonexistent=1")
+    _one_error(proc, 2, "unknown parameter 'nonexistent'")
+    assert not (tmp_path / "f3").exists()
+    # a foreign metrics.json in the output: refused before staging
+    (tmp_path / "f4").mkdir()
+    (tmp_path / "f4" / "metrics.json").write_text("{}")
+    proc = _cli(*base, "--output", str(tmp_path / "f4"))
+    _one_error(proc, 2, "holds 'metrics.json', which Rescore did not write")
+    assert sorted(os.listdir(tmp_path / "f4")) == ["metrics.json"]
+    # a pipeline failure over a finished run: the run is kept, _source removed
+    f6 = tmp_path / "f6"
+    proc = _cli(*base, "--output", str(f6), "--quiet")
+    assert proc.returncode == 0 and not (f6 / "_source").exists(), proc.stderr
+    before = sorted(os.listdir(f6))
+    proc = _cli(*base, "--output", str(f6), "--max-group-rows", "2", "--overwrite")
+    _one_error(proc, 1, "more than --max-group-rows=2")
+    assert sorted(os.listdir(f6)) == before and (f6 / "_SUCCESS").exists()
+    # the user's own OUTPUT/_source is never emptied
+    (tmp_path / "f5" / "_source").mkdir(parents=True)
+    (tmp_path / "f5" / "_source" / "important.txt").write_text("mine")
+    proc = _cli(*base, "--output", str(tmp_path / "f5"))
+    _one_error(proc, 2, "_source exists and holds 'important.txt', which Rescore did not write")
+    assert os.listdir(tmp_path / "f5") == ["_source"]
+    assert (tmp_path / "f5" / "_source" / "important.txt").read_text() == "mine"
+
+
+def test_verl_input_failing_after_staging_removes_source(tmp_path):
+    subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "verl-rollouts", "--output",
+                    str(tmp_path / "verl")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+    (tmp_path / "myrf.py").write_text("def score(**kw):\n    return 1.0\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"}
+    proc = subprocess.run([sys.executable, "-m", "rescore", "--input", str(tmp_path / "verl"), "--input-format",
+                           "verl-rollouts", "--output", str(tmp_path / "v1"), "--strategy", "grpo", "--reward-fn",
+                           "myrf:score", RUNNER], capture_output=True, text=True, env=env, timeout=300)
+    _one_error(proc, 2, "no input file has a 'tokens' column")
+    assert not (tmp_path / "v1" / "_source").exists()
 
 
 def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
