@@ -184,3 +184,18 @@ def test_filter_reasons_of_filter_groups_and_dynamic_filtering(tmp_path):
     reasons = set(zip(f["batch"].to_pylist(), f["task"].to_pylist(), f["filter_reason"].to_pylist()))
     high = np.mean(GROUPS[(1, 2)])
     assert reasons == {(0, 1, "dynamic_filtering: reward mean 1 >= 1"), (1, 2, f"dynamic_filtering: reward mean {high:.6g} >= 1")}
+
+
+def test_filter_reason_of_mask_response_truncated_with_drop(tmp_path):
+    rows = [{"batch": 0, "task": 1, "run": r, "reward": float(r), "action_mask": [1],
+             "truncate_status": "response_truncated" if r == 1 else "none", "reward_baselines": 0.25 * r} for r in range(3)]
+    schema = SCHEMA.append(pa.field("truncate_status", pa.string())).append(pa.field("reward_baselines", pa.float64()))
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(tmp_path / "in" / "part.parquet"))
+    _, out = _run(tmp_path, "mask", "--strategy", "mask_response_truncated,remax", "--set", "drop=true", "--keep-filtered",
+                  "--audit-columns")
+    f = _read(out, "filtered")
+    assert f["run"].to_pylist() == [1]
+    assert f["filter_reason"].to_pylist() == ["mask_response_truncated: truncate_status is response_truncated (drop=true)"]
+    scored = _read(out, "scored").sort_by("run")
+    assert scored["baseline"].to_pylist() == [0.0, 0.5]  # remax: the reward_baselines column
