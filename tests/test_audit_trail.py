@@ -147,3 +147,55 @@ def test_raft_reasons_per_row(tmp_path):
     ]
     scored = _read(out, "scored")
     assert scored["baseline"].null_count == scored.num_rows  # RAFT subtracts no baseline
+
+
+@pytest.mark.parametrize("strategy", ["rec", "gpg", "opo", "reinforce", "grpo_passk"])
+def test_audit_baseline_of_the_new_estimators(tmp_path, strategy):
+    _, out = _run(tmp_path, strategy, "--strategy", strategy, "--audit-columns")
+    t = _read(out, "scored")
+    for row in t.to_pylist():
+        rewards = np.array(GROUPS[(row["batch"], row["task"])])
+        n = len(rewards)
+        mean = rewards.mean() if n > 1 else 0.0
+        if strategy in ("rec", "gpg", "opo"):  # every row has 2 action tokens: opo's weighted mean is the mean
+            assert row["baseline"] == pytest.approx(mean, abs=1e-12)
+        elif strategy == "reinforce":
+            assert row["baseline"] == 0.0
+        else:  # grpo_passk: the first top row scores r_max - r_second, the others 0 (no baseline)
+            top = int(np.argmax(rewards))
+            if n > 1 and row["run"] == top:  # rows are in run order
+                assert row["baseline"] == pytest.approx(np.max(np.delete(rewards, top)), abs=1e-12)
+            else:
+                assert row["baseline"] is None
+        if strategy == "rec":
+            assert row["score"] == pytest.approx(row["reward"] - row["baseline"], abs=1e-6)
+            assert row["group_reward_std"] == pytest.approx(rewards.std(ddof=1) if n > 1 else 1.0, abs=1e-12)
+    if strategy == "grpo_passk":
+        assert t["baseline"].null_count < t.num_rows
+
+
+def test_filter_reasons_of_filter_groups_and_dynamic_filtering(tmp_path):
+    _, out = _run(tmp_path, "fg", "--strategy", "filter_groups,grpo", "--set", "metric=reward", "--keep-filtered")
+    f = _read(out, "filtered")
+    reasons = set(zip(f["batch"].to_pylist(), f["task"].to_pylist(), f["filter_reason"].to_pylist()))
+    assert reasons == {(0, 1, "filter_groups: reward std 0 <= 0")}
+    _, out = _run(tmp_path, "df", "--strategy", "dynamic_filtering,grpo", "--keep-filtered")
+    f = _read(out, "filtered")
+    reasons = set(zip(f["batch"].to_pylist(), f["task"].to_pylist(), f["filter_reason"].to_pylist()))
+    high = np.mean(GROUPS[(1, 2)])
+    assert reasons == {(0, 1, "dynamic_filtering: reward mean 1 >= 1"), (1, 2, f"dynamic_filtering: reward mean {high:.6g} >= 1")}
+
+
+def test_filter_reason_of_mask_response_truncated_with_drop(tmp_path):
+    rows = [{"batch": 0, "task": 1, "run": r, "reward": float(r), "action_mask": [1],
+             "truncate_status": "response_truncated" if r == 1 else "none", "reward_baselines": 0.25 * r} for r in range(3)]
+    schema = SCHEMA.append(pa.field("truncate_status", pa.string())).append(pa.field("reward_baselines", pa.float64()))
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(tmp_path / "in" / "part.parquet"))
+    _, out = _run(tmp_path, "mask", "--strategy", "mask_response_truncated,remax", "--set", "drop=true", "--keep-filtered",
+                  "--audit-columns")
+    f = _read(out, "filtered")
+    assert f["run"].to_pylist() == [1]
+    assert f["filter_reason"].to_pylist() == ["mask_response_truncated: truncate_status is response_truncated (drop=true)"]
+    scored = _read(out, "scored").sort_by("run")
+    assert scored["baseline"].to_pylist() == [0.0, 0.5]  # remax: the reward_baselines column

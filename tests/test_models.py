@@ -288,6 +288,30 @@ def test_flags_fail_with_one_line(models, tmp_path, capsys):
     assert not os.path.exists(out)
 
 
+def test_model_runs_print_one_line_or_nothing_on_the_real_stderr(models, tmp_path):
+    """`python -m rescore` with --teacher-model: no transformers progress bar ("Loading weights")
+    and no Beam "Resource module is not available" warning around the one error line, and
+    nothing at all on a --quiet success (the warning still shows at --log-level INFO/DEBUG)."""
+
+    def cli(*args):
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        return subprocess.run([sys.executable, "-m", "rescore", *args, RUNNER], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    rows = _rows(8, too_long=False, prompt_zero=False)
+    good = _write(rows, str(tmp_path / "good"))
+    rows[0]["reward"] = float("nan")
+    bad = _write(rows, str(tmp_path / "bad"))
+    flags = ["--strategy", "on_policy_distill", "--teacher-model", models["teacher"]]
+    proc = cli("--input", bad, "--output", str(tmp_path / "m9"), *flags, "--max-reject-fraction", "0")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("rescore: error: "), proc.stderr
+    assert "bad_reward 1" in lines[0]
+    proc = cli("--input", good, "--output", str(tmp_path / "quiet"), *flags, "--quiet")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert os.path.exists(str(tmp_path / "quiet" / "_SUCCESS"))
+
+
 # --- Dataflow job graph and the GPU ------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ import torch
 
 from rescore.transforms.strategies import GroupedRows, PlanScores, ScoringPlan
 from rescore.transforms.strategies.base import ADVANTAGE, KINDS
+from rescore.transforms.strategies.filters import TRUNCATED, DynamicFiltering, FilterGroups, MaskResponseTruncated, _metric
 
 AUDIT_FIELDS = [
     pa.field("group_size", pa.int64()),
@@ -29,7 +30,7 @@ AUDIT_FIELDS = [
 AUDIT_NAMES = [f.name for f in AUDIT_FIELDS]
 FILTER_REASON = "filter_reason"
 
-GROUP_MEAN_BASELINE = ("grpo", "correct_bias", "step_wise_grpo", "dr_grpo", "reinforce_plus_plus_baseline")
+GROUP_MEAN_BASELINE = ("grpo", "correct_bias", "step_wise_grpo", "dr_grpo", "reinforce_plus_plus_baseline", "gpg")
 """Advantage strategies whose baseline is the group mean they report (0 for a group of one row)."""
 BATCH_STD = ("grpo", "step_wise_grpo")
 """Strategies whose batch statistic (std_cal_level=batch) is the std they divide by."""
@@ -109,6 +110,24 @@ def filter_reasons(plan: ScoringPlan, rows: GroupedRows, scores: PlanScores) -> 
                 else:
                     reasons.append(f"{name}: reward {reward[i]:.6g} < the group's top {top[g[i]]:.6g}")
             out[dropped] = reasons
+        elif isinstance(stage, FilterGroups):
+            values = _np(_metric(rows, stage.metric)).astype(np.float64)
+            _, _, mstd = _masked_stats(values, offsets, reached)
+            text = {int(i): f"{name}: {stage.metric} std {mstd[i]:.6g} <= 0" for i in np.unique(g[dropped])}
+            out[dropped] = [text[i] for i in g[dropped]]
+        elif isinstance(stage, DynamicFiltering):
+            values = _np(_metric(rows, stage.metric)).astype(np.float64)
+            sums = np.bincount(g, weights=values, minlength=len(offsets) - 1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                gmean = sums / np.diff(offsets)
+            text = {
+                int(i): (f"{name}: {stage.metric} mean {gmean[i]:.6g} <= {stage.low:g}" if gmean[i] <= stage.low
+                         else f"{name}: {stage.metric} mean {gmean[i]:.6g} >= {stage.high:g}")
+                for i in np.unique(g[dropped])
+            }
+            out[dropped] = [text[i] for i in g[dropped]]
+        elif isinstance(stage, MaskResponseTruncated):
+            out[dropped] = f"{name}: {stage.column} is {TRUNCATED} (drop=true)"
         else:
             out[dropped] = f"{name}: dropped by the {kind} stage"
     return out
@@ -144,6 +163,9 @@ def audit_values(
     baseline = nan
     if adv is not None:
         baseline = _baseline(adv, rows, offsets, mean, scores)
+        if adv.name == "rec":
+            std = _rec_std(adv, rows, offsets)
+            baseline = np.where(_rec_dropped(adv, rows), np.nan, baseline)  # a balance-dropped row scores 0
     return {
         "group_size": sizes[g].astype(np.int64),
         "group_reward_mean": mean,
@@ -162,6 +184,16 @@ def _baseline(adv, rows: GroupedRows, offsets: np.ndarray, mean: np.ndarray, sco
     params = dict(adv.params)
     if adv.name in GROUP_MEAN_BASELINE:
         return mean.copy()
+    if adv.name == "rec":  # mean(K) of the rows `drop` left (0 for a group of one row left)
+        return mean.copy()
+    if adv.name == "reinforce":
+        return np.zeros(n)
+    if adv.name == "remax":  # the greedy-decode reward column
+        return _np(rows.columns[adv.reward_baselines]).astype(np.float64)
+    if adv.name == "opo":
+        return _opo_baseline(rows, offsets, reward)[g]
+    if adv.name == "grpo_passk":  # only the group's first top row scores r_max - r_second
+        return _passk_baseline(offsets, reward)
     if adv.name == "asymre":
         return np.where(sizes > 1, mean + float(params.get("baseline_shift", 0.0)), 0.0)
     if adv.name == "rloo":  # the mean of the group's other rows
@@ -175,3 +207,53 @@ def _baseline(adv, rows: GroupedRows, offsets: np.ndarray, mean: np.ndarray, sco
         b = _np(logavgexp_baseline(rows.reward, rows.offsets, float(params.get("tau", 1.0)))).astype(np.float64)
         return b[g]
     return np.full(n, np.nan)
+
+
+def _rec_dropped(adv, rows: GroupedRows) -> np.ndarray:
+    """(n,) bool: the rows rec's drop="balance" dropped (they score 0)."""
+    from rescore.transforms.strategies.estimators import rec_scores, row_keys
+
+    if not adv.drop:
+        return np.zeros(rows.num_rows, dtype=bool)
+    _, dropped, _, _ = rec_scores(
+        rows.reward, rows.offsets, epsilon=adv.epsilon, std_normalize=adv.std_normalize, drop=adv.drop, key=row_keys(rows, adv.seed)
+    )
+    return _np(dropped).astype(bool)
+
+
+def _rec_std(adv, rows: GroupedRows, offsets: np.ndarray) -> np.ndarray:
+    """(n,) rec's group std over the rows left (K) with ddof=1, as the docs define the column;
+    1 where fewer than 2 rows are left (rec's own convention)."""
+    reward = _np(rows.reward).astype(np.float64)
+    count, _, std = _masked_stats(reward, offsets, ~_rec_dropped(adv, rows))
+    return np.where(count < 2, 1.0, std)[_group_index(offsets)]
+
+
+def _opo_baseline(rows: GroupedRows, offsets: np.ndarray, reward: np.ndarray) -> np.ndarray:
+    """(G,) opo's length-weighted group mean (see estimators.opo_scores)."""
+    g = _group_index(offsets)
+    groups = len(offsets) - 1
+    sizes = np.diff(offsets)
+    length = _np(rows.action_tokens).astype(np.float64)
+    total = np.bincount(g, weights=length, minlength=groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weighted = np.bincount(g, weights=length * reward, minlength=groups) / np.where(total > 0, total, 1.0)
+        plain = np.bincount(g, weights=reward, minlength=groups) / sizes
+    b = np.where(total > 0, weighted, plain)
+    top = np.full(groups, -np.inf)
+    low = np.full(groups, np.inf)
+    np.maximum.at(top, g, reward)
+    np.minimum.at(low, g, reward)
+    b = np.where(top == low, top, b)
+    return np.where(sizes == 1, 0.0, b)
+
+
+def _passk_baseline(offsets: np.ndarray, reward: np.ndarray) -> np.ndarray:
+    """(n,) grpo_passk: r_second for the group's first top row; NaN for the rows that score 0."""
+    out = np.full(len(reward), np.nan)
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        if b - a < 2:
+            continue
+        first = a + int(np.argmax(reward[a:b]))
+        out[first] = np.max(np.delete(reward[a:b], first - a))
+    return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +33,16 @@ class ModelConfigError(ConfigError):
 
 
 def require_transformers():
-    """The transformers module, or ModelConfigError saying what to install."""
+    """The transformers module, or ModelConfigError saying what to install. Its progress bars
+    ("Loading weights: 100%") and info logs are turned off: they would go to stderr, where a
+    failure is one line and a --quiet run prints nothing."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         import transformers
     except ImportError:
         raise ModelConfigError(f"the model flags need the transformers package: {INSTALL_HINT}") from None
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
     return transformers
 
 

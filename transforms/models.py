@@ -13,6 +13,7 @@ light-row shuffle carries what it carried before.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -140,6 +141,24 @@ class _Model:
         return inference.call_reward_fn(self.fn, values)
 
 
+def _beam_resource_warning(record: logging.LogRecord) -> bool:
+    """False for Beam's "Resource module is not available ..." (RunInference's memory metric,
+    a root-logger WARNING at every model load) unless the run logs at INFO or DEBUG."""
+    return not (
+        str(record.msg).startswith("Resource module is not available")
+        and logging.getLogger().getEffectiveLevel() > logging.INFO
+    )
+
+
+def _hide_beam_resource_warning() -> None:
+    root = logging.getLogger()
+    if _beam_resource_warning not in root.filters:
+        root.addFilter(_beam_resource_warning)
+
+
+_hide_beam_resource_warning()  # at import: a worker unpickling the handler imports this module first
+
+
 class _Handler(ModelHandler):
     """A RunInference model handler for one model of the stage (kind: teacher_logprobs,
     logprobs, reward or reward_fn). Beam's HuggingFaceModelHandler imports TensorFlow and its
@@ -151,6 +170,7 @@ class _Handler(ModelHandler):
         self._kind, self._path, self._options, self._device = kind, path, options, device
 
     def load_model(self) -> _Model:
+        _hide_beam_resource_warning()
         o = self._options
         return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer)
 
