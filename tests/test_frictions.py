@@ -194,3 +194,30 @@ def test_report_draws_extra_reward_columns(tmp_path):
     assert sorted(data.extra) == ["rm_score"] and sorted(data.extra["rm_score"]) == pytest.approx(rm)
     assert os.path.getsize(os.path.join(out, "report-columns.png")) > 5000
     assert "Columns: rm_score;" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
+
+
+def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
+    """Other report-*.png files (beside the data or in --to) and a foreign report.html stay."""
+    from rescore.pipelines.rescore import main
+
+    out = str(tmp_path / "out1")
+    assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "grpo"]) == 0
+    docs = tmp_path / "mydocs"
+    docs.mkdir()
+    (docs / "report-q3-summary.png").write_text("x")
+    with open(os.path.join(out, "report-mine.png"), "w") as f:
+        f.write("mine")
+    for args in (["report", out, "--to", str(docs)], ["report", out], ["report", out]):  # twice: a rerun too
+        p = _cli(*args)
+        assert p.returncode == 0, p.stderr
+    assert (docs / "report-q3-summary.png").read_text() == "x"
+    assert open(os.path.join(out, "report-mine.png")).read() == "mine"
+    assert os.path.getsize(docs / "report-reward.png") > 1000 and os.path.getsize(os.path.join(out, "report-reward.png")) > 1000
+    (docs / "report.html").write_text("<html>my own page</html>")
+    p = _cli("report", out, "--to", str(docs))
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("rescore: error: ")
+    assert "is not a Rescore report" in lines[0]
+    assert (docs / "report.html").read_text() == "<html>my own page</html>"
+    assert (docs / "report-q3-summary.png").read_text() == "x"
+
