@@ -210,6 +210,9 @@ def read_run(output: str) -> RunData:
 def load_metrics(output: str) -> dict[str, Any]:
     path = storage.join(output, METRICS)
     if not storage.exists(path):
+        if storage.exists(storage.join(output, "_delta_log")):
+            raise ReportError(f"{output} is an incremental table (_delta_log): the report reads one-shot outputs "
+                              "(rescore show describes a table)")
         raise ReportError(f"{output} holds no metrics.json: not a Rescore output directory")
     return json.loads(storage.read_text(path))
 

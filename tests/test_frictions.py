@@ -221,3 +221,15 @@ def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
     assert (docs / "report.html").read_text() == "<html>my own page</html>"
     assert (docs / "report-q3-summary.png").read_text() == "x"
 
+
+def test_report_on_an_incremental_table_says_so(sample_input, tmp_path):
+    from rescore.pipelines.rescore import main
+
+    table = str(tmp_path / "inc")
+    assert main(["--input", sample_input, "--output", table, RUNNER, "--quiet", "--strategy", "grpo", "--incremental"]) == 0
+    p = _cli("report", table)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("rescore: error: ") and "is an incremental table" in lines[0]
+    assert "the report reads one-shot outputs" in lines[0]
+
