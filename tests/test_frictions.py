@@ -233,3 +233,41 @@ def test_report_on_an_incremental_table_says_so(sample_input, tmp_path):
     assert lines[0].startswith("rescore: error: ") and "is an incremental table" in lines[0]
     assert "the report reads one-shot outputs" in lines[0]
 
+
+def test_every_usage_line_parses(tmp_path, monkeypatch):
+    """Each command the bare `rescore` lists exists, with options its parser accepts."""
+    import argparse
+    import re
+
+    from rescore.pipelines import config, report, sample, show
+
+    text = _cli().stderr
+    lines = [line.strip() for line in text[text.index("commands:"):].splitlines() if line.strip().startswith("rescore ")]
+    lines = [line for line in lines if "--help" not in line]
+    commands = {line.split()[1] if not line.split()[1].startswith("-") else "" for line in lines}
+    assert commands == {"", "sample", "report", "show"}, lines
+
+    class Parsed(Exception):
+        pass
+
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, args=None, namespace=None):
+        raise Parsed(real(self, args, namespace))  # parsed: stop before the command runs
+
+    values = {"N": "2", "X": "0.5", "NAME": "grpo", "KEY=VALUE": "grpo.epsilon=0.1", "PATH_OR_GLOB": "in/*.parquet"}
+    for line in lines:
+        usage_part = re.split(r"\s{2,}", line)[0]
+        tokens = [t.strip("[]") for t in usage_part.split()[1:] if t != "..." and t.strip("[]") != "..."]
+        argv = [values.get(t, str(tmp_path / t.lower()) if t.isupper() else t) for t in tokens]
+        if argv[0].startswith("-"):
+            cfg = config.parse_args(argv)  # raises ConfigError on an unknown option
+            assert cfg.strategies == ["grpo"], line
+            continue
+        main = {"sample": sample.main, "report": report.main, "show": show.main}[argv[0]]
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+        try:
+            with pytest.raises(Parsed):
+                main(argv[1:])
+        finally:
+            monkeypatch.undo()
