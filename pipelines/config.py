@@ -102,13 +102,16 @@ class _Parser(argparse.ArgumentParser):
 COMMANDS = """commands:
   rescore --input PATH_OR_GLOB --output DIR --strategy NAME [--set KEY=VALUE ...]
                                           score experience (the options below)
-  rescore sample --output DIR [--rows N]  write sample experience to try it on
-  rescore report OUTPUT_DIR [--to DIR]    report.html and charts of a finished run"""
+  rescore sample --output DIR [--batches N] [--tasks N] [--runs N] [--seed N]
+                                          write sample experience to try it on
+  rescore report OUTPUT_DIR [--to DIR] [--solved-at X]
+                                          report.html and charts of a finished run
+  rescore show PATH [--batches]           what an output or an incremental table holds"""
 
 
 def usage() -> str:
     """What a bare `rescore` prints: the usage line and the commands."""
-    return f"{_parser().format_usage()}\n{COMMANDS}\n\nrescore --help lists every option; rescore sample --help, rescore report --help"
+    return f"{_parser().format_usage()}\n{COMMANDS}\n\nrescore --help lists every option; rescore sample --help, rescore report --help, rescore show --help"
 
 
 def _parser() -> argparse.ArgumentParser:

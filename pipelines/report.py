@@ -20,7 +20,8 @@ copies left out) and, with --keep-filtered, filtered-*.parquet.
 Past MAX_BOXES batches, box plots group consecutive batches into bins and say so.
 
 The page records the config hash of the run it describes; a rerun into the same directory
-removes report.html and the PNGs with the data (see report_files).
+removes report.html and the PNGs with the data (see report_files): only the chart names above
+and a report.html carrying MARKER; other report-*.png files are never deleted.
 """
 
 from __future__ import annotations
@@ -79,11 +80,27 @@ class ReportError(ValueError):
     """The directory holds no finished run to report on."""
 
 
+MARKER = '<meta name="rescore-config-hash"'
+"""Every report.html this module writes carries it: only such a page is Rescore's to replace."""
+
+
 def report_files(output: str) -> list[str]:
-    """The report of an earlier run in `output` (report.html, report-*.png): a rerun removes
-    them with the data they describe, so a page never sits beside another run's data."""
+    """The report of an earlier run in `output`: the charts this module writes
+    (report-{name}.png for CHARTS and OPTIONAL_CHARTS) and report.html when it is a Rescore
+    report (MARKER). A rerun removes them with the data they describe, so a page never sits
+    beside another run's data; any other report-*.png is not Rescore's and stays."""
+    charts = [storage.join(output, f"report-{name}.png") for name in (*CHARTS, *OPTIONAL_CHARTS)]
     html_path = storage.join(output, "report.html")
-    return storage.list_dir(output, "report-*.png") + ([html_path] if storage.exists(html_path) else [])
+    return [p for p in charts if storage.exists(p)] + ([html_path] if _is_report(html_path) else [])
+
+
+def _is_report(path: str) -> bool:
+    if not storage.exists(path):
+        return False
+    try:
+        return MARKER in storage.read_text(path)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _plt():
@@ -193,6 +210,9 @@ def read_run(output: str) -> RunData:
 def load_metrics(output: str) -> dict[str, Any]:
     path = storage.join(output, METRICS)
     if not storage.exists(path):
+        if storage.exists(storage.join(output, "_delta_log")):
+            raise ReportError(f"{output} is an incremental table (_delta_log): the report reads one-shot outputs "
+                              "(rescore show describes a table)")
         raise ReportError(f"{output} holds no metrics.json: not a Rescore output directory")
     return json.loads(storage.read_text(path))
 
@@ -650,6 +670,10 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     data = read_run(output)
     to = to or output
     os.makedirs(to, exist_ok=True)
+    html_path = os.path.join(to, "report.html")
+    if os.path.exists(html_path) and not _is_report(html_path):
+        raise ReportError(f"{html_path} is not a Rescore report, and Rescore replaces only its own files: "
+                          "move it away or pass --to another directory")
     for old in report_files(to):  # charts of an earlier report that this one may not draw
         os.remove(old)
     plt = _plt()

@@ -194,3 +194,80 @@ def test_report_draws_extra_reward_columns(tmp_path):
     assert sorted(data.extra) == ["rm_score"] and sorted(data.extra["rm_score"]) == pytest.approx(rm)
     assert os.path.getsize(os.path.join(out, "report-columns.png")) > 5000
     assert "Columns: rm_score;" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
+
+
+def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
+    """Other report-*.png files (beside the data or in --to) and a foreign report.html stay."""
+    from rescore.pipelines.rescore import main
+
+    out = str(tmp_path / "out1")
+    assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "grpo"]) == 0
+    docs = tmp_path / "mydocs"
+    docs.mkdir()
+    (docs / "report-q3-summary.png").write_text("x")
+    with open(os.path.join(out, "report-mine.png"), "w") as f:
+        f.write("mine")
+    for args in (["report", out, "--to", str(docs)], ["report", out], ["report", out]):  # twice: a rerun too
+        p = _cli(*args)
+        assert p.returncode == 0, p.stderr
+    assert (docs / "report-q3-summary.png").read_text() == "x"
+    assert open(os.path.join(out, "report-mine.png")).read() == "mine"
+    assert os.path.getsize(docs / "report-reward.png") > 1000 and os.path.getsize(os.path.join(out, "report-reward.png")) > 1000
+    (docs / "report.html").write_text("<html>my own page</html>")
+    p = _cli("report", out, "--to", str(docs))
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("rescore: error: ")
+    assert "is not a Rescore report" in lines[0]
+    assert (docs / "report.html").read_text() == "<html>my own page</html>"
+    assert (docs / "report-q3-summary.png").read_text() == "x"
+
+
+def test_report_on_an_incremental_table_says_so(sample_input, tmp_path):
+    from rescore.pipelines.rescore import main
+
+    table = str(tmp_path / "inc")
+    assert main(["--input", sample_input, "--output", table, RUNNER, "--quiet", "--strategy", "grpo", "--incremental"]) == 0
+    p = _cli("report", table)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("rescore: error: ") and "is an incremental table" in lines[0]
+    assert "the report reads one-shot outputs" in lines[0]
+
+
+def test_every_usage_line_parses(tmp_path, monkeypatch):
+    """Each command the bare `rescore` lists exists, with options its parser accepts."""
+    import argparse
+    import re
+
+    from rescore.pipelines import config, report, sample, show
+
+    text = _cli().stderr
+    lines = [line.strip() for line in text[text.index("commands:"):].splitlines() if line.strip().startswith("rescore ")]
+    lines = [line for line in lines if "--help" not in line]
+    commands = {line.split()[1] if not line.split()[1].startswith("-") else "" for line in lines}
+    assert commands == {"", "sample", "report", "show"}, lines
+
+    class Parsed(Exception):
+        pass
+
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_only(self, args=None, namespace=None):
+        raise Parsed(real(self, args, namespace))  # parsed: stop before the command runs
+
+    values = {"N": "2", "X": "0.5", "NAME": "grpo", "KEY=VALUE": "grpo.epsilon=0.1", "PATH_OR_GLOB": "in/*.parquet"}
+    for line in lines:
+        usage_part = re.split(r"\s{2,}", line)[0]
+        tokens = [t.strip("[]") for t in usage_part.split()[1:] if t != "..." and t.strip("[]") != "..."]
+        argv = [values.get(t, str(tmp_path / t.lower()) if t.isupper() else t) for t in tokens]
+        if argv[0].startswith("-"):
+            cfg = config.parse_args(argv)  # raises ConfigError on an unknown option
+            assert cfg.strategies == ["grpo"], line
+            continue
+        main = {"sample": sample.main, "report": report.main, "show": show.main}[argv[0]]
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+        try:
+            with pytest.raises(Parsed):
+                main(argv[1:])
+        finally:
+            monkeypatch.undo()

@@ -306,6 +306,51 @@ def test_foreign_files_in_the_output_are_never_deleted(data, tmp_path):
     assert snapshot(clash) == before and snapshot(out) == before_out
 
 
+def test_a_foreign_filtered_file_in_a_rescore_output_is_refused(data, tmp_path):
+    """A filtered-*.parquet Rescore did not write is a stray like a scored-*: refused, kept."""
+    out = str(tmp_path / "out")
+    shutil.copytree(data["clean"], out)
+    pq.write_table(pa.table({"x": [1]}), os.path.join(out, "filtered-00000-of-00002.parquet"))
+    before = snapshot(out)
+    code, lines = cli("--input", data["glob"], "--output", out, "--strategy", "grpo", "--keep-filtered", "--overwrite")
+    assert code == 2 and "holds 'filtered-00000-of-00002.parquet', which Rescore did not write" in one_error(lines)
+    assert snapshot(out) == before
+
+
+def test_a_one_shot_run_into_an_incremental_table_is_refused(data, tmp_path):
+    """With or without --overwrite: replacing a Delta table by a one-shot run is not what it means."""
+    table = str(tmp_path / "inc")
+    code, lines = cli("--input", data["glob"], "--output", table, "--strategy", "grpo", "--incremental", "--quiet")
+    assert code == 0, lines
+    before = snapshot(table)
+    results = cli_many(
+        tmp_path,
+        ["--input", data["glob"], "--output", table, "--strategy", "grpo"],
+        ["--input", data["glob"], "--output", table, "--strategy", "grpo", "--overwrite"],
+    )
+    for code, lines in results:
+        line = one_error(lines)
+        assert code == 2 and "is an incremental table (_delta_log): write one-shot runs to a directory of their own" in line
+    assert snapshot(table) == before
+
+
+def test_overwriting_an_output_from_before_the_ledger_removes_its_report_and_filtered_files(data, tmp_path):
+    out = str(tmp_path / "leg")
+    shutil.copytree(data["clean"], out)
+    os.remove(os.path.join(out, "_rescore_files.json"))  # an output from before the ledger
+    report = subprocess.run([sys.executable, "-m", "rescore", "report", out], cwd=ROOT, env=_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert os.path.exists(os.path.join(out, "report.html"))
+    scored = sorted(n for n in os.listdir(out) if n.startswith("scored-"))[0]  # as a --keep-filtered run left it
+    shutil.copy(os.path.join(out, scored), os.path.join(out, "filtered-00000-of-00001.parquet"))
+    code, lines = cli("--input", data["glob"], "--output", out, "--strategy", "rloo", "--overwrite", "--quiet")
+    assert code == 0, lines
+    left = sorted(os.listdir(out))
+    assert not [n for n in left if n.startswith(("report", "filtered-"))], left  # nothing of the grpo run
+    assert json.load(open(os.path.join(out, "metrics.json")))["strategy"] == "rloo"
+
+
 def test_a_failing_overwrite_run_keeps_the_previous_output(data, tmp_path):
     out = str(tmp_path / "out")
     shutil.copytree(data["clean"], out)

@@ -26,11 +26,15 @@ FAILED = "_failed"
 SUCCESS = "_SUCCESS"
 METRICS = "metrics.json"
 LOCK = "_rescore.lock"
-RESCORE_NAMES = (
-    "scored-*.parquet", "rejected-*.parquet", METRICS, SUCCESS, STAGING, FAILED,
-    "filtered-*.parquet", "report.html", "report-*.png",
-)
-"""Names Rescore writes: in a directory Rescore does not own, any of them is a clash."""
+DELTA_LOG = "_delta_log"
+DATA_NAMES = ("scored-*.parquet", "rejected-*.parquet", "filtered-*.parquet")
+"""Data files a run writes: one Rescore did not write would be read with the run's own."""
+RUN_NAMES = (METRICS, SUCCESS, STAGING, FAILED)
+REPORT_NAMES = ("report.html", "report-*.png")
+"""What `rescore report` writes into an output (pipelines/report.py)."""
+RESCORE_NAMES = (*DATA_NAMES, *RUN_NAMES, *REPORT_NAMES)
+"""Names Rescore writes: in a directory Rescore does not own, any of them is a clash; in an
+output from before the ledger existed, all of them are Rescore's."""
 
 
 class OutputError(ConfigError):
@@ -108,6 +112,10 @@ def prepare(output: str, overwrite: bool) -> None:
     with Rescore's names that Rescore did not write.
     """
     names = [n for n in _names(output) if n != LOCK]
+    if DELTA_LOG in names:  # even with --overwrite: replacing a table by a one-shot run is not that
+        raise OutputError(
+            f"--output {output} is an incremental table ({DELTA_LOG}): write one-shot runs to a directory of their own"
+        )
     ledger = read_ledger(output)
     legacy = ledger is None and _rescore_metrics(output)
     if ledger is None and not legacy:
@@ -120,9 +128,9 @@ def prepare(output: str, overwrite: bool) -> None:
         write_ledger(output, [])
         return
     if ledger is None:  # an output from before the ledger: its Rescore-named files are ours
-        ledger = [n for n in names if any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES[:4])]
+        ledger = [n for n in names if any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES)]
         write_ledger(output, ledger)
-    strays = [n for n in names if n not in ledger and any(fnmatch.fnmatch(n, p) for p in RESCORE_NAMES[:2])]
+    strays = [n for n in names if n not in ledger and any(fnmatch.fnmatch(n, p) for p in DATA_NAMES)]
     if strays:  # it would be read with the run's files, and deleting it is not ours to do
         raise OutputError(
             f"--output {output} holds {strays[0]!r}, which Rescore did not write; it deletes only its own "
