@@ -487,6 +487,7 @@ def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
     new and changed ones, are read whole so that every rejected row of them is reported)."""
     from rescore.transforms.read import ReadUnit, split_row_groups
 
+    planned = {u.path: u.fingerprint for u in plan.units}  # taken when the run planned (plan_input)
     units: list = []
     for path in plan.files:
         counts = None if path in whole else row_group_may_hold(path, touched)
@@ -494,7 +495,8 @@ def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
             pf = storage.open_parquet(path)
             counts = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         for groups in split_row_groups(counts, shard_rows):
-            units.append(ReadUnit(len(units), path, groups, sum(counts[g] for g in groups)))
+            units.append(ReadUnit(len(units), path, groups, sum(counts[g] for g in groups),
+                                  fingerprint=planned.get(path)))
     return replace(plan, units=tuple(units))
 
 
@@ -650,12 +652,14 @@ def run(cfg) -> dict[str, Any]:
         info["source_files"] = len(sources)
         doc: dict[str, Any] = {}
         schema = None
+        plan_fps: dict = {}
         if sources:
             plan = plan_input([f.path for f in sources], needs=scoring.needs, shard_rows=cfg.shard_rows,
                               skip_bad_files=cfg.skip_bad_files)
             for warning in plan.warnings:
                 log.warning(warning)
             plan = restrict(plan, chosen.touched, cfg.shard_rows, whole)
+            plan_fps = {u.path: u.fingerprint for u in plan.units if u.fingerprint is not None}
             run_cfg = replace(cfg, output=work, incremental=False)
             run_info = {
                 "rescore_version": __version__, "strategy": scoring.name, "algorithm": cfg.algorithm,
@@ -682,6 +686,7 @@ def run(cfg) -> dict[str, Any]:
             schema = pa.schema(DeltaTable(table_uri(cfg.output)).schema().to_arrow())
 
         faults_step("before_commit")
+        _check_unchanged(plan_fps, files)
         new_state = _next_state(state, chosen, files, name, chash, scoring.name, cfg.inputs, info, rebuild)
         data, counted = _scored_reader(work, chosen.touched, schema)
         version = commit(cfg.output, state, new_state, chosen.touched, data, rebuild=rebuild)
@@ -700,6 +705,21 @@ def run(cfg) -> dict[str, Any]:
             f"{len(chosen.changed)} changed, {len(chosen.deleted)} deleted"
         )
         return doc
+
+
+def _check_unchanged(planned: dict, files: list[InputFile]) -> None:
+    """Before the commit: every file the run read is still the one it planned from, and the one
+    its bookkeeping records (size and footer as listed); else InputChanged (exit 1, nothing
+    committed)."""
+    listed = {f.path: f for f in files}
+    for path, fp in planned.items():
+        fingerprints.verify(path, fp)
+        f = listed.get(path)
+        if f is not None and (fp.stat[0], fp.footer) != (f.size, f.footer):
+            raise fingerprints.InputChanged(
+                f"{path} changed while the run was reading it (it differs from when the run listed it); "
+                "nothing was committed: rerun once the input is complete"
+            )
 
 
 def faults_step(where: str) -> None:

@@ -542,3 +542,32 @@ def test_load_scored_show_and_the_documented_readers(tmp_path, days, capsys):
     os.remove(os.path.join(ref, "_SUCCESS"))
     with pytest.raises(OutputError, match="not a finished Rescore output"):
         load_scored(ref)
+
+
+# --- review fixes (fix-inc) -----------------------------------------------------------------
+
+
+def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
+    """The read units of an incremental run carry the fingerprint taken when the run planned:
+    a file rewritten between the two reads fails the run (exit 1, one line), nothing committed."""
+    inp, first, second = days
+    write(first + second, str(inp / "a.parquet"))
+    negated = [{**r, "reward": -r["reward"]} for r in first + second]
+    write(negated, str(tmp_path / "neg.parquet"))
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    out = str(tmp_path / "table")
+    proc = subprocess_incremental([str(inp / "*.parquet")], out, "--quiet",
+                                  env={"RESCORE_FAULT": f"pause_readback:{pause}"})
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (pause / "paused").exists() and proc.poll() is None:
+        time.sleep(0.1)
+    assert (pause / "paused").exists(), proc.stderr.read()
+    shutil.copyfile(tmp_path / "neg.parquet", inp / "a.parquet")
+    (pause / "resume").touch()
+    code = proc.wait(timeout=300)
+    err = proc.stderr.read()
+    assert code == 1, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rescore: error:") and "changed while the run was reading it" in err
+    assert not os.path.isdir(os.path.join(out, "_delta_log")) or not os.listdir(os.path.join(out, "_delta_log"))
