@@ -571,3 +571,27 @@ def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("rescore: error:") and "changed while the run was reading it" in err
     assert not os.path.isdir(os.path.join(out, "_delta_log")) or not os.listdir(os.path.join(out, "_delta_log"))
+
+
+@pytest.mark.parametrize("extra", [
+    ["--strategy", "grpo", "--reward-model", "models/reward"],
+    ["--strategy", "on_policy_distill", "--teacher-model", "models/teacher"],
+])
+def test_model_flags_are_refused_with_incremental(tmp_path, extra):
+    """The model stage does not run in incremental runs: exit 2, one line, before anything runs
+    (no output directory, no lock left behind)."""
+    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
+    out = tmp_path / "t"
+    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), "--incremental", RUNNER, *extra])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"rescore: error: {extra[2]} cannot be used with --incremental"), err
+    assert not out.exists()
+
+
+def test_run_name_without_incremental_is_refused(tmp_path):
+    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
+    out = tmp_path / "t"
+    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), RUNNER, *STRATEGY, "--run-name", "x"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rescore: error: --run-name names an --incremental run"), err
+    assert not out.exists()
