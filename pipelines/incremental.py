@@ -294,7 +294,7 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
 
     dt = DeltaTable(table_uri(output), storage_options=storage_options)
     version = dt.version()
-    for commit in dt.history():
+    for commit in _commits(output, dt):
         text = commit.get(STATE_KEY)
         if text is None:
             continue
@@ -307,6 +307,29 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
         state.version = version
         return state
     raise InputError(f"{output} is a Delta table that Rescore did not write (no {STATE_KEY} in its commits); pick another --output")
+
+
+def _commits(output: str, dt) -> Any:
+    """The table's commit infos, newest first, each with its `version`. Local tables: read from
+    `_delta_log/*.json` (delta-rs `history()` returns none for a path holding `#`)."""
+    if not storage.is_local(output):
+        yield from dt.history()
+        return
+    log_dir = os.path.join(table_uri(output), DELTA_LOG)
+    for v in range(dt.version(), -1, -1):
+        try:
+            with open(os.path.join(log_dir, f"{v:020d}.json"), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:  # removed after a checkpoint: no commit info left
+            return
+        for line in lines:
+            try:
+                action = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(action, dict) and isinstance(action.get("commitInfo"), dict):
+                yield {**action["commitInfo"], "version": v}
+                break
 
 
 # --- selection ------------------------------------------------------------------------------

@@ -595,3 +595,23 @@ def test_run_name_without_incremental_is_refused(tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("rescore: error: --run-name names an --incremental run"), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["my table", "t#1"])
+def test_output_path_with_a_space_or_a_hash(tmp_path, name):
+    """A table whose path holds a space or '#': load_scored and `rescore show` read it, and a
+    second identical run finds nothing new (delta-rs percent-encodes such paths)."""
+    from rescore.pipelines.load import load_scored
+
+    write(experience(3, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
+    out = str(tmp_path / "sp" / name)
+    argv = ["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, "--incremental", RUNNER, *STRATEGY]
+    code, err = _cli(argv)
+    assert code == 0, err
+    assert load_scored(out).num_rows == pq.read_table(str(tmp_path / "in" / "a.parquet")).num_rows
+    proc = subprocess.run([sys.executable, "-m", "rescore", "show", out], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "incremental Delta Lake table, version 0" in proc.stdout
+    code, err = _cli(argv)
+    assert code == 0 and "nothing new to score" in err, err
