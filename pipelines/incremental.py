@@ -688,7 +688,8 @@ def run(cfg) -> dict[str, Any]:
                 "rescore_version": __version__, "strategy": scoring.name, "algorithm": cfg.algorithm,
                 "params": scoring.params, "config_hash": chash, "input": cfg.inputs, "output": work,
                 "buckets": cfg.buckets, "shard_rows": cfg.shard_rows, "max_reject_fraction": cfg.max_reject_fraction,
-                "max_group_rows": cfg.max_group_rows, "device": cfg.device, "incremental": info,
+                "max_group_rows": cfg.max_group_rows, "device": cfg.device,
+                "keep_filtered": cfg.keep_filtered, "audit_columns": cfg.audit_columns, "incremental": info,
             }
             p = beam.Pipeline(options=options)
             rs.build(p, plan, scoring, run_cfg, run_info)
@@ -726,6 +727,7 @@ def run(cfg) -> dict[str, Any]:
             f"rescore: committed table version {version} of {cfg.output}: {len(chosen.touched):,} batches replaced "
             f"({counted['rows']:,} rows) from {len(sources)} input files; {len(chosen.new)} new, "
             f"{len(chosen.changed)} changed, {len(chosen.deleted)} deleted"
+            + (f"; filtered rows kept in {work}/filtered-*.parquet (not in the table)" if cfg.keep_filtered and sources else "")
         )
         return doc
 

@@ -615,3 +615,21 @@ def test_output_path_with_a_space_or_a_hash(tmp_path, name):
     assert "incremental Delta Lake table, version 0" in proc.stdout
     code, err = _cli(argv)
     assert code == 0 and "nothing new to score" in err, err
+
+
+def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):
+    """--incremental --keep-filtered: metrics.json records keep_filtered and audit_columns, the
+    summary says where the filtered rows are (the run's work directory, not the table)."""
+    write(experience(5, batches=2, max_tasks=4, max_runs=4), str(tmp_path / "in" / "a.parquet"))
+    out = str(tmp_path / "t")
+    code, err = _cli(["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, "--incremental", RUNNER,
+                      "--strategy", "reward_variance,grpo", "--keep-filtered", "--audit-columns"])
+    assert code == 0, err
+    [work] = [os.path.join(out, "_rescore", "runs", d) for d in os.listdir(os.path.join(out, "_rescore", "runs"))]
+    doc = json.load(open(os.path.join(work, "metrics.json")))
+    assert doc["keep_filtered"] is True and doc["audit_columns"] is True
+    assert "not written" not in err
+    filtered = [f for f in os.listdir(work) if f.startswith("filtered-")]
+    assert doc["totals"]["rows_filtered"] > 0 and filtered
+    assert f"filtered rows kept in {work}/filtered-*.parquet" in err, err
+    assert "filter_reason" not in current(out).schema.names
