@@ -633,3 +633,24 @@ def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):
     assert doc["totals"]["rows_filtered"] > 0 and filtered
     assert f"filtered rows kept in {work}/filtered-*.parquet" in err, err
     assert "filter_reason" not in current(out).schema.names
+
+
+def test_show_malformed_metrics_and_a_closed_pipe(tmp_path):
+    """`rescore show`: a malformed metrics.json is one line, exit 2; a reader that closed the
+    pipe (`| head`) ends it quietly, exit 0, no traceback."""
+    write(experience(2, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
+    one, table = str(tmp_path / "one"), str(tmp_path / "t")
+    assert _cli(["--input", str(tmp_path / "in"), "--output", one, RUNNER, *STRATEGY, "--quiet"])[0] == 0
+    with open(os.path.join(one, "metrics.json"), "w") as f:
+        f.write("{bad")
+    code, err = _cli(["show", one])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rescore: error:") and "metrics.json" in err
+
+    assert _cli(["--input", str(tmp_path / "in"), "--output", table, "--incremental", RUNNER, *STRATEGY])[0] == 0
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before show writes
+    proc = subprocess.run([sys.executable, "-m", "rescore", "show", table, "--batches"], cwd=ROOT, stdout=w,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    os.close(w)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
