@@ -432,7 +432,7 @@ def parse_args(argv: list[str]) -> RunConfig:
 
     beam_args = _option_flags(config.get("pipeline_options") or {}) + rest
     _check_beam_args(beam_args)
-    return RunConfig(
+    cfg = RunConfig(
         inputs=[str(i) for i in inputs],
         output=str(output),
         strategies=strategies,
@@ -462,3 +462,10 @@ def parse_args(argv: list[str]) -> RunConfig:
         models=model_options(args, config.get("models")),
         wait_for_lock=float(wait_for_lock),
     )
+    if cfg.incremental and cfg.models.enabled:  # the model stage is not wired into incremental runs
+        flags = [f"--{k.replace('_', '-')}" for k in ("teacher_model", "logprob_model", "reward_model", "reward_fn")
+                 if getattr(cfg.models, k)]
+        raise ConfigError(f"{' and '.join(flags)} cannot be used with --incremental (the model stage runs only in one-shot runs); drop --incremental to run the model stage (docs/models.md)")
+    if cfg.run_name and not cfg.incremental:
+        raise ConfigError("--run-name names an --incremental run; pass --incremental or drop --run-name")
+    return cfg

@@ -294,7 +294,7 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
 
     dt = DeltaTable(table_uri(output), storage_options=storage_options)
     version = dt.version()
-    for commit in dt.history():
+    for commit in _commits(output, dt):
         text = commit.get(STATE_KEY)
         if text is None:
             continue
@@ -307,6 +307,29 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
         state.version = version
         return state
     raise InputError(f"{output} is a Delta table that Rescore did not write (no {STATE_KEY} in its commits); pick another --output")
+
+
+def _commits(output: str, dt) -> Any:
+    """The table's commit infos, newest first, each with its `version`. Local tables: read from
+    `_delta_log/*.json` (delta-rs `history()` returns none for a path holding `#`)."""
+    if not storage.is_local(output):
+        yield from dt.history()
+        return
+    log_dir = os.path.join(table_uri(output), DELTA_LOG)
+    for v in range(dt.version(), -1, -1):
+        try:
+            with open(os.path.join(log_dir, f"{v:020d}.json"), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:  # removed after a checkpoint: no commit info left
+            return
+        for line in lines:
+            try:
+                action = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(action, dict) and isinstance(action.get("commitInfo"), dict):
+                yield {**action["commitInfo"], "version": v}
+                break
 
 
 # --- selection ------------------------------------------------------------------------------
@@ -487,6 +510,7 @@ def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
     new and changed ones, are read whole so that every rejected row of them is reported)."""
     from rescore.transforms.read import ReadUnit, split_row_groups
 
+    planned = {u.path: u.fingerprint for u in plan.units}  # taken when the run planned (plan_input)
     units: list = []
     for path in plan.files:
         counts = None if path in whole else row_group_may_hold(path, touched)
@@ -494,7 +518,8 @@ def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
             pf = storage.open_parquet(path)
             counts = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
         for groups in split_row_groups(counts, shard_rows):
-            units.append(ReadUnit(len(units), path, groups, sum(counts[g] for g in groups)))
+            units.append(ReadUnit(len(units), path, groups, sum(counts[g] for g in groups),
+                                  fingerprint=planned.get(path)))
     return replace(plan, units=tuple(units))
 
 
@@ -650,18 +675,21 @@ def run(cfg) -> dict[str, Any]:
         info["source_files"] = len(sources)
         doc: dict[str, Any] = {}
         schema = None
+        plan_fps: dict = {}
         if sources:
             plan = plan_input([f.path for f in sources], needs=scoring.needs, shard_rows=cfg.shard_rows,
                               skip_bad_files=cfg.skip_bad_files)
             for warning in plan.warnings:
                 log.warning(warning)
             plan = restrict(plan, chosen.touched, cfg.shard_rows, whole)
+            plan_fps = {u.path: u.fingerprint for u in plan.units if u.fingerprint is not None}
             run_cfg = replace(cfg, output=work, incremental=False)
             run_info = {
                 "rescore_version": __version__, "strategy": scoring.name, "algorithm": cfg.algorithm,
                 "params": scoring.params, "config_hash": chash, "input": cfg.inputs, "output": work,
                 "buckets": cfg.buckets, "shard_rows": cfg.shard_rows, "max_reject_fraction": cfg.max_reject_fraction,
-                "max_group_rows": cfg.max_group_rows, "device": cfg.device, "incremental": info,
+                "max_group_rows": cfg.max_group_rows, "device": cfg.device,
+                "keep_filtered": cfg.keep_filtered, "audit_columns": cfg.audit_columns, "incremental": info,
             }
             p = beam.Pipeline(options=options)
             rs.build(p, plan, scoring, run_cfg, run_info)
@@ -682,6 +710,7 @@ def run(cfg) -> dict[str, Any]:
             schema = pa.schema(DeltaTable(table_uri(cfg.output)).schema().to_arrow())
 
         faults_step("before_commit")
+        _check_unchanged(plan_fps, files)
         new_state = _next_state(state, chosen, files, name, chash, scoring.name, cfg.inputs, info, rebuild)
         data, counted = _scored_reader(work, chosen.touched, schema)
         version = commit(cfg.output, state, new_state, chosen.touched, data, rebuild=rebuild)
@@ -698,8 +727,24 @@ def run(cfg) -> dict[str, Any]:
             f"rescore: committed table version {version} of {cfg.output}: {len(chosen.touched):,} batches replaced "
             f"({counted['rows']:,} rows) from {len(sources)} input files; {len(chosen.new)} new, "
             f"{len(chosen.changed)} changed, {len(chosen.deleted)} deleted"
+            + (f"; filtered rows kept in {work}/filtered-*.parquet (not in the table)" if cfg.keep_filtered and sources else "")
         )
         return doc
+
+
+def _check_unchanged(planned: dict, files: list[InputFile]) -> None:
+    """Before the commit: every file the run read is still the one it planned from, and the one
+    its bookkeeping records (size and footer as listed); else InputChanged (exit 1, nothing
+    committed)."""
+    listed = {f.path: f for f in files}
+    for path, fp in planned.items():
+        fingerprints.verify(path, fp)
+        f = listed.get(path)
+        if f is not None and (fp.stat[0], fp.footer) != (f.size, f.footer):
+            raise fingerprints.InputChanged(
+                f"{path} changed while the run was reading it (it differs from when the run listed it); "
+                "nothing was committed: rerun once the input is complete"
+            )
 
 
 def faults_step(where: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401  (pa.parquet)
@@ -104,7 +105,8 @@ def _read_table(path: str, columns: list[str] | None, storage_options: dict | No
     if not plain:  # deletion vectors, column mapping, partitions or an object store: delta-rs reads it
         return dt.to_pyarrow_dataset().to_table(columns=columns)
     schema = pa.schema(dt.schema().to_arrow())
-    files = [u[len("file://"):] if u.startswith("file://") else u for u in dt.file_uris()]
+    # delta-rs gives local files as URL paths: percent-encoded (`my%20table`, `t%231`)
+    files = [unquote(u[len("file://"):] if u.startswith("file://") else u) for u in dt.file_uris()]
     if not files:
         return schema.empty_table().select(columns) if columns else schema.empty_table()
     return pads.dataset(files, schema=schema, format="parquet").to_table(columns=columns)

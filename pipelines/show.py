@@ -68,7 +68,14 @@ def describe(path: str, *, batches: bool = False) -> list[str]:
         lines.append("  pending input   " + _pending(state))
     else:
         metrics = storage.join(path, "metrics.json")
-        doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
+        try:
+            doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
+        except ValueError as e:
+            doc = e
+        if not isinstance(doc, dict):
+            from rescore.pipelines.load import OutputError
+
+            raise OutputError(f"{metrics} is not a JSON object ({doc}); not a finished Rescore output")
         lines += [
             f"{path}: one-shot run (scored-*.parquet, _SUCCESS)",
             f"  strategy        {doc.get('strategy')}  (config {(doc.get('config_hash') or '')[:12]})",
@@ -119,5 +126,11 @@ def main(argv: list[str]) -> int:
     except (OutputError, InputError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `rescore show OUT | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

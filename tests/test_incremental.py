@@ -542,3 +542,115 @@ def test_load_scored_show_and_the_documented_readers(tmp_path, days, capsys):
     os.remove(os.path.join(ref, "_SUCCESS"))
     with pytest.raises(OutputError, match="not a finished Rescore output"):
         load_scored(ref)
+
+
+# --- review fixes (fix-inc) -----------------------------------------------------------------
+
+
+def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
+    """The read units of an incremental run carry the fingerprint taken when the run planned:
+    a file rewritten between the two reads fails the run (exit 1, one line), nothing committed."""
+    inp, first, second = days
+    write(first + second, str(inp / "a.parquet"))
+    negated = [{**r, "reward": -r["reward"]} for r in first + second]
+    write(negated, str(tmp_path / "neg.parquet"))
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    out = str(tmp_path / "table")
+    proc = subprocess_incremental([str(inp / "*.parquet")], out, "--quiet",
+                                  env={"RESCORE_FAULT": f"pause_readback:{pause}"})
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (pause / "paused").exists() and proc.poll() is None:
+        time.sleep(0.1)
+    assert (pause / "paused").exists(), proc.stderr.read()
+    shutil.copyfile(tmp_path / "neg.parquet", inp / "a.parquet")
+    (pause / "resume").touch()
+    code = proc.wait(timeout=300)
+    err = proc.stderr.read()
+    assert code == 1, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rescore: error:") and "changed while the run was reading it" in err
+    assert not os.path.isdir(os.path.join(out, "_delta_log")) or not os.listdir(os.path.join(out, "_delta_log"))
+
+
+@pytest.mark.parametrize("extra", [
+    ["--strategy", "grpo", "--reward-model", "models/reward"],
+    ["--strategy", "on_policy_distill", "--teacher-model", "models/teacher"],
+])
+def test_model_flags_are_refused_with_incremental(tmp_path, extra):
+    """The model stage does not run in incremental runs: exit 2, one line, before anything runs
+    (no output directory, no lock left behind)."""
+    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
+    out = tmp_path / "t"
+    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), "--incremental", RUNNER, *extra])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"rescore: error: {extra[2]} cannot be used with --incremental"), err
+    assert not out.exists()
+
+
+def test_run_name_without_incremental_is_refused(tmp_path):
+    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
+    out = tmp_path / "t"
+    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), RUNNER, *STRATEGY, "--run-name", "x"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rescore: error: --run-name names an --incremental run"), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["my table", "t#1"])
+def test_output_path_with_a_space_or_a_hash(tmp_path, name):
+    """A table whose path holds a space or '#': load_scored and `rescore show` read it, and a
+    second identical run finds nothing new (delta-rs percent-encodes such paths)."""
+    from rescore.pipelines.load import load_scored
+
+    write(experience(3, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
+    out = str(tmp_path / "sp" / name)
+    argv = ["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, "--incremental", RUNNER, *STRATEGY]
+    code, err = _cli(argv)
+    assert code == 0, err
+    assert load_scored(out).num_rows == pq.read_table(str(tmp_path / "in" / "a.parquet")).num_rows
+    proc = subprocess.run([sys.executable, "-m", "rescore", "show", out], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "incremental Delta Lake table, version 0" in proc.stdout
+    code, err = _cli(argv)
+    assert code == 0 and "nothing new to score" in err, err
+
+
+def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):
+    """--incremental --keep-filtered: metrics.json records keep_filtered and audit_columns, the
+    summary says where the filtered rows are (the run's work directory, not the table)."""
+    write(experience(5, batches=2, max_tasks=4, max_runs=4), str(tmp_path / "in" / "a.parquet"))
+    out = str(tmp_path / "t")
+    code, err = _cli(["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, "--incremental", RUNNER,
+                      "--strategy", "reward_variance,grpo", "--keep-filtered", "--audit-columns"])
+    assert code == 0, err
+    [work] = [os.path.join(out, "_rescore", "runs", d) for d in os.listdir(os.path.join(out, "_rescore", "runs"))]
+    doc = json.load(open(os.path.join(work, "metrics.json")))
+    assert doc["keep_filtered"] is True and doc["audit_columns"] is True
+    assert "not written" not in err
+    filtered = [f for f in os.listdir(work) if f.startswith("filtered-")]
+    assert doc["totals"]["rows_filtered"] > 0 and filtered
+    assert f"filtered rows kept in {work}/filtered-*.parquet" in err, err
+    assert "filter_reason" not in current(out).schema.names
+
+
+def test_show_malformed_metrics_and_a_closed_pipe(tmp_path):
+    """`rescore show`: a malformed metrics.json is one line, exit 2; a reader that closed the
+    pipe (`| head`) ends it quietly, exit 0, no traceback."""
+    write(experience(2, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
+    one, table = str(tmp_path / "one"), str(tmp_path / "t")
+    assert _cli(["--input", str(tmp_path / "in"), "--output", one, RUNNER, *STRATEGY, "--quiet"])[0] == 0
+    with open(os.path.join(one, "metrics.json"), "w") as f:
+        f.write("{bad")
+    code, err = _cli(["show", one])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("rescore: error:") and "metrics.json" in err
+
+    assert _cli(["--input", str(tmp_path / "in"), "--output", table, "--incremental", RUNNER, *STRATEGY])[0] == 0
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before show writes
+    proc = subprocess.run([sys.executable, "-m", "rescore", "show", table, "--batches"], cwd=ROOT, stdout=w,
+                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    os.close(w)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
