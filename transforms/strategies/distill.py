@@ -25,6 +25,13 @@ from rescore.transforms.strategies.registry import number, register
 from rescore.transforms.strategies.segments import group_stats
 
 
+def token_level_only(rows: GroupedRows) -> Scores:
+    """Scores of a strategy whose advantages are per token (teacher log-probs): every row kept,
+    scalar score 0 here; `token_values` fills the advantages in when the row is written."""
+    keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+    return Scores(torch.zeros_like(rows.reward), keep, *group_stats(rows.reward, rows.offsets))
+
+
 def distill_token_advantages(
     teacher: np.ndarray, student: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, kl_coef: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -49,9 +56,7 @@ class OnPolicyDistill:
     batch_level = False
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        # The advantages are per token; token_values fills them in when the row is written.
-        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
-        return Scores(torch.zeros_like(rows.reward), keep, *group_stats(rows.reward, rows.offsets))
+        return token_level_only(rows)
 
     def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
         """(flat advantages over the response tokens, scalar score) for the rows of `table`."""

@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 from torch import Tensor
 
 from rescore.schemas.lists import flat_list, segment_sum
 from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from rescore.transforms.strategies.registry import ConfigError, integer, number, register
-from rescore.transforms.strategies.segments import group_stats
+from rescore.transforms.strategies.distill import token_level_only
 
 
 def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, temperature: float) -> np.ndarray:
@@ -55,8 +54,7 @@ class JSD:
     batch_level = False
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
-        return Scores(torch.zeros_like(rows.reward), keep, *group_stats(rows.reward, rows.offsets))
+        return token_level_only(rows)
 
     def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
         teacher = flat_list(table["teacher_logprobs"])
