@@ -199,6 +199,9 @@ def read_run(output: str) -> RunData:
     if filtered:
         data.has_filtered_files = True
         table = _read(filtered, ["batch", "task", "reward", "filter_reason"])
+        missing = [c for c in ("batch", "task", "reward", "filter_reason") if c not in table.column_names]
+        if missing:
+            raise ReportError(f"{output}: its filtered-*.parquet lack {', '.join(missing)}: not files Rescore wrote")
         data.filtered_batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64)
         data.filtered_task = np.asarray(table["task"].to_numpy(zero_copy_only=False))
         data.filtered_reward = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)

@@ -271,3 +271,16 @@ def test_every_usage_line_parses(tmp_path, monkeypatch):
                 main(argv[1:])
         finally:
             monkeypatch.undo()
+
+
+def test_report_on_filtered_files_rescore_did_not_write_is_one_line(sample_input, tmp_path):
+    out = str(tmp_path / "out")
+    assert _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--quiet").returncode == 0
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"batch": [0]}), os.path.join(out, "filtered-00000-of-00001.parquet"))  # no filter_reason
+    p = _cli("report", out)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"rescore: error: {out}: its filtered-*.parquet lack task, reward, filter_reason: not files Rescore wrote"
+    ]
