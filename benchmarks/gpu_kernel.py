@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rescore.transforms.strategies import GroupedRows, plan_of  # noqa: E402
+from rescore.transforms.strategies import GroupedRows, chain_of  # noqa: E402
 from rescore.transforms.strategies.tokens import token_advantages  # noqa: E402
 
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "L4": 300.0, "A10G": 600.0, "T4": 320.0}
@@ -79,7 +79,7 @@ def bench(device_name: str, data: dict, repeats: int, peak_gbps: float | None) -
         reward=t["reward"], offsets=t["offsets"], batch=t["batch"], run=t["run"],
         step=torch.zeros_like(t["run"]), action_tokens=t["lengths"],
     )
-    plan = plan_of("grpo")
+    plan = chain_of("grpo")
     with torch.no_grad():
         score_s = _median_time(lambda: plan.score(rows), device, repeats)
         value = plan.score(rows).score

@@ -598,13 +598,13 @@ def run(cfg) -> dict[str, Any]:
     from rescore.pipelines import rescore as rs
     from rescore.pipelines.progress import Progress
     from rescore.transforms.read import plan_input
-    from rescore.transforms.strategies import ConfigError, build_plan
+    from rescore.transforms.strategies import ConfigError, build_chain
     from rescore.transforms.write import METRICS, SUCCESS
 
     name = check_run_name(cfg.run_name) if cfg.run_name else run_name()
     if not cfg.wait:
         raise ConfigError("--incremental waits for the run to finish before it commits it; drop --no-wait")
-    scoring = build_plan(cfg.strategies, cfg.params)
+    scoring = build_chain(cfg.strategies, cfg.params)
     chash = rs.config_hash(scoring.name, scoring.params, cfg.algorithm)
     options = PipelineOptions(cfg.beam_args)
     rs._check_local_device(cfg, options)

@@ -46,7 +46,7 @@ from rescore.transforms import lock as output_lock
 from rescore.transforms import ownership, storage
 from rescore.transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from rescore.transforms.score import ScoreGroups
-from rescore.transforms.strategies import ConfigError, ScoringPlan, build_plan
+from rescore.transforms.strategies import ConfigError, StrategyChain, build_chain
 from rescore.transforms.write import FILTERED_FILES, METRICS, SUCCESS, WriteScored, finalize, staging_dir
 
 log = logging.getLogger("rescore")
@@ -60,7 +60,7 @@ class RejectBudgetExceeded(RuntimeError):
 USER_ERRORS = (ConfigError, SchemaError, InputError, ownership.OutputError, output_lock.LockBusy)
 
 
-def build(p: beam.Pipeline, plan: InputPlan, scoring: ScoringPlan, cfg: RunConfig, run_info: dict) -> None:
+def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict) -> None:
     source = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
@@ -126,7 +126,7 @@ def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
 
 def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:
     """Plan the input, prepare the output and build the pipeline (not run)."""
-    scoring = build_plan(cfg.strategies, cfg.params)
+    scoring = build_chain(cfg.strategies, cfg.params)
     options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files

@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 from rescore.pipelines.config import RunConfig
 from rescore.transforms import ownership, storage
 from rescore.transforms.read import InputError
-from rescore.transforms.strategies import ConfigError, build_plan
+from rescore.transforms.strategies import ConfigError, build_chain
 from rescore.transforms.write import SUCCESS
 
 log = logging.getLogger("rescore")
@@ -201,7 +201,7 @@ def _withdraw_success(output: str) -> None:
 def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Stage the input if it is not Parquet, run the job, write the buffer if asked."""
     _check(cfg)
-    build_plan(cfg.strategies, cfg.params)  # a bad strategy or parameter: exit 2 before anything is staged
+    build_chain(cfg.strategies, cfg.params)  # a bad strategy or parameter: exit 2 before anything is staged
     if cfg.output_db:
         from rescore.transforms import sql_buffer
 

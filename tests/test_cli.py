@@ -135,7 +135,7 @@ def test_sample_command_and_console_script_agree(tmp_path):
 
 def test_yaml_strategy_list_with_nested_params(tmp_path):
     from rescore.pipelines.config import parse_args
-    from rescore.transforms.strategies import build_plan
+    from rescore.transforms.strategies import build_chain
 
     cfg = tmp_path / "polaris.yaml"
     cfg.write_text(
@@ -144,7 +144,7 @@ def test_yaml_strategy_list_with_nested_params(tmp_path):
         "params:\n  grpo: {std_cal_level: batch}\n  duplicate_informative: {seed: 3}\n"
     )
     rc = parse_args(["--config", str(cfg), "--set", "reward_variance.variance_threshold=0.1"])
-    plan = build_plan(rc.strategies, rc.params)
+    plan = build_chain(rc.strategies, rc.params)
     assert [s.name for s in plan.stages] == ["reward_variance", "grpo", "duplicate_informative"]
     assert plan.params["grpo"]["std_cal_level"] == "batch"
     assert plan.params["duplicate_informative"]["seed"] == 3

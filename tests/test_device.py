@@ -10,7 +10,7 @@ import torch
 from conftest import RUNNER
 from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
 
-from rescore.transforms.strategies import GroupedRows, plan_of
+from rescore.transforms.strategies import GroupedRows, chain_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.cuda.is_available()
@@ -53,7 +53,7 @@ def random_grouped(device, seed=0, groups=300):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, params", COMPOSITIONS)
 def test_scores_on_a_device_match_the_cpu(device, strategy, params):
-    plan = plan_of(strategy, params)
+    plan = chain_of(strategy, params)
     cpu_rows, dev_rows = random_grouped("cpu"), random_grouped(device)
     stats = None
     if plan.batch_level:

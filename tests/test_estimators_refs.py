@@ -27,7 +27,7 @@ import refs
 from rescore.schemas.validation import check_rows
 from rescore.transforms.light import light_rows
 from rescore.transforms.score import sort_rows, to_grouped_rows
-from rescore.transforms.strategies import plan_of
+from rescore.transforms.strategies import chain_of
 from rescore.transforms.strategies.estimators import rec_scores, row_keys
 
 
@@ -106,7 +106,7 @@ SCHEMA = pa.schema(
 
 def ours(strategy: str, params: dict, rows: list[dict]) -> list[np.ndarray]:
     """Token advantages (float64 before the float32 cast) of each input row, in input order."""
-    plan = plan_of(strategy, params)
+    plan = chain_of(strategy, params)
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     check = check_rows(table, needs=plan.needs)
     assert check.ok.all(), check.reasons[~check.ok][:3]
@@ -311,7 +311,7 @@ def test_rec_drop_balance_matches_trinity_given_the_same_choice(ref, seed, std_n
     module = ref.trinity._module_rec_advantage
     ours_drop = {}
     # Recompute our choice directly: the rows our pure function drops.
-    plan = plan_of("rec", {"drop": "balance"})
+    plan = chain_of("rec", {"drop": "balance"})
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     check = check_rows(table, needs=plan.needs)
     light, _ = sort_rows(light_rows(0, table, check, task_type=pa.int64(), needs=plan.needs))

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from rescore.transforms.strategies import ConfigError, algorithms, create, plan_of
+from rescore.transforms.strategies import ConfigError, algorithms, create, chain_of
 from rescore.transforms.strategies.base import GroupedRows
 from rescore.transforms.strategies.reinforce_pp import discount_sums, reinforce_pp_tokens, token_discounts
 
@@ -191,12 +191,12 @@ def test_filters():
 def test_truncated_rows_keep_their_place_in_the_group():
     flag = 1.0
     rows = grouped([0.0, 1.0, 1.0], [3], columns={"truncate_status": [0.0, flag, 0.0]})
-    plan = plan_of("mask_response_truncated,grpo")
+    plan = chain_of("mask_response_truncated,grpo")
     s = plan.score(rows)
     assert s.keep.all()
     assert s.token_scale.tolist() == [1.0, 0.0, 1.0]
     np.testing.assert_allclose(s.score.numpy(), scores("grpo", {}, rows))  # statistics unchanged
-    dropped = plan_of("mask_response_truncated,grpo", {"drop": True}).score(rows)
+    dropped = chain_of("mask_response_truncated,grpo", {"drop": True}).score(rows)
     assert dropped.keep.tolist() == [True, False, True]
     m = create("mask_response_truncated", {})
     table = pa.table({"truncate_status": ["response_truncated", None, "none"], "action_mask": [[1, 1], [1, 0], [1]]})
@@ -224,7 +224,7 @@ def test_every_trinity_algorithm_resolves_or_is_refused_with_its_reason(name):
     preset = algorithms.preset(name)
     if name in expected:
         assert preset.strategies == expected[name]
-    plan_of(list(preset.strategies), preset.params)  # the preset's parameters are valid
+    chain_of(list(preset.strategies), preset.params)  # the preset's parameters are valid
 
 
 @pytest.mark.parametrize(
@@ -249,7 +249,7 @@ def test_truncated_rows_weigh_nothing_in_token_weighted_batch_statistics():
     # Trinity zeroes the action mask before the advantage step, so a masked row carries no
     # token weight in the REINFORCE++ whitening.
     rows = grouped([0.0, 1.0, 3.0], [3], tokens=[2, 2, 5], columns={"truncate_status": [0.0, 0.0, 1.0]})
-    _, _, weights = plan_of("mask_response_truncated,reinforce_plus_plus_baseline").batch_values(rows)
+    _, _, weights = chain_of("mask_response_truncated,reinforce_plus_plus_baseline").batch_values(rows)
     assert weights.tolist() == [2.0, 2.0, 0.0]
 
 

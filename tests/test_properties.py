@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rescore.transforms.metrics import group_metrics, row_metrics, summarize
 from rescore.transforms.records import FILTERED, REJECTED, SCORED
-from rescore.transforms.strategies import GroupedRows, create, plan_of
+from rescore.transforms.strategies import GroupedRows, create, chain_of
 from rescore.transforms.strategies.baselines import whiten_stats
 from rescore.transforms.strategies.selection import plan_copies
 from rescore.transforms.strategies.tokens import token_advantages
@@ -116,7 +116,7 @@ def test_masked_positions_are_exactly_zero(row_values, data):
 )
 def test_every_row_is_kept_or_dropped_by_exactly_one_stage(rows, strategy, threshold):
     params = {"std_threshold": threshold} if "grpo" in strategy else {}
-    s = plan_of(strategy, params).score(rows)
+    s = chain_of(strategy, params).score(rows)
     dropped = sum(d for d in s.dropped.values()) if s.dropped else torch.zeros(rows.num_groups, dtype=torch.int64)
     kept = [int(k.sum()) for k in per_group(s.keep, rows.offsets)]
     sizes = (rows.offsets[1:] - rows.offsets[:-1]).tolist()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rescore.transforms.strategies import ConfigError, GroupedRows, algorithms, create, plan_of
+from rescore.transforms.strategies import ConfigError, GroupedRows, algorithms, create, chain_of
 from rescore.transforms.strategies.baselines import (
     logavgexp_baseline,
     rloo_scores,
@@ -172,15 +172,15 @@ def test_copy_task_ids():
 
 
 def test_plan_order_and_parameter_routing():
-    plan = plan_of("reward_variance,grpo,duplicate_informative", {"epsilon": 0.1, "duplicate_informative.seed": 4})
+    plan = chain_of("reward_variance,grpo,duplicate_informative", {"epsilon": 0.1, "duplicate_informative.seed": 4})
     assert [s.name for s in plan.stages] == ["reward_variance", "grpo", "duplicate_informative"]
     assert plan.stage("advantage").epsilon == 0.1 and plan.stage("duplicate").seed == 4
     assert plan.params["reward_variance"] == {"variance_threshold": 0.0}
-    assert plan_of("grpo", {"grpo": {"epsilon": 0.5}}).stage("advantage").epsilon == 0.5
+    assert chain_of("grpo", {"grpo": {"epsilon": 0.5}}).stage("advantage").epsilon == 0.5
     with pytest.raises(ConfigError, match="order filter, advantage, duplicate"):
-        plan_of("duplicate_informative,grpo")
+        chain_of("duplicate_informative,grpo")
     with pytest.raises(ConfigError, match="seed.*integer"):
-        plan_of("duplicate_informative", {"seed": 1.5})
+        chain_of("duplicate_informative", {"seed": 1.5})
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,7 @@ def test_plan_order_and_parameter_routing():
 )
 def test_algorithm_presets(algorithm, strategies):
     assert algorithms.preset(algorithm).strategies == strategies
-    plan_of(list(strategies), algorithms.preset(algorithm).params)  # the defaults are valid
+    chain_of(list(strategies), algorithms.preset(algorithm).params)  # the defaults are valid
 
 
 @pytest.mark.parametrize("algorithm, why", [("ppo", "critic"), ("dpo", "pairs")])

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from data import SCHEMA_MULTI_STEP, by_id, read_output, write_parquet
 
-from rescore.transforms.strategies import GroupedRows, plan_of
+from rescore.transforms.strategies import GroupedRows, chain_of
 from rescore.transforms.strategies.baselines import whiten_stats
 from rescore.transforms.strategies.segments import group_stats, mean_and_std, population_var, std_of, zero_spread
 
@@ -134,7 +134,7 @@ def test_all_equal_groups_score_exactly(name, params, expected):
         kwargs["expert"] = [i % 4 == 0 and i < n for i in range(n + 3)]
     # batch 0: the flat groups, plus an informative group in batch 1 (batch std not 0 there)
     rows = grouped(rewards + [0.1, 0.2, 0.7], sizes + [3], batch=[0] * n + [1] * 3, **kwargs)
-    s = _score(plan_of(name, params), rows)
+    s = _score(chain_of(name, params), rows)
     assert torch.isfinite(s.score).all()
     got = s.score[:n].tolist()
     assert got == [expected] * n, got
@@ -155,9 +155,9 @@ def test_step_wise_uses_the_exact_rule_on_last_step_rewards():
         sizes.append(2 * runs)
     rows = grouped(rewards, sizes, run=run, step=step)
     for params in ({"epsilon": 0.0}, {"epsilon": 0.0, "std_cal_level": "batch"}, {"enable_step_norm": True}):
-        s = _score(plan_of("step_wise_grpo", params), rows)
+        s = _score(chain_of("step_wise_grpo", params), rows)
         assert s.score.tolist() == [0.0] * len(rewards)
-    s = _score(plan_of("step_wise_grpo", {"std_threshold": 0.0}), rows)
+    s = _score(chain_of("step_wise_grpo", {"std_threshold": 0.0}), rows)
     assert not s.keep.any()
 
 
@@ -166,10 +166,10 @@ def test_batch_of_equal_rewards_scores_zero_even_for_groups_of_one():
     six): batch std exactly 0, every score exactly 0, never r / epsilon or inf/NaN."""
     rewards, sizes = [0.1] * 10, [1, 3, 6]
     for params in ({"std_cal_level": "batch"}, {"std_cal_level": "batch", "epsilon": 0.0}):
-        s = _score(plan_of("grpo", params), grouped(rewards, sizes))
+        s = _score(chain_of("grpo", params), grouped(rewards, sizes))
         assert s.score.tolist() == [0.0] * 10
     # REINFORCE++: the shaped scores of groups of one are their rewards, all 0.7: flat batch.
-    s = _score(plan_of("reinforce_plus_plus_baseline"), grouped([0.7] * 3, [1, 1, 1]))
+    s = _score(chain_of("reinforce_plus_plus_baseline"), grouped([0.7] * 3, [1, 1, 1]))
     assert s.score.tolist() == [0.0] * 3
 
 
@@ -190,7 +190,7 @@ def test_threshold_zero_filters_drop_all_equal_groups(name, params):
     rewards, sizes = _flat_rows()
     n = len(rewards)
     rows = grouped(rewards + [0.1, 0.2, 0.7], sizes + [3])
-    s = _score(plan_of(name, params), rows)
+    s = _score(chain_of(name, params), rows)
     assert s.keep.tolist() == [False] * n + [True] * 3
     if s.informative is not None:  # duplication may copy only the informative group
         assert s.informative.tolist() == [False] * len(FLAT) + [True]
@@ -309,8 +309,8 @@ def test_any_all_equal_group_has_exact_statistics_and_scores_zero(groups, epsilo
     assert population_var(values, offsets).tolist() == [0.0] * len(groups)
     rows = grouped(rewards, sizes)
     for name in ("grpo", "rloo", "dr_grpo", "opmd"):
-        assert _score(plan_of(name, {"epsilon": epsilon} if name == "grpo" else {}), rows).score.tolist() == [0.0] * len(rewards)
-    assert not _score(plan_of("grpo", {"std_threshold": 0.0}), rows).keep.any()
+        assert _score(chain_of(name, {"epsilon": epsilon} if name == "grpo" else {}), rows).score.tolist() == [0.0] * len(rewards)
+    assert not _score(chain_of("grpo", {"std_threshold": 0.0}), rows).keep.any()
 
 
 @settings(max_examples=200, deadline=None)

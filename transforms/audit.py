@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from rescore.transforms.strategies import GroupedRows, PlanScores, ScoringPlan
+from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.base import ADVANTAGE, KINDS
 from rescore.transforms.strategies.filters import TRUNCATED, DynamicFiltering, FilterGroups, MaskResponseTruncated, _metric
 
@@ -61,7 +61,7 @@ def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def filter_reasons(plan: ScoringPlan, rows: GroupedRows, scores: PlanScores) -> np.ndarray:
+def filter_reasons(plan: StrategyChain, rows: GroupedRows, scores: ChainScores) -> np.ndarray:
     """(n,) object array: the reason each dropped row was dropped, None where it is kept."""
     n = rows.num_rows
     out = np.full(n, None, dtype=object)
@@ -146,7 +146,7 @@ def _single_units(rows: GroupedRows, offsets: np.ndarray, reached: np.ndarray, p
 
 
 def audit_values(
-    plan: ScoringPlan, rows: GroupedRows, scores: PlanScores, batch_stats: torch.Tensor | None
+    plan: StrategyChain, rows: GroupedRows, scores: ChainScores, batch_stats: torch.Tensor | None
 ) -> dict[str, np.ndarray]:
     """Per row: the AUDIT_FIELDS values (NaN where a value does not apply; written as null)."""
     n = rows.num_rows
@@ -175,7 +175,7 @@ def audit_values(
     }
 
 
-def _baseline(adv, rows: GroupedRows, offsets: np.ndarray, mean: np.ndarray, scores: PlanScores) -> np.ndarray:
+def _baseline(adv, rows: GroupedRows, offsets: np.ndarray, mean: np.ndarray, scores: ChainScores) -> np.ndarray:
     """(n,) what the advantage stage subtracted from each row's reward; NaN where unknown."""
     n = rows.num_rows
     g = _group_index(offsets)

@@ -19,7 +19,7 @@ from rescore.transforms.device import to_device
 from rescore.transforms.light import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
 from rescore.transforms.metrics import COPY_METRICS, group_metrics
 from rescore.transforms.records import FILTERED, REJECTED, SCORED, records
-from rescore.transforms.strategies import DUPLICATE, GroupedRows, PlanScores, ScoringPlan
+from rescore.transforms.strategies import DUPLICATE, GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.segments import segment_sum
 from rescore.transforms.strategies.selection import copy_task_ids, plan_copies
 
@@ -137,7 +137,7 @@ class _PrepareBucket(beam.DoFn):
 
 
 class _BatchValues(beam.DoFn):
-    def __init__(self, plan: ScoringPlan):
+    def __init__(self, plan: StrategyChain):
         self._plan = plan
 
     def process(self, element):
@@ -153,7 +153,7 @@ class _BatchValues(beam.DoFn):
 
 
 class _BatchStats(beam.DoFn):
-    def __init__(self, plan: ScoringPlan):
+    def __init__(self, plan: StrategyChain):
         self._plan = plan
 
     def process(self, element):
@@ -170,7 +170,7 @@ class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
     COPY_META = "copy_meta"
 
-    def __init__(self, plan: ScoringPlan, device: str = "auto", keep_filtered: bool = False, audit_columns: bool = False):
+    def __init__(self, plan: StrategyChain, device: str = "auto", keep_filtered: bool = False, audit_columns: bool = False):
         self._plan = plan
         self._device_choice = device
         self._keep_filtered = keep_filtered
@@ -226,7 +226,7 @@ class _ScoreBucket(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(self.COPY_META, item)
 
     @staticmethod
-    def _metrics(rows: GroupedRows, scores: PlanScores) -> pa.Table:
+    def _metrics(rows: GroupedRows, scores: ChainScores) -> pa.Table:
         return group_metrics(
             rows.group_batch.cpu().numpy(),
             rows.sizes.cpu().numpy(),
@@ -236,7 +236,7 @@ class _ScoreBucket(beam.DoFn):
         )
 
     @staticmethod
-    def _copy_meta(light: pa.Table, rows: GroupedRows, scores: PlanScores):
+    def _copy_meta(light: pa.Table, rows: GroupedRows, scores: ChainScores):
         """(batch, group table) per batch: task, rows before and after filtering, informative."""
         starts = rows.offsets[:-1].cpu().numpy()
         kept = segment_sum(scores.keep, rows.offsets).cpu().numpy()
@@ -323,7 +323,7 @@ class ScoreGroups(beam.PTransform):
     """
 
     def __init__(
-        self, plan: ScoringPlan, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None,
+        self, plan: StrategyChain, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None,
         keep_filtered: bool = False, audit_columns: bool = False,
     ):
         super().__init__()

@@ -26,7 +26,7 @@ from rescore.transforms.overlap import Overlap, resolve_threads
 from rescore.transforms.read import InputPlan, conform, read_unit
 from rescore.transforms.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
-from rescore.transforms.strategies import ScoringPlan
+from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from rescore.transforms.strategies.tokens import token_advantages
 
@@ -213,7 +213,7 @@ class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
     def __init__(
-        self, plan: InputPlan, staging: str, scoring: ScoringPlan, device: str = "auto", file_metadata=None, threads: int = 0,
+        self, plan: InputPlan, staging: str, scoring: StrategyChain, device: str = "auto", file_metadata=None, threads: int = 0,
         shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
     ):
         self._keep_filtered = keep_filtered
@@ -367,7 +367,7 @@ class WriteScored(beam.PTransform):
     """
 
     def __init__(
-        self, plan: InputPlan, output: str, scoring: ScoringPlan, copy_plans=None, *, device: str = "auto",
+        self, plan: InputPlan, output: str, scoring: StrategyChain, copy_plans=None, *, device: str = "auto",
         accelerator: str | None = None, file_metadata: dict[str, str] | None = None, threads: int = 0,
         shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
     ):

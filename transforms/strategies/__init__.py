@@ -1,6 +1,6 @@
 """Scoring strategies: pure torch functions over grouped rows, registered by their spec name.
 
-Importing this package registers every strategy. Use `plan_of(names, params)` for a run's
+Importing this package registers every strategy. Use `chain_of(names, params)` for a run's
 composition of stages, or `create(name, params)` for one strategy.
 """
 
@@ -13,7 +13,7 @@ from rescore.transforms.strategies.base import (
     Scores,
     Strategy,
 )
-from rescore.transforms.strategies.plan import PlanScores, ScoringPlan, build_plan, plan_of
+from rescore.transforms.strategies.chain import ChainScores, StrategyChain, build_chain, chain_of
 from rescore.transforms.strategies.registry import ConfigError, create, names, spec
 
 __all__ = [
@@ -22,13 +22,13 @@ __all__ = [
     "FILTER",
     "ConfigError",
     "GroupedRows",
-    "PlanScores",
+    "ChainScores",
     "Scores",
-    "ScoringPlan",
+    "StrategyChain",
     "Strategy",
-    "build_plan",
+    "build_chain",
     "create",
     "names",
-    "plan_of",
+    "chain_of",
     "spec",
 ]

@@ -35,8 +35,8 @@ from rescore.transforms.strategies.segments import group_stats, segment_sum
 
 
 @dataclass(frozen=True)
-class PlanScores:
-    """What a ScoringPlan decided for n rows in G groups."""
+class ChainScores:
+    """What a StrategyChain decided for n rows in G groups."""
 
     score: Tensor | None
     """(n,) float64, or None when no stage computes advantages."""
@@ -57,7 +57,7 @@ class PlanScores:
 
 
 @dataclass(frozen=True)
-class ScoringPlan:
+class StrategyChain:
     stages: tuple[Strategy, ...]
 
     def stage(self, kind: str) -> Strategy | None:
@@ -145,7 +145,7 @@ class ScoringPlan:
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         return self.stage(ADVANTAGE).batch_stats(values, weights)
 
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None = None) -> PlanScores:
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None = None) -> ChainScores:
         """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it."""
         device = rows.reward.device
         rows, masked = self._masked(rows)
@@ -189,7 +189,7 @@ class ScoringPlan:
             dropped_by[before & ~keep] = 3
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
 
-        return PlanScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
+        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
 
 
 def _token_offsets(values: np.ndarray, table: pa.Table, score: np.ndarray) -> np.ndarray:
@@ -209,8 +209,8 @@ def split_param(key: str) -> tuple[str | None, str]:
     return (stage, name) if sep else (None, key)
 
 
-def build_plan(strategies: list[str], params: Mapping[str, Any]) -> ScoringPlan:
-    """A plan from stage names in order and parameters, each `name` or `stage.name`.
+def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyChain:
+    """A chain from stage names in order and parameters, each `name` or `stage.name`.
 
     An unqualified parameter goes to the one stage that has it; one that two stages have
     must be qualified. Raises ConfigError on anything off.
@@ -254,11 +254,11 @@ def build_plan(strategies: list[str], params: Mapping[str, Any]) -> ScoringPlan:
                 f"unknown parameter {key!r} for strategy {','.join(strategies)!r}{hint}; valid parameters: {', '.join(valid) or '(none)'}"
             )
         per_stage[owners[0]][name] = value
-    return ScoringPlan(tuple(create(s.name, per_stage[s.name]) for s in specs))
+    return StrategyChain(tuple(create(s.name, per_stage[s.name]) for s in specs))
 
 
-def plan_of(strategy: str | list[str], params: Mapping[str, Any] | None = None) -> ScoringPlan:
+def chain_of(strategy: str | list[str], params: Mapping[str, Any] | None = None) -> StrategyChain:
     """Convenience: 'grpo' or 'reward_variance,grpo' or a list of names."""
     names_ = strategy.split(",") if isinstance(strategy, str) else list(strategy)
-    return build_plan([n.strip() for n in names_ if n.strip()], params or {})
+    return build_chain([n.strip() for n in names_ if n.strip()], params or {})
 
