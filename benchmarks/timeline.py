@@ -24,7 +24,8 @@ from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
-from rescore.transforms import read, score, storage, write  # noqa: E402
+from rescore.transforms import read, score, write  # noqa: E402
+from rescore.transforms.files import storage  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()

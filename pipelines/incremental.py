@@ -41,8 +41,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from rescore.transforms import fingerprint as fingerprints
-from rescore.transforms import storage
+from rescore.transforms.files import fingerprint as fingerprints
+from rescore.transforms.files import storage
 from rescore.transforms.read import InputError
 
 log = logging.getLogger("rescore")

@@ -40,7 +40,7 @@ def _local(path: str) -> bool:
 def _exists(path: str) -> bool:
     if _local(path):
         return os.path.exists(path)
-    from rescore.transforms import storage
+    from rescore.transforms.files import storage
 
     return storage.exists(path)
 
@@ -85,7 +85,7 @@ def load_scored(path: str, *, columns: list[str] | None = None, storage_options:
         files = sorted(glob.glob(os.path.join(glob.escape(path), "scored-*.parquet")))
         tables = [pa.parquet.read_table(f, columns=columns) for f in files]
     else:
-        from rescore.transforms import storage
+        from rescore.transforms.files import storage
 
         files = sorted(storage.list_dir(path, "scored-*.parquet"))
         tables = [storage.open_parquet(f).read(columns=columns) for f in files]

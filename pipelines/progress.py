@@ -15,7 +15,7 @@ import threading
 import time
 
 from rescore.pipelines.wording import plural
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 from rescore.transforms.write import staging_dir
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from rescore.pipelines.wording import plural
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 from rescore.transforms.metrics import MEAN_KEY, STD_KEY
 from rescore.transforms.write import METRICS
 
@@ -706,9 +706,9 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
 
 
 def _own(directory: str, paths) -> None:
-    """In a Rescore output, the report joins the files Rescore owns (transforms/ownership.py),
+    """In a Rescore output, the report joins the files Rescore owns (transforms/files/ownership.py),
     so the next run into it removes the page with the data it describes."""
-    from rescore.transforms import ownership
+    from rescore.transforms.files import ownership
 
     try:
         ledger = ownership.read_ledger(directory)

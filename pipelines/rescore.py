@@ -42,8 +42,8 @@ from rescore.pipelines.progress import Progress
 from rescore.pipelines.wording import plural, process_seconds
 from rescore.schemas import SchemaError
 from rescore.transforms import device as devices
-from rescore.transforms import lock as output_lock
-from rescore.transforms import ownership, storage
+from rescore.transforms.files import lock as output_lock
+from rescore.transforms.files import ownership, storage
 from rescore.transforms.read import InputError, InputPlan, ReadExperiences, plan_input
 from rescore.transforms.score import ScoreGroups
 from rescore.transforms.strategies import ConfigError, StrategyChain, build_chain
@@ -108,7 +108,7 @@ def file_metadata(run_info: dict[str, Any]) -> dict[str, str]:
 
 def prepare_output(output: str, plan: InputPlan, overwrite: bool) -> None:
     """Refuse an input directory or a finished run; clear what a failed run of ours left behind
-    (never a file Rescore did not write; see transforms/ownership.py)."""
+    (never a file Rescore did not write; see transforms/files/ownership.py)."""
     ownership.check_not_input(output, plan.files)
     ownership.prepare(output, overwrite)
 

@@ -18,7 +18,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 
 
 def _batch_rows(table: pa.Table) -> list[tuple[int, int]]:

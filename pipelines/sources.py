@@ -27,7 +27,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
 from rescore.pipelines.config import RunConfig
-from rescore.transforms import ownership, storage
+from rescore.transforms.files import ownership, storage
 from rescore.transforms.read import InputError
 from rescore.transforms.strategies import ConfigError, build_chain
 from rescore.transforms.write import SUCCESS

@@ -361,7 +361,7 @@ def test_two_overlapping_runs(tmp_path, days, capsys):
     while time.monotonic() < deadline and not any("_staging" in d for d, _, fs in os.walk(runs) if fs):
         time.sleep(0.1)
     code, err = incremental([str(inp / "*.parquet")], out, "--quiet", capsys=capsys)  # while the first one writes
-    # The output lock every run takes (transforms/lock.py) refuses it: exit 2, naming the holder.
+    # The output lock every run takes (transforms/files/lock.py) refuses it: exit 2, naming the holder.
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1
     assert err.startswith(f"rescore: error: {out} is being written by another run (pid {slow.pid} on ")

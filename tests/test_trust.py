@@ -235,7 +235,7 @@ def test_an_input_changed_after_every_read_still_fails_before_publishing(data, t
 
 
 def test_a_rewrite_that_keeps_size_and_mtime_is_caught_by_ctime(tmp_path):
-    from rescore.transforms.fingerprint import InputChanged, take, verify
+    from rescore.transforms.files.fingerprint import InputChanged, take, verify
 
     path = str(tmp_path / "a.parquet")
     pq.write_table(pa.table({"reward": [0.0, 1.0]}), path)
@@ -566,7 +566,7 @@ def test_ctrl_c_prints_the_interrupted_line(data, tmp_path):
     after = snapshot(out)
     assert {k: v for k, v in after.items() if not k.startswith(("_staging", "_rescore.lock"))} == before
     # The lock went with the process: the next run can take it at once.
-    from rescore.transforms.lock import acquire
+    from rescore.transforms.files.lock import acquire
 
     acquire(out).release()
 
@@ -633,7 +633,7 @@ def test_gcs_lock_is_exclusive_and_a_stale_one_is_taken_over():
     pytest.importorskip("google.api_core", reason="the GCS lock needs google-cloud-storage (the gcp extra)")
     import datetime
 
-    from rescore.transforms.lock import GcsLock, LockBusy
+    from rescore.transforms.files.lock import GcsLock, LockBusy
 
     store, path = _FakeGcs(), "gs://bucket/out/_rescore.lock"
     first = GcsLock(path, store).acquire("gs://bucket/out", 0)

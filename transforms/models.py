@@ -29,7 +29,8 @@ from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, Predi
 from rescore.schemas import check_rows
 from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
-from rescore.transforms import inference, storage
+from rescore.transforms import inference
+from rescore.transforms.files import storage
 from rescore.transforms.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
 from rescore.transforms.read import InputPlan, read_unit
 

@@ -18,7 +18,7 @@ from rescore.transforms import (
     coders,  # noqa: F401  (registers the Arrow table coder)
     storage,
 )
-from rescore.transforms import fingerprint as fingerprints
+from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.light import bucket_of, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
 from rescore.transforms.overlap import Overlap, resolve_threads
@@ -40,7 +40,7 @@ class ReadUnit:
     model_file: str | None = None
     """The model stage's side file of this unit (columns computed by a model), joined on read."""
     fingerprint: fingerprints.Fingerprint | None = None
-    """The file as planned; every read checks it is still that file (transforms/fingerprint.py)."""
+    """The file as planned; every read checks it is still that file (transforms/files/fingerprint.py)."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 import torch
 from apache_beam.metrics import Metrics
 
-from rescore.transforms import faults, storage
+from rescore.transforms import faults
+from rescore.transforms.files import storage
 from rescore.transforms import trinity_format as trxp
 from rescore.transforms.strategies import ConfigError
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 
 FORMAT = "verl-rollouts"
 KNOWN = ("input", "output", "score", "step", "gts")

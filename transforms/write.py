@@ -18,8 +18,9 @@ from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejec
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
-from rescore.transforms import faults, ownership, storage
-from rescore.transforms import fingerprint as fingerprints
+from rescore.transforms import faults
+from rescore.transforms.files import ownership, storage
+from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.device import to_device
 from rescore.transforms.metrics import row_metrics, summarize
 from rescore.transforms.overlap import Overlap, resolve_threads

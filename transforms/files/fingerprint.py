@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 
 
 class InputChanged(RuntimeError):

@@ -17,7 +17,7 @@ import fnmatch
 import json
 import os
 
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 from rescore.transforms.strategies.registry import ConfigError
 
 LEDGER = "_rescore_files.json"

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rescore.transforms import storage
+from rescore.transforms.files import storage
 
 LOCK = "_rescore.lock"
 HEARTBEAT_SECONDS = 60.0
