@@ -16,9 +16,10 @@ from typing import Any
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from rescore.errors import ConfigError
 from rescore.pipelines.model_flags import add_model_flags, model_options
 from rescore.transforms.model_columns import ModelOptions
-from rescore.transforms.strategies import ConfigError, algorithms, names
+from rescore.transforms.strategies import algorithms, names
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ work directory and unreferenced data files, which the next run removes or ignore
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -41,15 +42,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
+from rescore.errors import ConflictError, InputError
+from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
-from rescore.transforms.read import InputError
+from rescore.transforms.files.layout import DELTA_LOG, INCREMENTAL_WORK, SCORED_FILES, STAGING
 
 log = logging.getLogger("rescore")
 
 RUN_PREFIX = "run="
-WORK = "_rescore"
-DELTA_LOG = "_delta_log"
+WORK = INCREMENTAL_WORK
 STATE_KEY = "rescore.state"
 STATE_VERSION = 2
 LEGACY_MANIFEST = "_manifest.json"
@@ -58,16 +60,12 @@ RUN_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,127}"
 digit, at most 128 characters, and never `..` (so never a path, never absolute)."""
 
 
-class ConflictError(RuntimeError):
-    """Another run committed to the table, or holds its lock (exit 1, one line)."""
-
-
 # --- names and identity -----------------------------------------------------------------
 
 
 def check_run_name(name: str) -> str:
     if not re.fullmatch(RUN_NAME_PATTERN, name) or ".." in name:
-        from rescore.transforms.strategies import ConfigError
+        from rescore.errors import ConfigError
 
         raise ConfigError(
             f"--run-name {name!r} must be one path component matching {RUN_NAME_PATTERN} "
@@ -502,7 +500,7 @@ def _clean_work(output: str, state: State) -> None:
             log.info("removing %s, the work of a run that never committed", path)
             storage.delete([path])
         else:
-            storage.delete([os.path.join(path, n) for n in os.listdir(path) if n.startswith("scored-") or n == "_staging"])
+            storage.delete([os.path.join(path, n) for n in os.listdir(path) if fnmatch.fnmatch(n, SCORED_FILES) or n == STAGING])
 
 
 def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
@@ -531,7 +529,7 @@ def _scored_reader(work: str, touched: set[int], schema: pa.Schema):
     """The staged scored rows of touched batches, streamed; and a counter of rows passed."""
     import pyarrow.compute as pc
 
-    paths = storage.list_dir(work, "scored-*.parquet")
+    paths = storage.list_dir(work, SCORED_FILES)
     keep = pa.array(sorted(touched), pa.int64())
     counted = {"rows": 0}
     if paths:
@@ -598,8 +596,9 @@ def run(cfg) -> dict[str, Any]:
     from rescore.pipelines import rescore as rs
     from rescore.pipelines.progress import Progress
     from rescore.transforms.read import plan_input
-    from rescore.transforms.strategies import ConfigError, build_chain
-    from rescore.transforms.write import METRICS, SUCCESS
+    from rescore.errors import ConfigError
+    from rescore.transforms.strategies import build_chain
+    from rescore.transforms.files.layout import METRICS, SUCCESS
 
     name = check_run_name(cfg.run_name) if cfg.run_name else run_name()
     if not cfg.wait:
@@ -622,7 +621,7 @@ def run(cfg) -> dict[str, Any]:
     lock = RunLock(cfg.output)
     with lock:
         state = load_state(cfg.output)
-        faults_step("locked")
+        fault_injection.maybe_kill_at("locked")
         rebuild = bool(cfg.overwrite)
         if state.config_hash and state.config_hash != chash and not rebuild:
             raise ConfigError(
@@ -657,7 +656,7 @@ def run(cfg) -> dict[str, Any]:
                 ),
             }
 
-        faults_step("planned")
+        fault_injection.maybe_kill_at("planned")
         work = work_dir(cfg.output, name)
         storage.delete([work])
         info = {
@@ -709,13 +708,13 @@ def run(cfg) -> dict[str, Any]:
 
             schema = pa.schema(DeltaTable(table_uri(cfg.output)).schema().to_arrow())
 
-        faults_step("before_commit")
+        fault_injection.maybe_kill_at("before_commit")
         _check_unchanged(plan_fps, files)
         new_state = _next_state(state, chosen, files, name, chash, scoring.name, cfg.inputs, info, rebuild)
         data, counted = _scored_reader(work, chosen.touched, schema)
         version = commit(cfg.output, state, new_state, chosen.touched, data, rebuild=rebuild)
-        faults_step("after_commit")
-        storage.delete(storage.list_dir(work, "scored-*.parquet"))
+        fault_injection.maybe_kill_at("after_commit")
+        storage.delete(storage.list_dir(work, SCORED_FILES))
         info.update({"table_version": version, "rows_committed": counted["rows"]})
         if doc:
             storage.write_text(storage.join(work, METRICS), json.dumps({**doc, "incremental": info}, indent=2) + "\n")
@@ -745,18 +744,6 @@ def _check_unchanged(planned: dict, files: list[InputFile]) -> None:
                 f"{path} changed while the run was reading it (it differs from when the run listed it); "
                 "nothing was committed: rerun once the input is complete"
             )
-
-
-def faults_step(where: str) -> None:
-    """RESCORE_FAULT=kill_at:STEP kills this process (SIGKILL) at an incremental step: the tests'
-    way to crash a run at each point."""
-    from rescore.transforms import faults
-
-    kind, _, arg = os.environ.get(faults.ENV, "").partition(":")
-    if kind == "kill_at" and arg == where:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _next_state(state: State, chosen: Selection, files: list[InputFile], name: str, chash: str, strategy: str,

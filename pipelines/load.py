@@ -22,15 +22,15 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401  (pa.parquet)
 
+from rescore.errors import NotFinishedOutputError
+from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
+
+OutputError = NotFinishedOutputError
+"""The name users catch (`from rescore.pipelines.load import OutputError`)."""
+
 __all__ = ["load_scored", "OutputError", "kind_of"]
 
-SUCCESS = "_SUCCESS"  # rescore.transforms.write.SUCCESS: the contract's name, kept here to stay light
-DELTA_LOG = "_delta_log"
 LEGACY_MANIFEST = "_manifest.json"
-
-
-class OutputError(ValueError):
-    """`path` is not a finished Rescore output (one-line message)."""
 
 
 def _local(path: str) -> bool:
@@ -82,12 +82,12 @@ def load_scored(path: str, *, columns: list[str] | None = None, storage_options:
     if kind_of(path, storage_options) == "table":
         return _read_table(path, columns, storage_options)
     if _local(path):
-        files = sorted(glob.glob(os.path.join(glob.escape(path), "scored-*.parquet")))
+        files = sorted(glob.glob(os.path.join(glob.escape(path), SCORED_FILES)))
         tables = [pa.parquet.read_table(f, columns=columns) for f in files]
     else:
         from rescore.transforms.files import storage
 
-        files = sorted(storage.list_dir(path, "scored-*.parquet"))
+        files = sorted(storage.list_dir(path, SCORED_FILES))
         tables = [storage.open_parquet(f).read(columns=columns) for f in files]
     if not tables:
         return _empty(columns)

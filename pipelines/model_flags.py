@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rescore.errors import ConfigError
 from rescore.transforms.model_columns import ModelOptions
-from rescore.transforms.strategies import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 YAML_KEYS = {

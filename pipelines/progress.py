@@ -16,7 +16,7 @@ import time
 
 from rescore.pipelines.wording import plural
 from rescore.transforms.files import storage
-from rescore.transforms.write import staging_dir
+from rescore.transforms.files.layout import SCORED_FILES, staging_dir
 
 
 class Progress:
@@ -39,7 +39,7 @@ class Progress:
             # A unit larger than --shard-rows is staged as parts: count units, not files.
             # Finalize moves staged files into the output directory (cleared of an earlier run
             # before this one starts): count both, or a fast write step reads as 0 written.
-            staged = storage.list_dir(self._staging, "scored-*.parquet") + storage.list_dir(self._output, "scored-*.parquet")
+            staged = storage.list_dir(self._staging, SCORED_FILES) + storage.list_dir(self._output, SCORED_FILES)
             return len({p.rsplit("/", 1)[-1].split("-of-")[0] for p in staged})
         except Exception:  # noqa: BLE001  (a progress line must never break the run)
             return 0

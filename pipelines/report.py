@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from rescore.errors import ReportError
 from rescore.pipelines.wording import plural
 from rescore.transforms.files import storage
+from rescore.transforms.files.layout import DELTA_LOG, FILTERED_FILES, METRICS, REPORT_HTML, SCORED_FILES, report_chart
 from rescore.transforms.metrics import MEAN_KEY, STD_KEY
-from rescore.transforms.write import METRICS
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects")
 OPTIONAL_CHARTS = ("columns", "audit")
@@ -76,10 +77,6 @@ CAPTIONS = {
 }
 
 
-class ReportError(ValueError):
-    """The directory holds no finished run to report on."""
-
-
 MARKER = '<meta name="rescore-config-hash"'
 """Every report.html this module writes carries it: only such a page is Rescore's to replace."""
 
@@ -89,8 +86,8 @@ def report_files(output: str) -> list[str]:
     (report-{name}.png for CHARTS and OPTIONAL_CHARTS) and report.html when it is a Rescore
     report (MARKER). A rerun removes them with the data they describe, so a page never sits
     beside another run's data; any other report-*.png is not Rescore's and stays."""
-    charts = [storage.join(output, f"report-{name}.png") for name in (*CHARTS, *OPTIONAL_CHARTS)]
-    html_path = storage.join(output, "report.html")
+    charts = [storage.join(output, report_chart(name)) for name in (*CHARTS, *OPTIONAL_CHARTS)]
+    html_path = storage.join(output, REPORT_HTML)
     return [p for p in charts if storage.exists(p)] + ([html_path] if _is_report(html_path) else [])
 
 
@@ -171,7 +168,7 @@ def _read(paths: list[str], wanted: list[str]):
 def read_run(output: str) -> RunData:
     """RunData of the Parquet in `output`, reading only the columns the charts use."""
     data = RunData()
-    scored = storage.list_dir(output, "scored-*.parquet")
+    scored = storage.list_dir(output, SCORED_FILES)
     if scored:
         schema = storage.open_parquet(scored[0]).schema_arrow
         extra = [f.name for f in schema if f.name not in KNOWN_COLUMNS and _numeric_scalar(f.type)]
@@ -195,7 +192,7 @@ def read_run(output: str) -> RunData:
         data.audit = {
             n: np.asarray(table[n].to_numpy(zero_copy_only=False), dtype=np.float64) for n in AUDIT if n in table.column_names
         }
-    filtered = storage.list_dir(output, "filtered-*.parquet")
+    filtered = storage.list_dir(output, FILTERED_FILES)
     if filtered:
         data.has_filtered_files = True
         table = _read(filtered, ["batch", "task", "reward", "filter_reason"])
@@ -213,7 +210,7 @@ def read_run(output: str) -> RunData:
 def load_metrics(output: str) -> dict[str, Any]:
     path = storage.join(output, METRICS)
     if not storage.exists(path):
-        if storage.exists(storage.join(output, "_delta_log")):
+        if storage.exists(storage.join(output, DELTA_LOG)):
             raise ReportError(f"{output} is an incremental table (_delta_log): the report reads one-shot outputs "
                               "(rescore show describes a table)")
         raise ReportError(f"{output} holds no metrics.json: not a Rescore output directory")
@@ -673,7 +670,7 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     data = read_run(output)
     to = to or output
     os.makedirs(to, exist_ok=True)
-    html_path = os.path.join(to, "report.html")
+    html_path = os.path.join(to, REPORT_HTML)
     if os.path.exists(html_path) and not _is_report(html_path):
         raise ReportError(f"{html_path} is not a Rescore report, and Rescore replaces only its own files: "
                           "move it away or pass --to another directory")
@@ -681,7 +678,7 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
         os.remove(old)
     plt = _plt()
     names = list(CHARTS) + (["columns"] if data.extra else []) + (["audit"] if data.audit else [])
-    paths = {name: os.path.join(to, f"report-{name}.png") for name in names}
+    paths = {name: os.path.join(to, report_chart(name)) for name in names}
     captions = {
         "groups": chart_groups(doc, data, plt, paths["groups"], solved_at),
         "reward": chart_reward(doc, data, plt, paths["reward"]),
@@ -698,7 +695,7 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     for name, path in paths.items():
         with open(path, "rb") as f:
             images[name] = f.read()
-    paths["html"] = os.path.join(to, "report.html")
+    paths["html"] = os.path.join(to, REPORT_HTML)
     with open(paths["html"], "w", encoding="utf-8") as f:
         f.write(render_html(doc, images, captions))
     _own(to, paths.values())

@@ -36,18 +36,21 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
+from rescore import errors
+from rescore.errors import ConfigError, RejectBudgetExceeded
 from rescore.pipelines import __version__, incremental
 from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
 from rescore.pipelines.progress import Progress
 from rescore.pipelines.wording import plural, process_seconds
-from rescore.schemas import SchemaError
 from rescore.transforms import device as devices
+from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
 from rescore.transforms.files import ownership, storage
-from rescore.transforms.read import InputError, InputPlan, ReadExperiences, plan_input
+from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
+from rescore.transforms.read import InputPlan, ReadExperiences, plan_input
 from rescore.transforms.score import ScoreGroups
-from rescore.transforms.strategies import ConfigError, StrategyChain, build_chain
-from rescore.transforms.write import FILTERED_FILES, METRICS, SUCCESS, WriteScored, finalize, staging_dir
+from rescore.transforms.strategies import StrategyChain, build_chain
+from rescore.transforms.write import WriteScored, finalize
 
 log = logging.getLogger("rescore")
 
@@ -55,9 +58,7 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 INTERRUPTED = "rescore: interrupted; this run published nothing (an earlier finished run in the output is left as it was)"
 
 
-class RejectBudgetExceeded(RuntimeError):
-    """More rows were rejected than --max-reject-fraction allows."""
-USER_ERRORS = (ConfigError, SchemaError, InputError, ownership.OutputError, output_lock.LockBusy)
+USER_ERRORS = errors.USER_ERRORS
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict) -> None:
@@ -180,6 +181,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
+    fault_injection.refresh()  # tests only: a no-op unless they armed a fault
     from rescore.pipelines import sources  # Trinity SQL buffers, verl rollout dumps
 
     ownership.check_output_path(cfg.output)
@@ -336,7 +338,7 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
     except USER_ERRORS as e:
         print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_CONFIG
-    except (RejectBudgetExceeded, incremental.ConflictError) as e:
+    except errors.RUN_FAILURES as e:
         print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rescore.transforms.files import storage
+from rescore.transforms.files.layout import METRICS
 
 
 def _batch_rows(table: pa.Table) -> list[tuple[int, int]]:
@@ -67,15 +68,15 @@ def describe(path: str, *, batches: bool = False) -> list[str]:
             lines.append(f"    ... {len(state.runs) - 5} earlier runs")
         lines.append("  pending input   " + _pending(state))
     else:
-        metrics = storage.join(path, "metrics.json")
+        metrics = storage.join(path, METRICS)
         try:
             doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
         except ValueError as e:
             doc = e
         if not isinstance(doc, dict):
-            from rescore.pipelines.load import OutputError
+            from rescore.errors import NotFinishedOutputError
 
-            raise OutputError(f"{metrics} is not a JSON object ({doc}); not a finished Rescore output")
+            raise NotFinishedOutputError(f"{metrics} is not a JSON object ({doc}); not a finished Rescore output")
         lines += [
             f"{path}: one-shot run (scored-*.parquet, _SUCCESS)",
             f"  strategy        {doc.get('strategy')}  (config {(doc.get('config_hash') or '')[:12]})",
@@ -110,12 +111,11 @@ def _pending(state) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from rescore.pipelines.load import OutputError
-    from rescore.transforms.read import InputError
+    from rescore.errors import InputError, NotFinishedOutputError
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, like every other Rescore failure
-            raise OutputError(message)
+            raise NotFinishedOutputError(message)
 
     parser = _Parser(prog="rescore show", description="What a Rescore output holds.")
     parser.add_argument("path", help="a one-shot output directory or an incremental table")
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
         lines = describe(args.path, batches=args.batches)
-    except (OutputError, InputError) as e:
+    except (NotFinishedOutputError, InputError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2
     try:

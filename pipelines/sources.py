@@ -26,16 +26,14 @@ from typing import Any, Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
+from rescore.errors import ConfigError, InputError
 from rescore.pipelines.config import RunConfig
 from rescore.transforms.files import ownership, storage
-from rescore.transforms.read import InputError
-from rescore.transforms.strategies import ConfigError, build_chain
-from rescore.transforms.write import SUCCESS
+from rescore.transforms.strategies import build_chain
+from rescore.transforms.files.layout import SCORED_FILES, SOURCE_DIR, SOURCE_MARK, SUCCESS
 
 log = logging.getLogger("rescore")
 
-SOURCE_DIR = "_source"
-SOURCE_MARK = "_RESCORE_SOURCE"  # written by Rescore into OUTPUT/_source/ when it creates it
 DB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 
 
@@ -157,7 +155,7 @@ def _check_parquet_sink(cfg: RunConfig) -> None:
 def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
     from rescore.transforms import sql_buffer
 
-    files = sorted(storage.list_dir(cfg.output, "scored-*.parquet"))
+    files = sorted(storage.list_dir(cfg.output, SCORED_FILES))
     placed, first_id = [], 1
     columns: list[str] | None = None
     for path in files:

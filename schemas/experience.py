@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.types as pat
 
+from rescore.errors import SchemaError
+
 ID_COLUMNS = ("batch", "task", "run", "step")
 """The experience id. `step` is optional and defaults to 0."""
 
@@ -107,10 +109,6 @@ SCORE_FIELDS = (
     pa.field("returns", pa.list_(pa.float32())),
     pa.field("score", pa.float32()),
 )
-
-
-class SchemaError(ValueError):
-    """A file whose columns break the input contract. The message is one line."""
 
 
 def validate_file_schema(

@@ -294,12 +294,12 @@ def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     after = one_shot([str(inp / "*.parquet")], str(tmp_path / "ref2"))
 
     for step in ("locked", "planned", "before_commit"):
-        proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_FAULT": f"kill_at:{step}"})
+        proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": f"kill_at:{step}"})
         assert proc.wait(timeout=300) == -signal.SIGKILL, (step, proc.stderr.read())
         assert_same_rows(current(out), before)
 
     # Killed while the pipeline is writing its staged files.
-    proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_FAULT": "slow_write:30"})
+    proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": "slow_write:30"})
     deadline = time.monotonic() + 240
     runs = os.path.join(out, "_rescore", "runs")
     while time.monotonic() < deadline:
@@ -313,7 +313,7 @@ def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     assert_same_rows(current(out), before)
 
     # Killed right after the commit: the new version is complete, the next run finds nothing new.
-    proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_FAULT": "kill_at:after_commit"})
+    proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": "kill_at:after_commit"})
     assert proc.wait(timeout=300) == -signal.SIGKILL
     assert_same_rows(current(out), after)
 
@@ -355,7 +355,7 @@ def test_two_overlapping_runs(tmp_path, days, capsys):
     inp, first, second = days
     out = str(tmp_path / "table")
     write(first + second, str(inp / "a.parquet"))
-    slow = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_FAULT": "slow_write:8"})
+    slow = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": "slow_write:8"})
     runs = os.path.join(out, "_rescore", "runs")
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not any("_staging" in d for d, _, fs in os.walk(runs) if fs):
@@ -558,7 +558,7 @@ def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
     pause.mkdir()
     out = str(tmp_path / "table")
     proc = subprocess_incremental([str(inp / "*.parquet")], out, "--quiet",
-                                  env={"RESCORE_FAULT": f"pause_readback:{pause}"})
+                                  env={"RESCORE_TEST_INJECT_FAULT": f"pause_readback:{pause}"})
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (pause / "paused").exists() and proc.poll() is None:
         time.sleep(0.1)

@@ -304,7 +304,7 @@ def test_killed_run_leaves_no_success_and_a_rerun_is_complete(tmp_path, rescore)
     _, clean = rescore(glob, "--strategy", "grpo", "--shard-rows", "5", output=str(tmp_path / "clean"))
 
     out = tmp_path / "out"
-    env = {**os.environ, "RESCORE_FAULT": "slow_write:0.5"}
+    env = {**os.environ, "RESCORE_TEST_INJECT_FAULT": "slow_write:0.5"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rescore", "--input", glob, "--output", str(out), "--strategy", "grpo",
          "--shard-rows", "5", RUNNER],
@@ -334,7 +334,7 @@ def test_a_failing_scoring_step_fails_loudly_and_a_rerun_is_correct(tmp_path, re
     glob = write_parquet(rows, str(tmp_path / "in"))
     _, clean = rescore(glob, "--strategy", "grpo", output=str(tmp_path / "clean"))
     marker = tmp_path / "fault-marker"
-    monkeypatch.setenv("RESCORE_FAULT", f"fail_once:{marker}")
+    monkeypatch.setenv("RESCORE_TEST_INJECT_FAULT", f"fail_once:{marker}")
     out = str(tmp_path / "out")
     code, err = main(capsys, "--input", glob, "--output", out, "--strategy", "grpo")
     # The in-process runner does not retry a failed bundle: the job stops with the reason.

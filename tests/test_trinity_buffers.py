@@ -262,7 +262,7 @@ def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
 
     # a run failing while inserting: 't' keeps its old rows, its staging tables are dropped and
     # the Parquet output it published claims no success
-    env = {**os.environ, "PYTHONPATH": ROOT, "RESCORE_FAULT": "fail_insert:1"}
+    env = {**os.environ, "PYTHONPATH": ROOT, "RESCORE_TEST_INJECT_FAULT": "fail_insert:1"}
     proc = subprocess.run([sys.executable, "-m", "rescore", "--input", url, "--input-table", "experience",
                            "--strategy", "rloo", "--output", str(tmp_path / "o3"), "--output-db", out_url,
                            "--output-table", "t", "--overwrite", RUNNER], capture_output=True, text=True, env=env, timeout=300)

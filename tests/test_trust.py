@@ -33,9 +33,9 @@ def _cmd(*args):
 
 
 def _env(fault=None):
-    env = {k: v for k, v in os.environ.items() if k != "RESCORE_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k != "RESCORE_TEST_INJECT_FAULT"}
     if fault:
-        env["RESCORE_FAULT"] = fault
+        env["RESCORE_TEST_INJECT_FAULT"] = fault
     return env
 
 
@@ -50,9 +50,9 @@ import json, os, sys
 from rescore.pipelines.rescore import main
 codes = []
 for argv, fault, err in json.loads(sys.argv[1]):
-    os.environ.pop("RESCORE_FAULT", None)
+    os.environ.pop("RESCORE_TEST_INJECT_FAULT", None)
     if fault:
-        os.environ["RESCORE_FAULT"] = fault
+        os.environ["RESCORE_TEST_INJECT_FAULT"] = fault
     sys.stderr.flush()
     fd, saved = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), os.dup(2)
     os.dup2(fd, 2)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rescore.errors import DeviceError
+
 CHOICES = ("auto", "cpu", "cuda")
 LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
-
-
-class DeviceError(RuntimeError):
-    """--device cuda where no CUDA device is visible."""
 
 
 def _no_cuda_reason() -> str:

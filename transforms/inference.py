@@ -21,15 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rescore.transforms.strategies.registry import ConfigError
+from rescore.errors import ModelConfigError
 
 INSTALL_HINT = "pip install 'rescore[models]' (transformers)"
 REWARD_FN_ARGS = ("prompt_tokens", "response_tokens", "prompt", "response", "reward", "batch", "task", "run", "step")
 """What a --reward-fn may take, by parameter name."""
-
-
-class ModelConfigError(ConfigError):
-    """A model flag that cannot work (missing package, unreadable model directory, bad function)."""
 
 
 def require_transformers():

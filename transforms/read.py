@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
+from rescore.errors import InputError
 from rescore.schemas import SchemaError, check_rows, unify, validate_file_schema
 from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.transforms import (
@@ -23,10 +24,6 @@ from rescore.transforms.light import bucket_of, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
 from rescore.transforms.overlap import Overlap, resolve_threads
 from rescore.transforms.records import rejected_records
-
-
-class InputError(ValueError):
-    """Input that cannot be read at all (no match, unreadable file). One-line message."""
 
 
 @dataclass(frozen=True)

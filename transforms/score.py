@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 import torch
 from apache_beam.metrics import Metrics
 
-from rescore.transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
+from rescore.errors import GroupTooLarge
+from rescore.transforms import coders, fault_injection  # noqa: F401  (coders registers the Arrow table coder)
 from rescore.transforms.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
 from rescore.transforms import device as devices
 from rescore.transforms.device import to_device
@@ -98,10 +99,6 @@ def _duplicate_records(dups: pa.Table):
         yield unit, records(part["row"].to_numpy(), part["batch"].combine_chunks(), REJECTED, reason=part["reason"].to_pylist())
 
 
-class GroupTooLarge(ValueError):
-    """A task group beyond --max-group-rows: the run stops rather than risk running out of memory."""
-
-
 def check_group_sizes(light: pa.Table, max_group_rows: int) -> None:
     offsets = group_offsets(light)
     sizes = np.diff(offsets)
@@ -181,7 +178,7 @@ class _ScoreBucket(beam.DoFn):
         self._groups = Metrics.counter("rescore", "groups_scored")
 
     def process(self, element, batch_stats=None):
-        faults.maybe_fail_once("ScoreGroups")
+        fault_injection.maybe_fail_once("ScoreGroups")
         _, light = element
         rows = to_grouped_rows(light, self._device)
         per_row_stats = None

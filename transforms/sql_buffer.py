@@ -36,10 +36,10 @@ import pyarrow.parquet as pq
 import torch
 from apache_beam.metrics import Metrics
 
-from rescore.transforms import faults
+from rescore.errors import ConfigError
+from rescore.transforms import fault_injection
 from rescore.transforms.files import storage
 from rescore.transforms import trinity_format as trxp
-from rescore.transforms.strategies import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -625,8 +625,7 @@ class _InsertFile(beam.DoFn):
             with self._engine.begin() as conn:
                 next_id += insert_rows(conn, self._table, self._token, rows, next_id)
         self._rows.inc(next_id - first_id)
-        if os.environ.get(faults.ENV, "").startswith("fail_insert:"):  # tests: a run killed mid-insert
-            raise faults.InjectedFault(f"injected fault after inserting {path} ({faults.ENV})")
+        fault_injection.maybe_fail_insert(path)  # tests: a run killed mid-insert
         yield next_id - first_id
 
     def teardown(self):

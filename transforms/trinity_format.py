@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rescore.errors import BlobError
+
 MAGIC = b"TRXP"
 VERSION = 1
 _HEADER = len(MAGIC) + 1 + 8 + 8
@@ -41,10 +43,6 @@ META_FIELDS = (
     "eid", "reward", "truncate_status", "info", "metrics", "prompt_length", "response_text",
     "prompt_text", "messages", "tools", "chosen_messages", "rejected_messages",
 )
-
-
-class BlobError(ValueError):
-    """A blob that is not a readable, safe TRXP payload. The message is one line."""
 
 
 # (module, name) pairs the metadata pickle may name: numpy scalars and arrays (workflows often

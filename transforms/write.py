@@ -4,6 +4,7 @@ scored and rejected rows; Finalize: publish the staged files, metrics.json, then
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,8 +19,9 @@ from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejec
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
-from rescore.transforms import faults
+from rescore.transforms import fault_injection
 from rescore.transforms.files import ownership, storage
+from rescore.transforms.files.layout import METRICS, filtered_file, rejected_file, scored_file, staging_dir
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.device import to_device
 from rescore.transforms.metrics import row_metrics, summarize
@@ -31,17 +33,9 @@ from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from rescore.transforms.strategies.tokens import token_advantages
 
-STAGING = "_staging"
-SUCCESS = "_SUCCESS"
-METRICS = "metrics.json"
-FILTERED_FILES = "filtered-*.parquet"
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
 PLAIN_COLUMNS = ("advantages", "returns")
 """Written without dictionary encoding (see _WriteUnit.setup)."""
-
-
-def staging_dir(output: str) -> str:
-    return storage.join(output, STAGING)
 
 
 def response_lengths(table: pa.Table) -> tuple[np.ndarray, Any]:
@@ -250,18 +244,17 @@ class _WriteUnit(beam.DoFn):
         self._overlap = Overlap(threads, self._outputs)
         self._part_pool = ThreadPoolExecutor(threads, thread_name_prefix="rescore-part") if threads > 1 else None
 
-    def _name(self, kind: str, unit: int, part: int | None = None) -> str:
-        suffix = "" if part is None else f"-part-{part:03d}"
-        return storage.join(self._staging, f"{kind}-{unit:05d}-of-{len(self._plan.units):05d}{suffix}.parquet")
+    def _name(self, file_name: Callable[..., str], unit: int, *part: int) -> str:
+        return storage.join(self._staging, file_name(unit, len(self._plan.units), *part))
 
     def _write_scored(self, table: pa.Table, unit_index: int) -> list[str]:
         """Stage the unit's scored rows: one file, or (a row group larger than --shard-rows, or
         copies past it) consecutive parts of at most shard_rows rows, written side by side."""
         bounds = part_bounds(table.num_rows, self._shard_rows)
         if len(bounds) == 2:
-            names = [self._name("scored", unit_index)]
+            names = [self._name(scored_file, unit_index)]
         else:
-            names = [self._name("scored", unit_index, k) for k in range(len(bounds) - 1)]
+            names = [self._name(scored_file, unit_index, k) for k in range(len(bounds) - 1)]
 
         def write(k: int) -> None:
             part = table.slice(bounds[k], bounds[k + 1] - bounds[k])
@@ -303,7 +296,7 @@ class _WriteUnit(beam.DoFn):
                 f"internal error: read unit {unit_index} ({unit.path}) has {unit.num_rows} rows but "
                 f"{len(rows)} outcomes ({len(np.unique(rows))} distinct); refusing to write it"
             )
-        faults.maybe_pause_readback()
+        fault_injection.maybe_pause_readback()
         table = conform(read_unit(unit), self._plan.schema)
         status = rec["status"].to_numpy()
         files = []
@@ -332,14 +325,14 @@ class _WriteUnit(beam.DoFn):
         )
         scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
         files += self._write_scored(scored, unit_index)
-        faults.maybe_slow_write()
+        fault_injection.maybe_slow_write()
 
         dropped = np.flatnonzero(status == FILTERED) if self._keep_filtered else []
         if len(dropped):
             filtered = table.take(pa.array(dropped)).select(self._filtered_schema.names[:-1])
             why = rec["reason"].combine_chunks().take(pa.array(dropped))
             filtered = filtered.append_column(FILTER_REASON, why.cast(pa.string()))
-            files.append(self._name("filtered", unit_index))
+            files.append(self._name(filtered_file, unit_index))
             storage.write_parquet(filtered.replace_schema_metadata(self._filtered_schema.metadata), files[-1])
 
         bad = np.flatnonzero(status == REJECTED)
@@ -348,7 +341,7 @@ class _WriteUnit(beam.DoFn):
             rejected = table.take(pa.array(bad)).select(self._rejected_schema.names[:-1])
             rejected = rejected.append_column(REJECT_REASON, pa.array(reasons, pa.string()))
             rejected = rejected.replace_schema_metadata(self._rejected_schema.metadata)
-            files.append(self._name("rejected", unit_index))
+            files.append(self._name(rejected_file, unit_index))
             storage.write_parquet(rejected, files[-1])
         return unit_index, files, scored.num_rows, self._metrics(rec, status, reasons, copied_batch)
 
@@ -437,7 +430,7 @@ class _Finalize(beam.DoFn):
             # Publish what explains the failure (rejected rows, metrics), never the scored rows
             # or _SUCCESS: a scheduler must not take this run for a good one.
             document["failed"] = failure
-        faults.maybe_pause_finalize()
+        fault_injection.maybe_pause_finalize()
         # Every input is still the file the plan read: an input changed at any point of the run
         # fails it here, before anything is published.
         for unit in {u.path: u for u in self._plan.units if u.fingerprint is not None}.values():

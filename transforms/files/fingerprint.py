@@ -26,11 +26,8 @@ from dataclasses import dataclass
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from rescore.errors import InputChanged
 from rescore.transforms.files import storage
-
-
-class InputChanged(RuntimeError):
-    """An input file differs from the one the run planned from. One-line message."""
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from rescore.errors import LockBusy
 from rescore.transforms.files import storage
+from rescore.transforms.files.layout import LOCK
 
-LOCK = "_rescore.lock"
 HEARTBEAT_SECONDS = 60.0
 STALE_SECONDS = 600.0
 log = logging.getLogger("rescore")
-
-
-class LockBusy(ValueError):
-    """Another run holds the output lock (or the output cannot be written at all). One-line
-    message naming the holder; exit 2."""
 
 
 def lock_path(output: str) -> str:

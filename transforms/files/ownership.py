@@ -17,28 +17,20 @@ import fnmatch
 import json
 import os
 
+from rescore.errors import OutputError
 from rescore.transforms.files import storage
-from rescore.transforms.strategies.registry import ConfigError
-
-LEDGER = "_rescore_files.json"
-STAGING = "_staging"
-FAILED = "_failed"
-SUCCESS = "_SUCCESS"
-METRICS = "metrics.json"
-LOCK = "_rescore.lock"
-DELTA_LOG = "_delta_log"
-DATA_NAMES = ("scored-*.parquet", "rejected-*.parquet", "filtered-*.parquet")
-"""Data files a run writes: one Rescore did not write would be read with the run's own."""
-RUN_NAMES = (METRICS, SUCCESS, STAGING, FAILED)
-REPORT_NAMES = ("report.html", "report-*.png")
-"""What `rescore report` writes into an output (pipelines/report.py)."""
-RESCORE_NAMES = (*DATA_NAMES, *RUN_NAMES, *REPORT_NAMES)
-"""Names Rescore writes: in a directory Rescore does not own, any of them is a clash; in an
-output from before the ledger existed, all of them are Rescore's."""
-
-
-class OutputError(ConfigError):
-    """An --output Rescore must not write to (exit 2). One-line message."""
+from rescore.transforms.files.layout import (
+    DATA_NAMES,
+    DELTA_LOG,
+    FAILED,
+    LEDGER,
+    LOCK,
+    METRICS,
+    REJECTED_FILES,
+    RESCORE_NAMES,
+    STAGING,
+    SUCCESS,
+)
 
 
 def _names(output: str) -> list[str]:
@@ -155,7 +147,7 @@ def publish(output: str, staged: list[str], metrics_text: str, failed: bool) -> 
     run stays intact."""
     staging = storage.join(output, STAGING)
     finished = storage.exists(storage.join(output, SUCCESS))
-    keep = [p for p in staged if not (failed and not p.rsplit("/", 1)[-1].startswith("rejected-"))]
+    keep = [p for p in staged if not (failed and not fnmatch.fnmatch(p.rsplit("/", 1)[-1], REJECTED_FILES))]
     target = storage.join(output, FAILED) if failed and finished else output
     new_names = [p.rsplit("/", 1)[-1] for p in keep]
     old = read_ledger(output) or []

@@ -8,11 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rescore.errors import ConfigError  # noqa: F401  (strategies raise it; defined in rescore/errors.py)
 from rescore.transforms.strategies.base import Strategy
-
-
-class ConfigError(ValueError):
-    """A bad strategy name or parameter. The message is one line and lists the valid choices."""
 
 
 @dataclass(frozen=True)

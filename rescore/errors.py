@@ -1,0 +1,85 @@
+"""Every error Rescore raises on purpose, in one place; each message is one line.
+
+How the command (`pipelines/rescore.py` `main`) turns them into exit status:
+
+- 2, bad configuration or input, found before anything is written (`USER_ERRORS`):
+  ConfigError (and its kinds OutputError, ModelConfigError), SchemaError, InputError, LockBusy;
+- 1, the pipeline failed (`RUN_FAILURES`, and any other exception, a step's crash included):
+  RejectBudgetExceeded, ConflictError; raised inside the pipeline: GroupTooLarge, InputChanged,
+  BlobError, InjectedFault (tests only).
+
+`rescore show` and `rescore report` exit 2 on NotFinishedOutputError, ReportError and InputError;
+DeviceError becomes a ConfigError before a local run starts. Nothing here imports Beam, Arrow or
+torch.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A bad strategy name or parameter. The message is one line and lists the valid choices."""
+
+
+class OutputError(ConfigError):
+    """An --output Rescore must not write to (exit 2). One-line message."""
+
+
+class ModelConfigError(ConfigError):
+    """A model flag that cannot work (missing package, unreadable model directory, bad function)."""
+
+
+class SchemaError(ValueError):
+    """A file whose columns break the input contract. The message is one line."""
+
+
+class InputError(ValueError):
+    """Input that cannot be read at all (no match, unreadable file). One-line message."""
+
+
+class LockBusy(ValueError):
+    """Another run holds the output lock (or the output cannot be written at all). One-line
+    message naming the holder; exit 2."""
+
+
+class RejectBudgetExceeded(RuntimeError):
+    """More rows were rejected than --max-reject-fraction allows."""
+
+
+class ConflictError(RuntimeError):
+    """Another run committed to the table, or holds its lock (exit 1, one line)."""
+
+
+class GroupTooLarge(ValueError):
+    """A task group beyond --max-group-rows: the run stops rather than risk running out of memory."""
+
+
+class InputChanged(RuntimeError):
+    """An input file differs from the one the run planned from. One-line message."""
+
+
+class BlobError(ValueError):
+    """A blob that is not a readable, safe TRXP payload. The message is one line."""
+
+
+class DeviceError(RuntimeError):
+    """--device cuda where no CUDA device is visible."""
+
+
+class NotFinishedOutputError(ValueError):
+    """`path` is not a finished Rescore output (one-line message). Raised by `load_scored` and
+    `rescore show`; also importable as `rescore.pipelines.load.OutputError`."""
+
+
+class ReportError(ValueError):
+    """The directory holds no finished run to report on."""
+
+
+class InjectedFault(RuntimeError):
+    """A fault the reliability tests injected (transforms/fault_injection.py)."""
+
+
+USER_ERRORS = (ConfigError, SchemaError, InputError, OutputError, LockBusy)
+"""Exit 2: the run was refused before it wrote anything."""
+
+RUN_FAILURES = (RejectBudgetExceeded, ConflictError)
+"""Exit 1 with the error's own line (any other exception is exit 1 as `pipeline failed: ...`)."""

@@ -1,0 +1,76 @@
+"""The names of an output directory's files: the layout docs/output.md promises, in one place.
+
+    OUTPUT/
+      scored-UUUUU-of-NNNNN[-part-PPP].parquet   scored rows, one file (or parts) per read unit
+      filtered-UUUUU-of-NNNNN.parquet            rows a filter stage dropped, with the reason
+      rejected-UUUUU-of-NNNNN.parquet            rows rejected as bad input, with the reason
+      metrics.json                               counts and statistics of the run
+      _SUCCESS                                   written last: every row is accounted for
+      _staging/                                  files of the run in progress (removed at the end)
+      _failed/                                   a run over its reject budget beside a finished one
+      _rescore_files.json                        the names Rescore published (what it owns)
+      _rescore.lock                              the output lock (transforms/files/lock.py)
+      _source/ with _RESCORE_SOURCE              staged input of a database or verl-dump run
+      report.html, report-NAME.png               `rescore report`
+    An --incremental output is a Delta table instead: _delta_log/, delta-rs data files and
+    _rescore/ (its lock and its runs' work, pipelines/incremental.py).
+
+Names only: nothing here touches storage, so even `rescore.pipelines.load` (no Beam) uses it.
+"""
+
+from __future__ import annotations
+
+SUCCESS = "_SUCCESS"
+METRICS = "metrics.json"
+STAGING = "_staging"
+FAILED = "_failed"
+LEDGER = "_rescore_files.json"
+LOCK = "_rescore.lock"
+DELTA_LOG = "_delta_log"
+INCREMENTAL_WORK = "_rescore"
+SOURCE_DIR = "_source"
+SOURCE_MARK = "_RESCORE_SOURCE"
+"""Written by Rescore into OUTPUT/_source/ when it creates it: only then is the directory Rescore's."""
+
+SCORED_FILES = "scored-*.parquet"
+FILTERED_FILES = "filtered-*.parquet"
+REJECTED_FILES = "rejected-*.parquet"
+
+REPORT_HTML = "report.html"
+REPORT_CHARTS = "report-*.png"
+
+DATA_NAMES = (SCORED_FILES, REJECTED_FILES, FILTERED_FILES)
+"""Data files a run writes: one Rescore did not write would be read with the run's own."""
+RUN_NAMES = (METRICS, SUCCESS, STAGING, FAILED)
+REPORT_NAMES = (REPORT_HTML, REPORT_CHARTS)
+"""What `rescore report` writes into an output (pipelines/report.py)."""
+RESCORE_NAMES = (*DATA_NAMES, *RUN_NAMES, *REPORT_NAMES)
+"""Names Rescore writes: in a directory Rescore does not own, any of them is a clash; in an
+output from before the ledger existed, all of them are Rescore's."""
+
+
+def scored_file(unit: int, units: int, part: int | None = None) -> str:
+    """The scored rows of read unit `unit` (of `units`), or their part `part`."""
+    return _data_file("scored", unit, units, "" if part is None else f"-part-{part:03d}")
+
+
+def filtered_file(unit: int, units: int) -> str:
+    return _data_file("filtered", unit, units)
+
+
+def rejected_file(unit: int, units: int) -> str:
+    return _data_file("rejected", unit, units)
+
+
+def _data_file(kind: str, unit: int, units: int, suffix: str = "") -> str:
+    return f"{kind}-{unit:05d}-of-{units:05d}{suffix}.parquet"
+
+
+def report_chart(name: str) -> str:
+    return f"report-{name}.png"
+
+
+def staging_dir(output: str) -> str:
+    from rescore.transforms.files import storage  # storage imports Beam; the names above do not
+
+    return storage.join(output, STAGING)
