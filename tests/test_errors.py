@@ -1,0 +1,77 @@
+"""Every error Rescore raises on purpose is defined in rescore/errors.py; the old names resolve."""
+
+import ast
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rescore import errors
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIRS = ("rescore", "pipelines", "transforms", "schemas")
+
+# Where each class lived before errors.py; code and users still reach it there.
+OLD_NAMES = [
+    ("rescore.transforms.strategies", "ConfigError", errors.ConfigError),
+    ("rescore.transforms.strategies.registry", "ConfigError", errors.ConfigError),
+    ("rescore.schemas", "SchemaError", errors.SchemaError),
+    ("rescore.schemas.experience", "SchemaError", errors.SchemaError),
+    ("rescore.transforms.read", "InputError", errors.InputError),
+    ("rescore.transforms.files.ownership", "OutputError", errors.OutputError),
+    ("rescore.transforms.files.lock", "LockBusy", errors.LockBusy),
+    ("rescore.transforms.files.fingerprint", "InputChanged", errors.InputChanged),
+    ("rescore.transforms.score", "GroupTooLarge", errors.GroupTooLarge),
+    ("rescore.transforms.inference", "ModelConfigError", errors.ModelConfigError),
+    ("rescore.transforms.trinity_format", "BlobError", errors.BlobError),
+    ("rescore.transforms.device", "DeviceError", errors.DeviceError),
+    ("rescore.pipelines.rescore", "RejectBudgetExceeded", errors.RejectBudgetExceeded),
+    ("rescore.pipelines.incremental", "ConflictError", errors.ConflictError),
+    ("rescore.pipelines.report", "ReportError", errors.ReportError),
+    ("rescore.pipelines.load", "OutputError", errors.NotFinishedOutputError),
+    ("rescore.transforms.fault_injection", "InjectedFault", errors.InjectedFault),
+]
+
+
+@pytest.mark.parametrize("module, name, cls", OLD_NAMES, ids=[f"{m}.{n}" for m, n, _ in OLD_NAMES])
+def test_old_names_are_the_classes_in_errors(module, name, cls):
+    assert getattr(importlib.import_module(module), name) is cls
+
+
+def test_no_module_but_errors_defines_an_exception():
+    defined = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    exceptions = defined | {"Exception", "BaseException", "ValueError", "RuntimeError", "OSError", "KeyError"}
+    found = []
+    for top in PACKAGE_DIRS:
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in (f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, f)
+                if path == errors.__file__:
+                    continue
+                for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                    bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in getattr(node, "bases", [])}
+                    if isinstance(node, ast.ClassDef) and (bases & exceptions or node.name.endswith("Error")):
+                        found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name}")
+    assert not found, f"define these in rescore/errors.py: {found}"
+
+
+def test_hierarchy_and_exit_status_groups():
+    assert issubclass(errors.OutputError, errors.ConfigError)
+    assert issubclass(errors.ModelConfigError, errors.ConfigError)
+    assert not issubclass(errors.NotFinishedOutputError, errors.OutputError)  # a different error, same old name
+    assert set(errors.USER_ERRORS) == {errors.ConfigError, errors.SchemaError, errors.InputError, errors.OutputError, errors.LockBusy}
+    assert set(errors.RUN_FAILURES) == {errors.RejectBudgetExceeded, errors.ConflictError}
+    assert not set(errors.USER_ERRORS) & set(errors.RUN_FAILURES)
+    from rescore.pipelines import rescore
+
+    assert rescore.USER_ERRORS is errors.USER_ERRORS
+
+
+def test_errors_import_nothing_heavy():
+    code = ("import sys, rescore.errors; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'pyarrow', 'torch', 'numpy'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
