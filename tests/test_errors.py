@@ -69,8 +69,10 @@ def test_hierarchy_and_exit_status_groups():
     assert rescore.USER_ERRORS is errors.USER_ERRORS
 
 
-def test_errors_import_nothing_heavy():
-    code = ("import sys, rescore.errors; "
+@pytest.mark.parametrize("module", ["rescore.errors", "rescore.transforms.files.layout", "rescore.transforms.fault_injection"])
+def test_errors_names_and_hooks_import_nothing_heavy(module):
+    """Whatever imports them (rescore.load_scored, `rescore show`) stays free of Beam and torch."""
+    code = (f"import sys, {module}; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'pyarrow', 'torch', 'numpy'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
                          capture_output=True, text=True, check=True).stdout
