@@ -15,11 +15,9 @@ from apache_beam.metrics import Metrics
 from rescore.errors import InputError
 from rescore.schemas import SchemaError, check_rows, unify, validate_file_schema
 from rescore.schemas.experience import INPUT_BY_NAME
-from rescore.transforms import (
-    coders,  # noqa: F401  (registers the Arrow table coder)
-    storage,
-)
+from rescore.transforms import coders  # noqa: F401  (registers the Arrow table coder)
 from rescore.transforms.files import fingerprint as fingerprints
+from rescore.transforms.files import storage
 from rescore.transforms.light import bucket_of, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
 from rescore.transforms.overlap import Overlap, resolve_threads
