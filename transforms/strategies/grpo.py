@@ -7,16 +7,12 @@ References: Trinity-RFT `GRPOGroupedAdvantage` and `CorrectBiasAddStrategy`; ver
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.registry import choice, number, register
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.catalog import CorrectBiasParams, GRPOParams
 from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
@@ -70,17 +66,14 @@ def grpo_scores(
     return Scores(score=score, keep=per_row(keep_group, offsets), group_mean=mean, group_std=std)
 
 
-@dataclass(frozen=True)
-class GRPO:
-    """GRPO with optional batch std, std threshold and rank-bias correction (see module doc)."""
+class _GRPOScoring:
+    """GRPO with optional batch std, std threshold and rank-bias correction (see module doc),
+    over the parameters of the declaration it is mixed into."""
 
-    epsilon: float = 1e-6
-    std_cal_level: str = "group"
-    std_threshold: float | None = None
-    rank_penalty: float | None = None
-    name: str = "grpo"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
+    epsilon: float
+    std_cal_level: str
+    std_threshold: float | None
+    rank_penalty: float | None
 
     @property
     def needs(self) -> tuple[str, ...]:
@@ -89,6 +82,10 @@ class GRPO:
     @property
     def batch_level(self) -> bool:
         return self.std_cal_level == "batch"
+
+    @property
+    def dropped_groups_metric(self) -> str | None:
+        return "std_threshold_skipped" if self.std_threshold is not None else None
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # The batch std is over every reward the strategy sees in the batch, before any group
@@ -112,33 +109,12 @@ class GRPO:
         )
 
 
-@register(
-    "grpo",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
-    summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty",
-)
-def make_grpo(epsilon, std_cal_level, std_threshold, rank_penalty) -> GRPO:
-    name = "grpo"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        std_cal_level=choice(name, "std_cal_level", std_cal_level, ("group", "batch")),
-        std_threshold=number(name, "std_threshold", std_threshold, minimum=0.0, optional=True),
-        rank_penalty=number(name, "rank_penalty", rank_penalty, optional=True),
-    )
-    return GRPO(**params, name=name, params=params)
+class GRPO(_GRPOScoring, GRPOParams):
+    pass
 
 
-@register(
-    "correct_bias",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "rank_penalty": 0.25},
-    summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs",
-)
-def make_correct_bias(epsilon, rank_penalty) -> GRPO:
-    name = "correct_bias"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        rank_penalty=number(name, "rank_penalty", rank_penalty),
-    )
-    return GRPO(**params, name=name, params=params)
+class CorrectBias(_GRPOScoring, CorrectBiasParams):
+    """GRPO over the group std on rank-bias-corrected rewards: `grpo` without its other options."""
+
+    std_cal_level = "group"
+    std_threshold = None

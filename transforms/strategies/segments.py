@@ -1,4 +1,5 @@
-"""Segment reductions over rows sorted by group (torch, any device).
+"""Segment reductions over rows sorted by group (torch, any device), and over flat token
+arrays (numpy, `flat_segment_sum`).
 
 Groups are contiguous segments given by offsets (G + 1,). `torch.segment_reduce` reduces each
 segment in a fixed order on CPU and CUDA alike, unlike `index_add_`/`scatter_add_`, whose CUDA
@@ -7,6 +8,7 @@ kernels add in a nondeterministic order.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -137,3 +139,19 @@ def std_of(values: Tensor) -> Tensor:
         return torch.ones((), dtype=values.dtype, device=values.device)
     offsets = torch.tensor([0, values.numel()], device=values.device)
     return mean_and_std(values, offsets)[1][0]
+
+
+def flat_segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(n,) sums of values[offsets[i]:offsets[i + 1]] of a flat token array, in order within a
+    row (numpy; the same reduction as rescore.schemas.lists.segment_sum, which needs pyarrow).
+
+    Each row's sum depends only on that row's values (not on its position), so equal rows get
+    bit-equal sums. Empty segments sum to 0.
+    """
+    n = len(offsets) - 1
+    out = np.zeros(n, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
+    nonempty = offsets[1:] > offsets[:-1]
+    if len(values) == 0 or not nonempty.any():
+        return out
+    out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
+    return out
