@@ -11,7 +11,16 @@ import pyarrow as pa
 import pytest
 
 from rescore.transforms.strategies import ConfigError, chain_of, create, names, spec
-from rescore.transforms.strategies.base import AddsColumns, BatchStatistics, DropsGroups, MasksRows, Strategy, TokenLevel
+from rescore.transforms.strategies.base import (
+    AddsColumns,
+    BatchStatistics,
+    DropsGroups,
+    ExplainsDrops,
+    ExplainsScores,
+    MasksRows,
+    Strategy,
+    TokenLevel,
+)
 from rescore.transforms.strategies.catalog import GRPOParams
 from rescore.transforms.strategies.hashing import mix64, string_key
 from rescore.transforms.strategies.registry import StrategyParams, register
@@ -138,6 +147,14 @@ def test_capabilities_are_declared_protocols():
     assert chain_of("mask_response_truncated,grpo").masking is not None
     assert chain_of("mask_response_truncated,grpo", {"drop": True}).masking is None
     assert chain_of("jsd").token_level and not chain_of("grpo").token_level
+    assert {n for n in names() if isinstance(create(n), ExplainsScores)} == {
+        "asymre", "correct_bias", "dr_grpo", "gpg", "grpo", "grpo_passk", "opmd", "opo", "rec", "reinforce",
+        "reinforce_plus_plus_baseline", "remax", "rloo", "step_wise_grpo",
+    }  # the others' audit baseline is null
+    assert {n for n in names() if isinstance(create(n), ExplainsDrops)} >= {
+        "reward_variance", "duplicate_informative", "grpo", "step_wise_grpo", "raft", "filter_groups",
+        "dynamic_filtering", "mask_response_truncated",
+    }
     dropping = {n for n in names() if isinstance(create(n), DropsGroups)}
     assert dropping == {"grpo", "correct_bias", "step_wise_grpo"}
     assert create("grpo").dropped_groups_metric is None

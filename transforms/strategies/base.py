@@ -20,6 +20,8 @@ runtime-checkable protocol that the chain and the row layer test with `isinstanc
     MasksRows       a filter whose flagged rows keep their place in the group statistics but
                     train on nothing: advantages 0 and an all-zero action_mask
                     (mask_response_truncated)
+    ExplainsScores  explains its scores in the audit columns (baseline, group and batch std)
+    ExplainsDrops   says why it dropped a row (--keep-filtered's filter_reason)
     DropsGroups     names the metrics.json counter of the whole groups it drops, besides
                     filtered_groups (grpo's std_threshold: std_threshold_skipped)
 
@@ -269,6 +271,63 @@ class MasksRows(Protocol):
 
     def masked(self, rows: GroupedRows) -> Tensor | None:
         """(n,) bool the rows whose advantages are zeroed, or None."""
+
+
+@runtime_checkable
+class ExplainsScores(Protocol):
+    """Explains its scores in the audit columns (--audit-columns; ScoreExplanation gives the
+    defaults): what it subtracted from each reward, and the group and batch std it used."""
+
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """(n,) float64 what it subtracted from each row's reward, NaN where nothing applies;
+        `group_mean` (n,) is the group mean it reported, per row."""
+
+    def audit_group_std(self, rows: GroupedRows, group_std: np.ndarray) -> np.ndarray:
+        """(n,) float64 the group std to report; `group_std` (n,) is the one it returned."""
+
+    def audit_batch_std(self, batch_stats: Tensor) -> np.ndarray | None:
+        """(n,) float64 the batch std it divided by (batch_level only), or None."""
+
+
+def audit_rows(rows: GroupedRows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(reward (n,) float64, offsets (G + 1,) int64, group of each row (n,), its group's size
+    (n,)) as numpy, for the audit explanations."""
+    reward = rows.reward.detach().cpu().numpy().astype(np.float64)
+    offsets = rows.offsets.detach().cpu().numpy().astype(np.int64)
+    g = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    return reward, offsets, g, np.diff(offsets)[g]
+
+
+class ScoreExplanation:
+    """ExplainsScores defaults: the group mean as the baseline, the returned group std, no
+    batch std. A strategy overrides what differs."""
+
+    audit_rows = staticmethod(audit_rows)
+
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        return group_mean.copy()
+
+    def audit_group_std(self, rows: GroupedRows, group_std: np.ndarray) -> np.ndarray:
+        return group_std
+
+    def audit_batch_std(self, batch_stats: Tensor) -> np.ndarray | None:
+        return None
+
+
+@runtime_checkable
+class ExplainsDrops(Protocol):
+    """Says why it dropped each row it dropped (--keep-filtered's filter_reason column)."""
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        """One reason per row index in `dropped`, e.g. "reward_variance: var 0 <= 0".
+        `reached` (n,) bool: the rows this stage saw; `group_std` (G,) float64: the std the
+        advantage stage used."""
+
+
+def group_reasons(g: np.ndarray, dropped: np.ndarray, reason) -> list[str]:
+    """`reason(group)` for each dropped row, computed once per group."""
+    text = {int(i): reason(int(i)) for i in np.unique(g[dropped])}
+    return [text[i] for i in g[dropped]]
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.catalog import (
     AsymREParams,
     DrGRPOParams,
@@ -103,7 +103,7 @@ def whiten_stats(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]
     return mu, math.fsum(weights * (values - mu) ** 2) / (total - 1)
 
 
-class _GroupBaseline:
+class _GroupBaseline(ScoreExplanation):
     """Shared shape of the per-group estimators: no batch statistics, every row kept."""
 
     needs: tuple[str, ...] = ()
@@ -122,8 +122,17 @@ class OPMD(_GroupBaseline, OPMDParams):
     def _scores(self, rows):
         return opmd_scores(rows.reward, rows.offsets, baseline=self.opmd_baseline, tau=self.tau)
 
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        _, _, g, sizes = self.audit_rows(rows)
+        if self.opmd_baseline == "mean":
+            return np.where(sizes > 1, group_mean, 0.0)
+        return logavgexp_baseline(rows.reward, rows.offsets, self.tau).detach().cpu().numpy().astype(np.float64)[g]
+
 
 class AsymRE(_GroupBaseline, AsymREParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        return np.where(self.audit_rows(rows)[3] > 1, group_mean + self.baseline_shift, 0.0)
+
     def _scores(self, rows):
         return asymre_scores(rows.reward, rows.offsets, baseline_shift=self.baseline_shift)
 
@@ -134,6 +143,12 @@ class DrGRPO(_GroupBaseline, DrGRPOParams):
 
 
 class RLOO(_GroupBaseline, RLOOParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """The mean of the group's other rows."""
+        reward, _, _, sizes = self.audit_rows(rows)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(sizes > 1, (group_mean * sizes - reward) / (sizes - 1), 0.0)
+
     @property
     def batch_level(self) -> bool:
         return self.normalize_advantages

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
 from rescore.transforms.strategies.catalog import (
     GDPOParams,
@@ -33,6 +33,7 @@ from rescore.transforms.strategies.catalog import (
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.segments import (
     group_stats,
+    masked_group_stats,
     mean_and_std,
     per_row,
     population_var,
@@ -174,12 +175,35 @@ class _Estimator:
         return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
 
 
-class Reinforce(_Estimator, ReinforceParams):
+class Reinforce(_Estimator, ScoreExplanation, ReinforceParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        return np.zeros(rows.num_rows)
+
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         return Scores(rows.reward.clone(), self._keep(rows), *self._stats(rows))
 
 
-class REC(_Estimator, RECParams):
+class REC(_Estimator, ScoreExplanation, RECParams):
+    def dropped(self, rows: GroupedRows) -> np.ndarray:
+        """(n,) bool: the rows drop="balance" dropped (they score 0)."""
+        if not self.drop:
+            return np.zeros(rows.num_rows, dtype=bool)
+        _, dropped, _, _ = rec_scores(
+            rows.reward, rows.offsets, epsilon=self.epsilon, std_normalize=self.std_normalize, drop=self.drop, key=row_keys(rows, self.seed)
+        )
+        return dropped.detach().cpu().numpy().astype(bool)
+
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """mean(K) of the rows `drop` left (0 for a group of one row left); NaN for a dropped row."""
+        return np.where(self.dropped(rows), np.nan, group_mean.copy())
+
+    def audit_group_std(self, rows: GroupedRows, group_std: np.ndarray) -> np.ndarray:
+        """The std over the rows left (K) with ddof=1, as the docs define the column; 1 where
+        fewer than 2 rows are left (rec's own convention)."""
+        reward, offsets, g, _ = self.audit_rows(rows)
+        count, _, std = masked_group_stats(reward, offsets, ~self.dropped(rows))
+        return np.where(count < 2, 1.0, std)[g]
+
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         key = row_keys(rows, self.seed) if self.drop else None
@@ -189,19 +213,48 @@ class REC(_Estimator, RECParams):
         return Scores(score, self._keep(rows), mean, std)
 
 
-class OPO(_Estimator, OPOParams):
+class OPO(_Estimator, ScoreExplanation, OPOParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """opo's length-weighted group mean (opo_scores, in numpy)."""
+        reward, offsets, g, _ = self.audit_rows(rows)
+        groups = len(offsets) - 1
+        sizes = np.diff(offsets)
+        length = rows.action_tokens.detach().cpu().numpy().astype(np.float64)
+        total = np.bincount(g, weights=length, minlength=groups)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            weighted = np.bincount(g, weights=length * reward, minlength=groups) / np.where(total > 0, total, 1.0)
+            plain = np.bincount(g, weights=reward, minlength=groups) / sizes
+        b = np.where(total > 0, weighted, plain)
+        top = np.full(groups, -np.inf)
+        low = np.full(groups, np.inf)
+        np.maximum.at(top, g, reward)
+        np.minimum.at(low, g, reward)
+        b = np.where(top == low, top, b)
+        return np.where(sizes == 1, 0.0, b)[g]
+
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         return Scores(opo_scores(rows.reward, rows.offsets, rows.action_tokens), self._keep(rows), *self._stats(rows))
 
 
-class GRPOPassK(_Estimator, GRPOPassKParams):
+class GRPOPassK(_Estimator, ScoreExplanation, GRPOPassKParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """r_second for the group's first top row; NaN for the rows that score 0."""
+        reward, offsets, _, _ = self.audit_rows(rows)
+        out = np.full(len(reward), np.nan)
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            if b - a < 2:
+                continue
+            first = a + int(np.argmax(reward[a:b]))
+            out[first] = np.max(np.delete(reward[a:b], first - a))
+        return out
+
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         s = passk_scores(rows.reward, rows.offsets, epsilon=self.epsilon, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo)
         return Scores(s, self._keep(rows), *self._stats(rows))
 
 
-class GPG(_Estimator, GPGParams):
+class GPG(_Estimator, ScoreExplanation, GPGParams):
     batch_level = True
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
@@ -247,7 +300,11 @@ class GDPO(_Estimator, GDPOParams):
         return Scores(s, self._keep(rows), *self._stats(rows))
 
 
-class ReMax(_Estimator, ReMaxParams):
+class ReMax(_Estimator, ScoreExplanation, ReMaxParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """The greedy-decode reward column."""
+        return rows.columns[self.reward_baselines].detach().cpu().numpy().astype(np.float64)
+
     @property
     def needs(self) -> tuple[str, ...]:
         return (self.reward_baselines,)

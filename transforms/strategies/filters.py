@@ -13,13 +13,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
 from rescore.transforms.strategies.catalog import DynamicFilteringParams, FilterGroupsParams, MaskResponseTruncatedParams
 from rescore.transforms.strategies.hashing import string_key
-from rescore.transforms.strategies.segments import group_stats, per_row, population_var, segment_sum
+from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
 
 TRUNCATED = "response_truncated"
 
@@ -48,6 +49,12 @@ class _MetricFilter(_Filter):
 
 
 class FilterGroups(_MetricFilter, FilterGroupsParams):
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, offsets, g, _ = audit_rows(rows)
+        values = _metric(rows, self.metric).detach().cpu().numpy().astype(np.float64)
+        _, _, std = masked_group_stats(values, offsets, reached)
+        return group_reasons(g, dropped, lambda i: f"{self.name}: {self.metric} std {std[i]:.6g} <= 0")
+
     def _keep_groups(self, rows: GroupedRows) -> Tensor:
         sizes = rows.offsets[1:] - rows.offsets[:-1]
         return (sizes == 1) | (population_var(_metric(rows, self.metric), rows.offsets) > 0)
@@ -61,6 +68,18 @@ class DynamicFiltering(_MetricFilter, DynamicFilteringParams):
     @property
     def high(self) -> float:
         return self.dynamic_filtering_reward_range[1]
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, offsets, g, _ = audit_rows(rows)
+        values = _metric(rows, self.metric).detach().cpu().numpy().astype(np.float64)
+        sums = np.bincount(g, weights=values, minlength=len(offsets) - 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = sums / np.diff(offsets)
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: {self.metric} mean {mean[i]:.6g} <= {self.low:g}" if mean[i] <= self.low
+            else f"{self.name}: {self.metric} mean {mean[i]:.6g} >= {self.high:g}",
+        )
 
     def _keep_groups(self, rows: GroupedRows) -> Tensor:
         values = _metric(rows, self.metric)
@@ -97,6 +116,9 @@ class MaskResponseTruncated(_Filter, MaskResponseTruncatedParams):
     @property
     def masks(self) -> bool:
         return not self.drop
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        return [f"{self.name}: {self.column} is {TRUNCATED} (drop=true)"] * len(dropped)
 
     def flagged(self, rows: GroupedRows) -> Tensor:
         values = rows.columns[self.column]

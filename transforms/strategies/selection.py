@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
 from rescore.transforms.strategies.catalog import (
     ConstantParams,
     DuplicateInformativeParams,
@@ -30,6 +30,7 @@ from rescore.transforms.strategies.catalog import (
 )
 from rescore.transforms.strategies.segments import (
     group_stats,
+    masked_group_stats,
     per_row,
     population_var,
     segment_max,
@@ -56,6 +57,16 @@ class _Selection:
 class _VarianceFilter(_Selection):
     variance_threshold: float
 
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward, offsets, g, _ = audit_rows(rows)
+        count, var, _ = masked_group_stats(reward, offsets, reached)
+        thr = float(self.variance_threshold)
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: group of {count[i]} row{'' if count[i] == 1 else 's'} < 2 rows" if count[i] < 2
+            else f"{self.name}: var {var[i]:.6g} <= {thr:g}",
+        )
+
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = per_row(informative_groups(rows.reward, rows.offsets, self.variance_threshold), rows.offsets)
         return Scores(None, keep, *self._stats(rows))
@@ -71,6 +82,19 @@ class DuplicateInformative(_VarianceFilter, DuplicateInformativeParams):
 
 
 class RAFT(_Selection, RAFTParams):
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward, offsets, g, _ = audit_rows(rows)
+        thr = self.reward_threshold
+        top = np.full(len(offsets) - 1, -np.inf)
+        np.maximum.at(top, g[reached], reward[reached])
+        reasons = []
+        for i in dropped:
+            if thr is not None and reward[i] <= thr:
+                reasons.append(f"{self.name}: reward {reward[i]:.6g} <= {float(thr):g}")
+            else:
+                reasons.append(f"{self.name}: reward {reward[i]:.6g} < the group's top {top[g[i]]:.6g}")
+        return reasons
+
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         if self.top_only:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import StepWiseGRPOParams
-from rescore.transforms.strategies.grpo import grpo_scores
-from rescore.transforms.strategies.segments import per_row, run_offsets, std_of
+from rescore.transforms.strategies.grpo import GroupStdOptions, grpo_scores
+from rescore.transforms.strategies.segments import per_row, run_offsets
 
 
 @dataclass(frozen=True)
@@ -64,24 +63,14 @@ def step_wise_grpo_scores(
     return Scores(score, keep, per_run.group_mean, per_run.group_std, token_scale)
 
 
-class StepWiseGRPO(StepWiseGRPOParams):
+class StepWiseGRPO(GroupStdOptions, StepWiseGRPOParams):
     needs: tuple[str, ...] = ()
-
-    @property
-    def batch_level(self) -> bool:
-        return self.std_cal_level == "batch"
-
-    @property
-    def dropped_groups_metric(self) -> str | None:
-        return "std_threshold_skipped" if self.std_threshold is not None else None
+    audit_unit = "run"
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # One value per run: its last-step reward.
         runs = runs_of(rows)
         return runs.batch, runs.last_reward, torch.ones_like(runs.last_reward)
-
-    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return (float(std_of(torch.from_numpy(values))),)
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         batch_std = None
