@@ -30,15 +30,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, NewType
 
+
+class ConfigError(ValueError):
+    """A bad strategy name or parameter. The message is one line and lists the valid choices."""
+
+
 FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
 KINDS = (FILTER, ADVANTAGE, DUPLICATE)
 
 Column = NewType("Column", str)
 """A parameter that names an input column (a non-empty string)."""
-
-
-class ConfigError(ValueError):
-    """A bad strategy name or parameter. The message is one line and lists the valid choices."""
 
 
 @dataclass(frozen=True)
