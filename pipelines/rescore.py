@@ -82,7 +82,7 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
         file_metadata=file_metadata(run_info), threads=cfg.io_threads, shard_rows=cfg.shard_rows,
         keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
-    stages = [(s.kind, s.name, dict(s.params)) for s in scoring.stages]
+    stages = scoring.stage_metrics
     finalize(
         p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics,
         max_reject_fraction=cfg.max_reject_fraction,

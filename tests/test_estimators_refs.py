@@ -27,6 +27,7 @@ import refs
 from rescore.schemas.validation import check_rows
 from rescore.transforms.light import light_rows
 from rescore.transforms.score import sort_rows, to_grouped_rows
+from rescore.transforms.rows import strategy_columns
 from rescore.transforms.strategies import chain_of
 from rescore.transforms.strategies.estimators import rec_scores, row_keys
 
@@ -132,7 +133,7 @@ def ours(strategy: str, params: dict, rows: list[dict]) -> list[np.ndarray]:
     if s.token_scale is not None:
         scale[order] = s.token_scale.numpy()
     if plan.token_level:
-        flat, _ = plan.token_values(table, score, score * scale)
+        flat, _ = strategy_columns.token_values(plan, table, score, score * scale)
         lengths = [len(r["action_mask"]) for r in rows]
         out = list(np.split(np.asarray(flat, np.float64), np.cumsum(lengths)[:-1]))
     else:

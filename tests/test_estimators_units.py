@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from rescore.transforms.rows import strategy_columns
 from rescore.transforms.strategies import ConfigError, algorithms, create, chain_of
 from rescore.transforms.strategies.base import GroupedRows
 from rescore.transforms.strategies.reinforce_pp import discount_sums, reinforce_pp_tokens, token_discounts
@@ -200,8 +201,10 @@ def test_truncated_rows_keep_their_place_in_the_group():
     assert dropped.keep.tolist() == [True, False, True]
     m = create("mask_response_truncated", {})
     table = pa.table({"truncate_status": ["response_truncated", None, "none"], "action_mask": [[1, 1], [1, 0], [1]]})
-    assert m.table_flags(table).tolist() == [True, False, False]
-    assert m.output_columns(table, m.output_fields(table.schema))[0].to_pylist() == [[0, 0], [1, 0], [1]]
+    assert strategy_columns.masked_flags(m, table).tolist() == [True, False, False]
+    chain = chain_of("mask_response_truncated,grpo")
+    fields = strategy_columns.output_fields(chain, table.schema)
+    assert strategy_columns.output_columns(chain, table, fields)[0].to_pylist() == [[0, 0], [1, 0], [1]]
 
 
 TRINITY_060_ALGORITHMS = [

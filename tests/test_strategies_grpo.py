@@ -158,4 +158,4 @@ def test_register_refuses_a_taken_name():
     from rescore.transforms.strategies.registry import register
 
     with pytest.raises(ValueError, match="already registered"):
-        register("grpo", kind="advantage", defaults={}, summary="")(lambda: None)
+        register("grpo", kind="advantage", implementation="grpo:GRPO", summary="")(object)

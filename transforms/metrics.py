@@ -69,17 +69,17 @@ def row_metrics(batch: pa.Array, status: np.ndarray, category: list) -> pa.Table
     return counted.rename_columns({"rows_sum": "rows"}).select(ROW_METRICS.names).cast(ROW_METRICS)
 
 
-def _stage_summary(groups: pa.Table, stages: Sequence[tuple[str, str, dict]]) -> dict[str, dict[str, int]]:
+def _stage_summary(groups: pa.Table, stages: Sequence[tuple[str, str, dict, str | None]]) -> dict[str, dict[str, int]]:
     size = groups["size"].to_numpy()
     gone = np.zeros(len(size), dtype=np.int64)
     out = {}
-    for kind, name, params in stages:
+    for kind, name, params, dropped_groups_metric in stages:
         dropped = groups[f"{kind}_rows"].to_numpy()
         gone = gone + dropped
         whole = int(((dropped > 0) & (gone == size)).sum())
         entry = {"filtered_count": int(dropped.sum()), "filtered_groups": whole}
-        if params.get("std_threshold") is not None:
-            entry["std_threshold_skipped"] = whole
+        if dropped_groups_metric:
+            entry[dropped_groups_metric] = whole
         out[name] = entry
     return out
 
@@ -115,7 +115,7 @@ def _batch_summary(groups: pa.Table, rows: pa.Table, copies: pa.Table, stages) -
             reasons[category] = reasons.get(category, 0) + c
     out["reject_reasons"] = dict(sorted(reasons.items()))
     stage_summary = _stage_summary(groups, stages)
-    for kind, name, _ in stages:
+    for kind, name, *_ in stages:
         if kind == "duplicate":
             stage_summary[name]["duplicated_count"] = duplicated
             stage_summary[name]["duplicated_groups"] = out["groups_duplicated"]
@@ -135,11 +135,12 @@ def summarize(
     group_tables: Iterable[pa.Table],
     row_tables: Iterable[pa.Table],
     copy_tables: Iterable[pa.Table] = (),
-    stages: Sequence[tuple[str, str, dict]] = (),
+    stages: Sequence[tuple[str, str, dict, str | None]] = (),
 ) -> dict[str, Any]:
     """{"totals": {...}, "batches": [{"batch": id, ...}, ...]} for metrics.json.
 
-    `stages`: (kind, name, params) of each stage of the run, in order.
+    `stages`: (kind, name, params, dropped-groups counter or None) of each stage of the run, in
+    order (StrategyChain.stage_metrics).
     """
     tables = {
         "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables]),

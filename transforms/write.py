@@ -30,6 +30,7 @@ from rescore.transforms.read import InputPlan, conform, read_unit
 from rescore.transforms.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import StrategyChain
+from rescore.transforms.rows import strategy_columns
 from rescore.transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from rescore.transforms.strategies.tokens import token_advantages
 
@@ -224,7 +225,7 @@ class _WriteUnit(beam.DoFn):
     def setup(self):
         self._device = devices.resolve(self._device_choice)
         self._copies = self._scoring.duplicates
-        self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + self._scoring.output_fields(self._plan.schema)
+        self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + strategy_columns.output_fields(self._scoring, self._plan.schema)
         metadata = {**(self._plan.schema.metadata or {}), **{k.encode(): v.encode() for k, v in self._file_metadata.items()}}
         self._audit = list(AUDIT_FIELDS) if self._audit_columns else []
         self._scored_schema = output_schema(self._plan.schema, self._extra + self._audit).with_metadata(metadata)
@@ -313,13 +314,13 @@ class _WriteUnit(beam.DoFn):
             scored, source, extra_columns = expand_copies(scored, copy_plans or {}, self._plan.task_type)
             score, row_value, valid = score[source], row_value[source], valid[source]
             copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
-        extra_columns += self._scoring.output_columns(scored, self._extra[2 if self._copies else 0 :])
+        extra_columns += strategy_columns.output_columns(self._scoring, scored, self._extra[2 if self._copies else 0 :])
         if self._audit:
             at = pa.array(kept if not self._copies else kept[source])
             extra_columns += [rec[f.name].combine_chunks().take(at).cast(f.type) for f in self._audit]
         token_values = None
         if self._scoring.token_level:
-            token_values, score = self._scoring.token_values(scored, score, row_value)
+            token_values, score = strategy_columns.token_values(self._scoring, scored, score, row_value)
         columns = scored.select(self._base_names).columns + score_columns(
             scored, row_value, score, None if valid.all() else valid, token_values, self._device
         )
@@ -459,7 +460,7 @@ def finalize(
 ):
     """Publish the run once every unit is written: data files, metrics.json, then _SUCCESS.
 
-    `stages`: (kind, name, params) of the scoring plan, for the per-strategy metrics. A run over
+    `stages`: StrategyChain.stage_metrics, for the per-strategy metrics. A run over
     its reject budget publishes only its rejected files and metrics.json (with `failed`)."""
     side = {} if copy_tables is None else {"copy_tables": beam.pvalue.AsList(copy_tables)}
     return (

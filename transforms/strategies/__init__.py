@@ -1,20 +1,26 @@
-"""Scoring strategies: pure torch functions over grouped rows, registered by their spec name.
+"""Scoring strategies: pure torch/numpy functions over grouped rows, registered by their spec name.
 
-Importing this package registers every strategy. Use `chain_of(names, params)` for a run's
-composition of stages, or `create(name, params)` for one strategy.
+Importing this package registers every strategy's declaration (catalog.py) without importing
+torch: option parsing, `--help` and parameter checks stay light. The math modules load when a
+strategy is created or a torch-side name below (GroupedRows, StrategyChain, ...) is first used.
+Use `chain_of(names, params)` for a run's composition of stages, or `create(name, params)` for
+one strategy.
 """
 
-from rescore.transforms.strategies import baselines, chord, distill, estimators, filters, gigpo, grpo, jsd, reinforce_pp, selection, step_wise  # noqa: F401  (register)
-from rescore.transforms.strategies.base import (
-    ADVANTAGE,
-    DUPLICATE,
-    FILTER,
-    GroupedRows,
-    Scores,
-    Strategy,
-)
-from rescore.transforms.strategies.chain import ChainScores, StrategyChain, build_chain, chain_of
-from rescore.transforms.strategies.registry import ConfigError, create, names, spec
+import importlib
+
+from rescore.transforms.strategies import catalog  # noqa: F401  (registers every strategy)
+from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, ConfigError, create, names, spec
+
+_LAZY = {
+    "GroupedRows": "base",
+    "Scores": "base",
+    "Strategy": "base",
+    "ChainScores": "chain",
+    "StrategyChain": "chain",
+    "build_chain": "chain",
+    "chain_of": "chain",
+}
 
 __all__ = [
     "ADVANTAGE",
@@ -32,3 +38,11 @@ __all__ = [
     "chain_of",
     "spec",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,16 +13,19 @@ A group of one row has baseline 0 (its score is its reward) in all of them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.registry import ConfigError, choice, flag, number, register
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
+from rescore.transforms.strategies.catalog import (
+    AsymREParams,
+    DrGRPOParams,
+    OPMDParams,
+    ReinforcePlusPlusBaselineParams,
+    RLOOParams,
+)
 from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
@@ -100,13 +103,9 @@ def whiten_stats(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]
     return mu, math.fsum(weights * (values - mu) ** 2) / (total - 1)
 
 
-@dataclass(frozen=True)
-class _GroupBaseline:
+class _GroupBaseline(ScoreExplanation):
     """Shared shape of the per-group estimators: no batch statistics, every row kept."""
 
-    name: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
     needs: tuple[str, ...] = ()
     batch_level = False
 
@@ -119,32 +118,36 @@ class _GroupBaseline:
         return Scores(score=self._scores(rows), keep=keep, group_mean=mean, group_std=std)
 
 
-@dataclass(frozen=True)
-class OPMD(_GroupBaseline):
-    baseline: str = "mean"
-    tau: float = 1.0
-
+class OPMD(_GroupBaseline, OPMDParams):
     def _scores(self, rows):
-        return opmd_scores(rows.reward, rows.offsets, baseline=self.baseline, tau=self.tau)
+        return opmd_scores(rows.reward, rows.offsets, baseline=self.opmd_baseline, tau=self.tau)
+
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        _, _, g, sizes = self.audit_rows(rows)
+        if self.opmd_baseline == "mean":
+            return np.where(sizes > 1, group_mean, 0.0)
+        return logavgexp_baseline(rows.reward, rows.offsets, self.tau).detach().cpu().numpy().astype(np.float64)[g]
 
 
-@dataclass(frozen=True)
-class AsymRE(_GroupBaseline):
-    baseline_shift: float = -0.1
+class AsymRE(_GroupBaseline, AsymREParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        return np.where(self.audit_rows(rows)[3] > 1, group_mean + self.baseline_shift, 0.0)
 
     def _scores(self, rows):
         return asymre_scores(rows.reward, rows.offsets, baseline_shift=self.baseline_shift)
 
 
-@dataclass(frozen=True)
-class DrGRPO(_GroupBaseline):
+class DrGRPO(_GroupBaseline, DrGRPOParams):
     def _scores(self, rows):
         return dr_grpo_scores(rows.reward, rows.offsets)
 
 
-@dataclass(frozen=True)
-class RLOO(_GroupBaseline):
-    normalize_advantages: bool = False
+class RLOO(_GroupBaseline, RLOOParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """The mean of the group's other rows."""
+        reward, _, _, sizes = self.audit_rows(rows)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(sizes > 1, (group_mean * sizes - reward) / (sizes - 1), 0.0)
 
     @property
     def batch_level(self) -> bool:
@@ -173,8 +176,7 @@ class RLOO(_GroupBaseline):
         return Scores(score=score, keep=base.keep, group_mean=base.group_mean, group_std=base.group_std)
 
 
-@dataclass(frozen=True)
-class ReinforcePlusPlusBaseline(_GroupBaseline):
+class ReinforcePlusPlusBaseline(_GroupBaseline, ReinforcePlusPlusBaselineParams):
     """s_i = r_i - mean(G), whitened over the whole batch with weights = action tokens."""
 
     batch_level = True
@@ -193,57 +195,3 @@ class ReinforcePlusPlusBaseline(_GroupBaseline):
 
     def _scores(self, rows):
         return dr_grpo_scores(rows.reward, rows.offsets)
-
-
-@register(
-    "opmd",
-    kind=ADVANTAGE,
-    defaults={"opmd_baseline": "mean", "tau": 1.0},
-    summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation",
-)
-def make_opmd(opmd_baseline, tau) -> OPMD:
-    name = "opmd"
-    params = dict(
-        opmd_baseline=choice(name, "opmd_baseline", opmd_baseline, ("mean", "logavgexp")),
-        tau=number(name, "tau", tau),
-    )
-    if params["tau"] <= 0:
-        raise ConfigError(f"{name}: parameter 'tau' must be > 0, got {tau!r}")
-    return OPMD(name=name, params=params, baseline=params["opmd_baseline"], tau=params["tau"])
-
-
-@register(
-    "asymre",
-    kind=ADVANTAGE,
-    defaults={"baseline_shift": -0.1},
-    summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)",
-)
-def make_asymre(baseline_shift) -> AsymRE:
-    params = dict(baseline_shift=number("asymre", "baseline_shift", baseline_shift))
-    return AsymRE(name="asymre", params=params, **params)
-
-
-@register("dr_grpo", kind=ADVANTAGE, defaults={}, summary="r - mean(G) (GRPO without the std division)")
-def make_dr_grpo() -> DrGRPO:
-    return DrGRPO(name="dr_grpo")
-
-
-@register(
-    "rloo",
-    kind=ADVANTAGE,
-    defaults={"normalize_advantages": False},
-    summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1); TRL's normalize_advantages whitens over the batch",
-)
-def make_rloo(normalize_advantages) -> RLOO:
-    flag_ = flag("rloo", "normalize_advantages", normalize_advantages)
-    return RLOO(name="rloo", params={"normalize_advantages": flag_} if flag_ else {}, normalize_advantages=flag_)
-
-
-@register(
-    "reinforce_plus_plus_baseline",
-    kind=ADVANTAGE,
-    defaults={},
-    summary="r - mean(G), then whitened over the batch weighted by action tokens (REINFORCE++)",
-)
-def make_reinforce_plus_plus_baseline() -> ReinforcePlusPlusBaseline:
-    return ReinforcePlusPlusBaseline(name="reinforce_plus_plus_baseline")

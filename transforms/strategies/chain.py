@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor
 
@@ -27,8 +26,12 @@ from rescore.transforms.strategies.base import (
     DUPLICATE,
     FILTER,
     KINDS,
+    AddsColumns,
+    DropsGroups,
     GroupedRows,
+    MasksRows,
     Strategy,
+    TokenLevel,
 )
 from rescore.transforms.strategies.registry import ConfigError, create, names, spec
 from rescore.transforms.strategies.segments import group_stats, segment_sum
@@ -86,36 +89,27 @@ class StrategyChain:
 
     @property
     def token_level(self) -> bool:
-        """The advantage stage computes per-token advantages itself (token_values)."""
-        return hasattr(self.stage(ADVANTAGE), "token_values")
+        """The advantage stage computes per-token advantages itself (TokenLevel)."""
+        return isinstance(self.stage(ADVANTAGE), TokenLevel)
 
-    def token_values(self, table: pa.Table, score=None, row_value=None) -> tuple[np.ndarray, np.ndarray]:
-        """(flat token advantages, per-row score); `score` and `row_value` (n,) are what the
-        advantage stage's score() left for these rows (score, score * token_scale)."""
-        values, score = self.stage(ADVANTAGE).token_values(table, score, row_value)
+    @property
+    def masking(self) -> MasksRows | None:
+        """The filter stage when it masks rows in place (MasksRows with masks set), else None."""
         f = self.stage(FILTER)
-        if hasattr(f, "table_flags") and not f.drop:
-            # Masked rows (truncated responses) keep their place but train on nothing.
-            flags = f.table_flags(table)
-            if flags.any():
-                lengths = np.diff(_token_offsets(values, table, score))
-                values = np.where(np.repeat(flags, lengths), 0.0, values)
-                score = np.where(flags, 0.0, score)
-        return values, score
+        return f if isinstance(f, MasksRows) and f.masks else None
 
-    def _output_stages(self) -> list[Strategy]:
-        return [s for s in (self.stage(ADVANTAGE), self.stage(FILTER)) if s is not None and hasattr(s, "output_fields")]
+    @property
+    def column_stages(self) -> list[AddsColumns]:
+        """The stages that write extra output columns, in output order (advantage, filter)."""
+        return [s for s in (self.stage(ADVANTAGE), self.stage(FILTER)) if isinstance(s, AddsColumns)]
 
-    def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
-        return [f for s in self._output_stages() for f in s.output_fields(input_schema)]
-
-    def output_columns(self, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:
-        columns: list[pa.Array] = []
-        for s in self._output_stages():
-            mine = s.output_fields(table.schema)
-            if mine:
-                columns += s.output_columns(table, fields[len(columns) : len(columns) + len(mine)])
-        return columns
+    @property
+    def stage_metrics(self) -> list[tuple[str, str, dict[str, Any], str | None]]:
+        """(kind, name, params, dropped-groups counter or None) of each stage, for metrics.json."""
+        return [
+            (s.kind, s.name, dict(s.params), s.dropped_groups_metric if isinstance(s, DropsGroups) else None)
+            for s in self.stages
+        ]
 
     def _filtered(self, rows: GroupedRows) -> Tensor:
         f = self.stage(FILTER)
@@ -128,7 +122,7 @@ class StrategyChain:
         responses): their action mask is all zeros, as Trinity zeroes it before the advantage
         step, so they weigh nothing in token-weighted statistics; and the (n,) masked flags."""
         f = self.stage(FILTER)
-        masked = f.masked(rows) if f is not None and hasattr(f, "masked") else None
+        masked = f.masked(rows) if isinstance(f, MasksRows) else None
         if masked is None or not bool(masked.any()):
             return rows, None
         columns = dict(rows.columns)
@@ -190,17 +184,6 @@ class StrategyChain:
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
 
         return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
-
-
-def _token_offsets(values: np.ndarray, table: pa.Table, score: np.ndarray) -> np.ndarray:
-    """(n + 1,) token offsets of the rows of `table` in a flat token array (the response
-    lengths as the contract defines them)."""
-    from rescore.transforms.strategies.reinforce_pp import layout
-
-    lengths = layout(table)[0]
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
 
 
 def split_param(key: str) -> tuple[str | None, str]:

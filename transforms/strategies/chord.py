@@ -14,19 +14,15 @@ stand-in and are documented as such.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor
 
-from rescore.schemas.lists import flat_list
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, OutputColumn, Scores, TokenColumn, WrittenRows
+from rescore.transforms.strategies.catalog import MixChordParams
 from rescore.transforms.strategies.grpo import grpo_scores
-from rescore.transforms.strategies.registry import ConfigError, flag, integer, number, register
 from rescore.transforms.strategies.segments import group_stats, segment_sum
 
 MU, LOSS_WEIGHT, SFT_TOKEN_WEIGHTS = "mu", "loss_weight", "sft_token_weights"
@@ -49,17 +45,7 @@ def phi(logprobs: np.ndarray) -> np.ndarray:
     return (p * (1.0 - p)).astype(np.float32)
 
 
-@dataclass(frozen=True)
-class MixChord:
-    epsilon: float = 1e-6
-    mu_warmup_steps: int = 0
-    mu_decay_steps: int = 0
-    mu_peak: float = 0.1
-    mu_valley: float = 0.1
-    enable_phi_function: bool = True
-    name: str = "mix_chord"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
+class MixChord(MixChordParams):
     needs: tuple[str, ...] = ("expert",)
     batch_level = False
 
@@ -84,51 +70,20 @@ class MixChord:
             dtype=np.float64,
         )
 
-    def output_fields(self, input_schema: pa.Schema) -> list[pa.Field]:
-        fields = [pa.field(MU, pa.float32()), pa.field(LOSS_WEIGHT, pa.float32())]
-        if self.enable_phi_function and "logprobs" in input_schema.names:
-            fields.append(pa.field(SFT_TOKEN_WEIGHTS, pa.list_(pa.float32())))
-        return fields
-
-    def output_columns(self, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:
-        """mu, loss_weight (and sft_token_weights) for the written rows of `table`."""
-        batch = np.asarray(table["batch"].to_numpy(), dtype=np.int64)
-        expert = np.asarray(table["expert"].to_numpy(zero_copy_only=False), dtype=bool)
-        unique, inverse = np.unique(batch, return_inverse=True)
-        mu = self.mu(unique)[inverse]
-        columns = [pa.array(mu.astype(np.float32)), pa.array(np.where(expert, mu, 1.0 - mu).astype(np.float32))]
-        if len(fields) > 2:
-            lp = flat_list(table["logprobs"])
-            values = phi(lp.values.to_numpy(zero_copy_only=False))
-            weights = pa.LargeListArray.from_arrays(pa.array(lp.offsets), pa.array(values))
-            columns.append(weights.cast(fields[2].type))
+    def output_columns(self, input_names: Collection[str]) -> list[OutputColumn]:
+        columns = [OutputColumn(MU), OutputColumn(LOSS_WEIGHT)]
+        if self.enable_phi_function and "logprobs" in input_names:
+            columns.append(OutputColumn(SFT_TOKEN_WEIGHTS, per_token=True))
         return columns
 
-
-@register(
-    "mix_chord",
-    kind=ADVANTAGE,
-    defaults={
-        "epsilon": 1e-6,
-        "mu_warmup_steps": 0,
-        "mu_decay_steps": 0,
-        "mu_peak": 0.1,
-        "mu_valley": 0.1,
-        "enable_phi_function": True,
-    },
-    summary="CHORD: mu schedule, loss weights (mu expert / 1 - mu others), GRPO for non-expert rows, phi token weights",
-)
-def make_mix_chord(epsilon, mu_warmup_steps, mu_decay_steps, mu_peak, mu_valley, enable_phi_function) -> MixChord:
-    name = "mix_chord"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        mu_warmup_steps=integer(name, "mu_warmup_steps", mu_warmup_steps, minimum=0),
-        mu_decay_steps=integer(name, "mu_decay_steps", mu_decay_steps, minimum=0),
-        mu_peak=number(name, "mu_peak", mu_peak),
-        mu_valley=number(name, "mu_valley", mu_valley),
-        enable_phi_function=flag(name, "enable_phi_function", enable_phi_function),
-    )
-    for key in ("mu_peak", "mu_valley"):
-        if not 0.0 <= params[key] <= 1.0:
-            raise ConfigError(f"{name}: parameter {key!r} must be between 0 and 1, got {params[key]!r}")
-    return MixChord(**params, name=name, params=params)
+    def output_values(self, rows: WrittenRows, columns: list[OutputColumn]) -> list[np.ndarray | TokenColumn]:
+        """mu, loss_weight (and sft_token_weights) for the written rows."""
+        batch = np.asarray(rows.scalar("batch"), dtype=np.int64)
+        expert = np.asarray(rows.scalar("expert"), dtype=bool)
+        unique, inverse = np.unique(batch, return_inverse=True)
+        mu = self.mu(unique)[inverse]
+        values: list[np.ndarray | TokenColumn] = [mu.astype(np.float32), np.where(expert, mu, 1.0 - mu).astype(np.float32)]
+        if len(columns) > 2:
+            lp = rows.tokens("logprobs")
+            values.append(TokenColumn(lp.offsets, phi(lp.values)))
+        return values

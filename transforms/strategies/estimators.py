@@ -15,19 +15,25 @@ their rule for groups of one row and for all-equal groups reaches every estimato
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
-from rescore.transforms.strategies.registry import ConfigError, choice, flag, integer, number, register
+from rescore.transforms.strategies.catalog import (
+    GDPOParams,
+    GPGParams,
+    GRPOPassKParams,
+    OPOParams,
+    ReinforceParams,
+    ReMaxParams,
+    RECParams,
+)
+from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.segments import (
     group_stats,
+    masked_group_stats,
     mean_and_std,
     per_row,
     population_var,
@@ -35,7 +41,6 @@ from rescore.transforms.strategies.segments import (
     segment_max,
     segment_sum,
 )
-from rescore.transforms.strategies.selection import mix64
 
 
 def _sizes(offsets: Tensor) -> Tensor:
@@ -159,11 +164,7 @@ def grpo_per_group(values: Tensor, offsets: Tensor, *, epsilon: float, norm: boo
 # --- strategy objects --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class _Estimator:
-    name: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
     needs: tuple[str, ...] = ()
     batch_level = False
 
@@ -174,18 +175,35 @@ class _Estimator:
         return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
 
 
-@dataclass(frozen=True)
-class Reinforce(_Estimator):
+class Reinforce(_Estimator, ScoreExplanation, ReinforceParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        return np.zeros(rows.num_rows)
+
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         return Scores(rows.reward.clone(), self._keep(rows), *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class REC(_Estimator):
-    epsilon: float = 1e-6
-    std_normalize: bool = False
-    drop: str | None = None
-    seed: int = 0
+class REC(_Estimator, ScoreExplanation, RECParams):
+    def dropped(self, rows: GroupedRows) -> np.ndarray:
+        """(n,) bool: the rows drop="balance" dropped (they score 0)."""
+        if not self.drop:
+            return np.zeros(rows.num_rows, dtype=bool)
+        _, dropped, _, _ = rec_scores(
+            rows.reward, rows.offsets, epsilon=self.epsilon, std_normalize=self.std_normalize, drop=self.drop, key=row_keys(rows, self.seed)
+        )
+        return dropped.detach().cpu().numpy().astype(bool)
+
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """mean(K) of the rows `drop` left (0 for a group of one row left); NaN for a dropped row."""
+        return np.where(self.dropped(rows), np.nan, group_mean.copy())
+
+    def audit_group_std(self, rows: GroupedRows, group_std: np.ndarray) -> np.ndarray:
+        """The std over the rows left (K) with ddof=1, as the docs define the column; 1 where
+        fewer than 2 rows are left (rec's own convention)."""
+        reward, offsets, g, _ = self.audit_rows(rows)
+        count, _, std = masked_group_stats(reward, offsets, ~self.dropped(rows))
+        return np.where(count < 2, 1.0, std)[g]
+
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         key = row_keys(rows, self.seed) if self.drop else None
@@ -195,25 +213,48 @@ class REC(_Estimator):
         return Scores(score, self._keep(rows), mean, std)
 
 
-@dataclass(frozen=True)
-class OPO(_Estimator):
+class OPO(_Estimator, ScoreExplanation, OPOParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """opo's length-weighted group mean (opo_scores, in numpy)."""
+        reward, offsets, g, _ = self.audit_rows(rows)
+        groups = len(offsets) - 1
+        sizes = np.diff(offsets)
+        length = rows.action_tokens.detach().cpu().numpy().astype(np.float64)
+        total = np.bincount(g, weights=length, minlength=groups)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            weighted = np.bincount(g, weights=length * reward, minlength=groups) / np.where(total > 0, total, 1.0)
+            plain = np.bincount(g, weights=reward, minlength=groups) / sizes
+        b = np.where(total > 0, weighted, plain)
+        top = np.full(groups, -np.inf)
+        low = np.full(groups, np.inf)
+        np.maximum.at(top, g, reward)
+        np.minimum.at(low, g, reward)
+        b = np.where(top == low, top, b)
+        return np.where(sizes == 1, 0.0, b)[g]
+
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         return Scores(opo_scores(rows.reward, rows.offsets, rows.action_tokens), self._keep(rows), *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class GRPOPassK(_Estimator):
-    epsilon: float = 1e-6
-    norm_adv_by_std_in_grpo: bool = True
+class GRPOPassK(_Estimator, ScoreExplanation, GRPOPassKParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """r_second for the group's first top row; NaN for the rows that score 0."""
+        reward, offsets, _, _ = self.audit_rows(rows)
+        out = np.full(len(reward), np.nan)
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            if b - a < 2:
+                continue
+            first = a + int(np.argmax(reward[a:b]))
+            out[first] = np.max(np.delete(reward[a:b], first - a))
+        return out
+
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         s = passk_scores(rows.reward, rows.offsets, epsilon=self.epsilon, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo)
         return Scores(s, self._keep(rows), *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class GPG(_Estimator):
-    f_norm: float = 1.0
+class GPG(_Estimator, ScoreExplanation, GPGParams):
     batch_level = True
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
@@ -230,13 +271,12 @@ class GPG(_Estimator):
         return Scores(s, self._keep(rows), mean, std)
 
 
-@dataclass(frozen=True)
-class GDPO(_Estimator):
-    epsilon: float = 1e-6
-    norm_adv_by_std_in_grpo: bool = True
-    gdpo_reward_keys: tuple[str, ...] = ()
-    gdpo_reward_weights: tuple[float, ...] | None = None
+class GDPO(_Estimator, GDPOParams):
     batch_level = True
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return tuple(k for k in self.gdpo_reward_keys if k != "reward")
 
     def summed(self, rows: GroupedRows) -> Tensor:
         """(n,) sum_k w_k GRPO(r_k) before the batch whitening."""
@@ -260,9 +300,14 @@ class GDPO(_Estimator):
         return Scores(s, self._keep(rows), *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class ReMax(_Estimator):
-    reward_baselines: str = "reward_baselines"
+class ReMax(_Estimator, ScoreExplanation, ReMaxParams):
+    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
+        """The greedy-decode reward column."""
+        return rows.columns[self.reward_baselines].detach().cpu().numpy().astype(np.float64)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return (self.reward_baselines,)
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         reward = rows.reward
@@ -271,130 +316,3 @@ class ReMax(_Estimator):
             reward = torch.where(rows.last_action, reward, torch.zeros_like(reward))
         s = reward - rows.columns[self.reward_baselines].to(torch.float64)
         return Scores(s, self._keep(rows), *self._stats(rows))
-
-
-# --- registration ------------------------------------------------------------------------------
-
-
-def _column_name(strategy: str, key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{strategy}: parameter {key!r} must be a column name, got {value!r}")
-    return value
-
-
-@register("reinforce", kind=ADVANTAGE, defaults={}, summary="the raw reward r (Trinity `reinforce`; the TOPR preset)")
-def make_reinforce() -> Reinforce:
-    return Reinforce(name="reinforce")
-
-
-@register(
-    "rec",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "std_normalize": False, "drop": None, "seed": 0},
-    summary="r - mean, optionally / (std + epsilon), with drop=balance of surplus below-mean rows (Trinity `rec`)",
-)
-def make_rec(epsilon, std_normalize, drop, seed) -> REC:
-    name = "rec"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        std_normalize=flag(name, "std_normalize", False if std_normalize is None else std_normalize),
-        drop=None if drop in (None, "none", "null") else choice(name, "drop", drop, ("balance",)),
-        seed=integer(name, "seed", seed, minimum=0),
-    )
-    return REC(name=name, params=params, **params)
-
-
-@register(
-    "opo",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6},
-    summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)",
-)
-def make_opo(epsilon) -> OPO:
-    params = dict(epsilon=number("opo", "epsilon", epsilon, minimum=0.0))
-    return OPO(name="opo", params=params)
-
-
-@register(
-    "grpo_passk",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True},
-    summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)",
-)
-def make_grpo_passk(epsilon, norm_adv_by_std_in_grpo) -> GRPOPassK:
-    name = "grpo_passk"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        norm_adv_by_std_in_grpo=flag(name, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo),
-    )
-    return GRPOPassK(name=name, params=params, **params)
-
-
-@register(
-    "gpg",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "f_norm": 1.0, "alpha": 1.0},
-    summary="alpha * (r - mean(G)) / f_norm, alpha = batch rows / rows with r != 0 (verl `gpg`)",
-)
-def make_gpg(epsilon, f_norm, alpha) -> GPG:
-    name = "gpg"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        f_norm=number(name, "f_norm", f_norm),
-        alpha=number(name, "alpha", alpha),
-    )
-    if params["f_norm"] == 0:
-        raise ConfigError(f"{name}: parameter 'f_norm' must not be 0")
-    return GPG(name=name, params=params, f_norm=params["f_norm"])
-
-
-@register(
-    "gdpo",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
-    summary="GRPO per reward column, weighted sum, whitened over the batch by tokens (verl `gdpo`)",
-)
-def make_gdpo(epsilon, norm_adv_by_std_in_grpo, gdpo_reward_keys, gdpo_reward_weights) -> GDPO:
-    name = "gdpo"
-    if isinstance(gdpo_reward_keys, str):
-        gdpo_reward_keys = [k.strip() for k in gdpo_reward_keys.split(",") if k.strip()]
-    if not isinstance(gdpo_reward_keys, (list, tuple)):
-        raise ConfigError(f"{name}: parameter 'gdpo_reward_keys' must be a list of column names, got {gdpo_reward_keys!r}")
-    keys = tuple(_column_name(name, "gdpo_reward_keys", k) for k in gdpo_reward_keys)
-    if len(set(keys)) != len(keys):
-        raise ConfigError(f"{name}: parameter 'gdpo_reward_keys' names a column twice: {list(keys)}")
-    weights = None
-    if gdpo_reward_weights is not None:
-        if not isinstance(gdpo_reward_weights, (list, tuple)):
-            raise ConfigError(f"{name}: parameter 'gdpo_reward_weights' must be a list of numbers, got {gdpo_reward_weights!r}")
-        weights = tuple(number(name, "gdpo_reward_weights", w) for w in gdpo_reward_weights)
-        if len(weights) != max(len(keys), 1):
-            raise ConfigError(
-                f"{name}: 'gdpo_reward_weights' has {len(weights)} weights for {max(len(keys), 1)} reward columns"
-            )
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        norm_adv_by_std_in_grpo=flag(name, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo),
-        gdpo_reward_keys=list(keys),
-        gdpo_reward_weights=None if weights is None else list(weights),
-    )
-    return GDPO(
-        name=name,
-        params=params,
-        needs=tuple(k for k in keys if k != "reward"),
-        epsilon=params["epsilon"],
-        norm_adv_by_std_in_grpo=params["norm_adv_by_std_in_grpo"],
-        gdpo_reward_keys=keys,
-        gdpo_reward_weights=weights,
-    )
-
-
-@register(
-    "remax",
-    kind=ADVANTAGE,
-    defaults={"reward_baselines": "reward_baselines"},
-    summary="r - the greedy response's reward, read from a column (verl / Trinity `remax`)",
-)
-def make_remax(reward_baselines) -> ReMax:
-    column = _column_name("remax", "reward_baselines", reward_baselines)
-    return ReMax(name="remax", params={"reward_baselines": column}, needs=(column,), reward_baselines=column)

@@ -21,15 +21,11 @@ groups either way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.registry import ConfigError, choice, number, register
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.catalog import GiGPOParams
 from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
 
 
@@ -96,17 +92,7 @@ def gigpo_scores(
     return Scores(score, keep, mean, denom)
 
 
-@dataclass(frozen=True)
-class GiGPO:
-    omega: float = 1.0
-    gamma: float = 1.0
-    fnorm: str = "none"
-    epsilon: float = 1e-6
-    step_reward_key: str | None = "step_reward"
-    env_state_hash_key: str = "env_state_hash"
-    name: str = "gigpo"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
+class GiGPO(GiGPOParams):
     batch_level = False
 
     @property
@@ -121,34 +107,3 @@ class GiGPO:
         return gigpo_scores(
             rows, anchor, step_reward, omega=self.omega, gamma=self.gamma, fnorm=self.fnorm, epsilon=self.epsilon
         )
-
-
-@register(
-    "gigpo",
-    kind=ADVANTAGE,
-    defaults={
-        "omega": 1.0,
-        "gamma": 1.0,
-        "fnorm": "none",
-        "epsilon": 1e-6,
-        "step_reward_key": "step_reward",
-        "env_state_hash_key": "env_state_hash",
-    },
-    summary="multi-step: episode advantage + omega * step advantage within anchor-state groups (Trinity `gigpo`)",
-)
-def make_gigpo(omega, gamma, fnorm, epsilon, step_reward_key, env_state_hash_key) -> GiGPO:
-    name = "gigpo"
-    for key, value in (("step_reward_key", step_reward_key), ("env_state_hash_key", env_state_hash_key)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ConfigError(f"{name}: parameter {key!r} must be a column name, got {value!r}")
-    if env_state_hash_key is None:
-        raise ConfigError(f"{name}: parameter 'env_state_hash_key' must name the anchor-state column")
-    params = dict(
-        omega=number(name, "omega", omega),
-        gamma=number(name, "gamma", gamma, minimum=0.0),
-        fnorm=choice(name, "fnorm", fnorm, ("std", "none")),
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        step_reward_key=step_reward_key,
-        env_state_hash_key=env_state_hash_key,
-    )
-    return GiGPO(**params, name=name, params=params)

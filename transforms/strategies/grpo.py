@@ -7,20 +7,17 @@ References: Trinity-RFT `GRPOGroupedAdvantage` and `CorrectBiasAddStrategy`; ver
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.registry import choice, number, register
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores, audit_rows, group_reasons
+from rescore.transforms.strategies.catalog import CorrectBiasParams, GRPOParams
 from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
     rank_within_groups,
+    single_units,
     std_of,
 )
 
@@ -70,34 +67,61 @@ def grpo_scores(
     return Scores(score=score, keep=per_row(keep_group, offsets), group_mean=mean, group_std=std)
 
 
-@dataclass(frozen=True)
-class GRPO:
-    """GRPO with optional batch std, std threshold and rank-bias correction (see module doc)."""
+class GroupStdOptions(ScoreExplanation):
+    """What GRPO and step-wise GRPO share beyond the math: `std_cal_level` (group or batch
+    std), `std_threshold` (drops groups; its own metrics.json counter and filter reasons) and
+    the batch std in the audit columns. `audit_unit` is what a group of one is made of."""
 
-    epsilon: float = 1e-6
-    std_cal_level: str = "group"
-    std_threshold: float | None = None
-    rank_penalty: float | None = None
-    name: str = "grpo"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        return ("logprobs",) if self.rank_penalty is not None else ()
+    std_cal_level: str
+    std_threshold: float | None
+    audit_unit = "row"
 
     @property
     def batch_level(self) -> bool:
         return self.std_cal_level == "batch"
+
+    @property
+    def dropped_groups_metric(self) -> str | None:
+        return "std_threshold_skipped" if self.std_threshold is not None else None
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        """std_threshold's drops; `group_std` is the std it compared (over last steps for
+        step_wise_grpo, whose unit is a run)."""
+        _, offsets, g, _ = audit_rows(rows)
+        if self.std_threshold is None:
+            return [f"{self.name}: dropped by the {self.kind} stage"] * len(dropped)
+        thr = float(self.std_threshold)
+        run = rows.run.detach().cpu().numpy().astype(np.int64)
+        single = single_units(run, offsets, reached, per_run=self.audit_unit == "run")
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: group of one {self.audit_unit} (std_threshold drops it)" if single[i]
+            else f"{self.name}: std {group_std[i]:.6g} <= {thr:g}",
+        )
+
+    def audit_batch_std(self, batch_stats: Tensor) -> np.ndarray | None:
+        return batch_stats[:, 0].detach().cpu().numpy().astype(np.float64)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        return (float(std_of(torch.from_numpy(values))),)
+
+
+class _GRPOScoring(GroupStdOptions):
+    """GRPO with optional batch std, std threshold and rank-bias correction (see module doc),
+    over the parameters of the declaration it is mixed into."""
+
+    epsilon: float
+    rank_penalty: float | None
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return ("logprobs",) if self.rank_penalty is not None else ()
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # The batch std is over every reward the strategy sees in the batch, before any group
         # is dropped by std_threshold, and over raw (not rank-corrected) rewards, as in
         # Trinity-RFT.
         return rows.batch, rows.reward, torch.ones_like(rows.reward)
-
-    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return (float(std_of(torch.from_numpy(values))),)
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         reward = rows.reward
@@ -112,33 +136,12 @@ class GRPO:
         )
 
 
-@register(
-    "grpo",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
-    summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty",
-)
-def make_grpo(epsilon, std_cal_level, std_threshold, rank_penalty) -> GRPO:
-    name = "grpo"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        std_cal_level=choice(name, "std_cal_level", std_cal_level, ("group", "batch")),
-        std_threshold=number(name, "std_threshold", std_threshold, minimum=0.0, optional=True),
-        rank_penalty=number(name, "rank_penalty", rank_penalty, optional=True),
-    )
-    return GRPO(**params, name=name, params=params)
+class GRPO(_GRPOScoring, GRPOParams):
+    pass
 
 
-@register(
-    "correct_bias",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "rank_penalty": 0.25},
-    summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs",
-)
-def make_correct_bias(epsilon, rank_penalty) -> GRPO:
-    name = "correct_bias"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        rank_penalty=number(name, "rank_penalty", rank_penalty),
-    )
-    return GRPO(**params, name=name, params=params)
+class CorrectBias(_GRPOScoring, CorrectBiasParams):
+    """GRPO over the group std on rank-bias-corrected rewards: `grpo` without its other options."""
+
+    std_cal_level = "group"
+    std_threshold = None

@@ -1,40 +1,148 @@
-"""Strategies by registry name, with their defaults and parameter checks."""
+"""Strategies by registry name: each one's parameters declared once, and the checks derived
+from them. Light on purpose: no torch, numpy, pyarrow or Beam here, so option parsing and
+`--help` can list and validate strategies without loading the math.
+
+A strategy's parameters are one frozen dataclass (see catalog.py), registered under its
+reference name with its kind and the class that does the math:
+
+    @register("opmd", kind=ADVANTAGE, implementation="baselines:OPMD", summary="r - b, ...")
+    @dataclass(frozen=True)
+    class OPMDParams(StrategyParams):
+        opmd_baseline: Literal["mean", "logavgexp"] = "mean"
+        tau: float = param(1.0, positive=True)
+
+The field types say what a value may be (`float`, `int`, `bool`, `Literal[...]` for a choice,
+`Column` for an input column name, `X | None` where null is allowed, tuples for lists); `param()`
+adds bounds. Defaults, validation, the one-line errors, `--help` and the docs listing all come
+from that one declaration. The implementation module is imported only when a strategy is
+created, and its class subclasses the declaration, so `self.tau` is the checked value.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import importlib
 import math
+import types
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Literal, NewType
 
 from rescore.errors import ConfigError  # noqa: F401  (strategies raise it; defined in rescore/errors.py)
-from rescore.transforms.strategies.base import Strategy
+
+
+FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
+KINDS = (FILTER, ADVANTAGE, DUPLICATE)
+
+Column = NewType("Column", str)
+"""A parameter that names an input column (a non-empty string)."""
+
+
+@dataclass(frozen=True)
+class StrategyParams:
+    """Base of every strategy's parameter declaration. `name` and `kind` are set by `create()`
+    from the registry entry (one declaration may be registered under two names)."""
+
+    _: KW_ONLY
+    name: str = ""
+    kind: str = ""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        """Checks that span parameters, over the checked values; raise ConfigError."""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The resolved parameters as run configs and metrics.json record them (lists as lists)."""
+        out = {}
+        for f in parameter_fields(type(self)):
+            value = getattr(self, f.name)
+            if f.metadata.get("hidden_at_default") and value == f.default:
+                continue
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def param(
+    default: Any,
+    *,
+    minimum: float | None = None,
+    between: tuple[float, float] | None = None,
+    positive: bool = False,
+    nonzero: bool = False,
+    null: Any = dataclasses.MISSING,
+    none_message: str | None = None,
+    hidden_at_default: bool = False,
+) -> Any:
+    """A parameter field with bounds beyond its type.
+
+    minimum: value >= minimum; between: lo <= value <= hi; positive: value > 0; nonzero: value
+    != 0; null: what an explicit null means for a field that does not allow None;
+    none_message: the error for null on a required column; hidden_at_default: left out of the
+    resolved params at its default (added later: earlier runs' config hashes stay the same).
+    """
+    meta = {
+        "minimum": minimum,
+        "between": between,
+        "positive": positive,
+        "nonzero": nonzero,
+        "null": null,
+        "none_message": none_message,
+        "hidden_at_default": hidden_at_default,
+    }
+    if isinstance(default, (list, dict)):
+        raise TypeError("parameter defaults must be immutable (use a tuple)")
+    return field(default=default, metadata=meta)
+
+
+def parameter_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The declared parameters of a StrategyParams class, in declaration order."""
+    return tuple(f for f in dataclasses.fields(cls) if f.name not in ("name", "kind"))
 
 
 @dataclass(frozen=True)
 class StrategySpec:
     name: str
     kind: str
-    factory: Callable[..., Strategy]
-    defaults: Mapping[str, Any]
+    params: type[StrategyParams]
+    implementation: str
+    """'module:Class' under rescore.transforms.strategies; the class subclasses `params`."""
     summary: str
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default for f in parameter_fields(self.params)}
+
+    @property
+    def factory(self) -> Callable[..., Any]:
+        module, _, cls = self.implementation.partition(":")
+        return getattr(importlib.import_module(f"rescore.transforms.strategies.{module}"), cls)
+
+    def describe(self) -> str:
+        """One line per parameter, `name: type = default`, for --help and the docs."""
+        hints = _hints(self.params)
+        return "\n".join(f"{f.name}: {_type_name(hints[f.name])} = {f.default!r}" for f in parameter_fields(self.params))
 
 
 _REGISTRY: dict[str, StrategySpec] = {}
 
 
-def register(name: str, *, kind: str, defaults: Mapping[str, Any], summary: str):
-    """Class or function decorator: register `factory(**params) -> Strategy` under `name`.
+def register(name: str, *, kind: str, implementation: str, summary: str):
+    """Decorator on a StrategyParams dataclass: register it under `name`.
 
-    Refuses a name that is already taken, so two modules cannot silently shadow each other.
+    Refuses a name that is already taken, so two declarations cannot silently shadow each other.
     """
+    if kind not in KINDS:
+        raise ValueError(f"strategy {name!r}: kind must be one of {', '.join(KINDS)}")
 
-    def wrap(factory):
+    def wrap(cls):
         if name in _REGISTRY:
             raise ValueError(f"strategy {name!r} is already registered")
-        _REGISTRY[name] = StrategySpec(name, kind, factory, dict(defaults), summary)
-        return factory
+        _hints(cls)  # a declaration whose types do not resolve fails here, at import
+        _REGISTRY[name] = StrategySpec(name, kind, cls, implementation, summary)
+        return cls
 
     return wrap
 
@@ -51,18 +159,123 @@ def spec(name: str) -> StrategySpec:
     return _REGISTRY[name]
 
 
-def create(name: str, params: Mapping[str, Any] | None = None) -> Strategy:
-    """The strategy `name` with `params` over its defaults. Raises ConfigError on anything off."""
+def resolve(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The checked parameters of strategy `name`: `params` over its defaults. Needs no torch."""
     s = spec(name)
     params = dict(params or {})
     unknown = sorted(set(params) - set(s.defaults))
     if unknown:
         valid = ", ".join(sorted(s.defaults)) or "(none)"
         raise ConfigError(f"unknown parameter {unknown[0]!r} for strategy {name!r}; valid parameters: {valid}")
-    return s.factory(**{**s.defaults, **params})
+    hints = _hints(s.params)
+    values = {}
+    for f in parameter_fields(s.params):
+        value = params.get(f.name, f.default)
+        values[f.name] = _checked(name, f.name, value, hints[f.name], f.metadata)
+    s.params.check(values, name)
+    return values
 
 
-# --- parameter checks shared by the strategy modules ---------------------------------------
+def create(name: str, params: Mapping[str, Any] | None = None):
+    """The strategy `name` with `params` over its defaults. Raises ConfigError on anything off."""
+    values = resolve(name, params)
+    s = spec(name)
+    return s.factory(**values, name=name, kind=s.kind)
+
+
+# --- checks derived from the field types ------------------------------------------------------
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _optional(hint: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return hint, False
+
+
+def _type_name(hint: Any) -> str:
+    inner, optional = _optional(hint)
+    if typing.get_origin(inner) is Literal:
+        text = "|".join(str(a) for a in typing.get_args(inner))
+    elif inner is Column:
+        text = "column"
+    elif typing.get_origin(inner) is tuple:
+        text = "list"
+    else:
+        text = getattr(inner, "__name__", str(inner))
+    return text + (" or null" if optional else "")
+
+
+def _checked(strategy: str, key: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Any:
+    inner, optional = _optional(hint)
+    if value is None and not optional and meta.get("null", dataclasses.MISSING) is not dataclasses.MISSING:
+        value = meta["null"]
+    if typing.get_origin(inner) is Literal:
+        if optional and value in (None, "none", "null"):
+            return None
+        return choice(strategy, key, value, typing.get_args(inner))
+    if inner is Column:
+        if value is None and meta.get("none_message"):
+            raise ConfigError(f"{strategy}: parameter {key!r} {meta['none_message']}")
+        if value is None and optional:
+            return None
+        return column(strategy, key, value)
+    if inner is bool:
+        return flag(strategy, key, value)
+    if inner is int:
+        if value is None and optional:
+            return None
+        return integer(strategy, key, value, minimum=meta.get("minimum"))
+    if inner is float:
+        checked = number(strategy, key, value, minimum=meta.get("minimum"), optional=optional)
+        return checked if checked is None else _bounded(strategy, key, checked, value, meta)
+    if typing.get_origin(inner) is tuple:
+        if value is None and optional:
+            return None
+        return _sequence(strategy, key, value, typing.get_args(inner))
+    raise TypeError(f"{strategy}: parameter {key!r} has a type the registry cannot check: {hint!r}")
+
+
+def _bounded(strategy: str, key: str, value: float, given: Any, meta: Mapping[str, Any]) -> float:
+    """`value` (the float of `given`) within the field's bounds."""
+    between = meta.get("between")
+    if between is not None and not between[0] <= value <= between[1]:
+        raise ConfigError(f"{strategy}: parameter {key!r} must be between {between[0]:g} and {between[1]:g}, got {value!r}")
+    if meta.get("positive") and value <= 0:
+        raise ConfigError(f"{strategy}: parameter {key!r} must be > 0, got {given!r}")
+    if meta.get("nonzero") and value == 0:
+        raise ConfigError(f"{strategy}: parameter {key!r} must not be 0")
+    return value
+
+
+def _sequence(strategy: str, key: str, value: Any, args: tuple) -> tuple:
+    """A list parameter: `tuple[X, ...]` of any length, or `tuple[X, Y]` of that length."""
+    if args and args[-1] is Ellipsis:
+        item = args[0]
+        if item is Column:
+            if isinstance(value, str):  # --set gdpo_reward_keys=a,b
+                value = [k.strip() for k in value.split(",") if k.strip()]
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{strategy}: parameter {key!r} must be a list of column names, got {value!r}")
+            keys = tuple(column(strategy, key, k) for k in value)
+            if len(set(keys)) != len(keys):
+                raise ConfigError(f"{strategy}: parameter {key!r} names a column twice: {list(keys)}")
+            return keys
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{strategy}: parameter {key!r} must be a list of numbers, got {value!r}")
+        return tuple(number(strategy, key, v) for v in value)
+    if not isinstance(value, (list, tuple)) or len(value) != len(args):
+        raise ConfigError(f"{strategy}: parameter {key!r} must be [low, high], got {value!r}")
+    return tuple(number(strategy, key, v) for v in value)
+
+
+# --- one-value checks (the wording of every parameter error) ---------------------------------
 
 
 def number(strategy: str, key: str, value: Any, *, minimum: float | None = None, optional: bool = False):
@@ -97,4 +310,10 @@ def choice(strategy: str, key: str, value: Any, options: tuple[str, ...]) -> str
 def flag(strategy: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{strategy}: parameter {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def column(strategy: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{strategy}: parameter {key!r} must be a column name, got {value!r}")
     return value

@@ -26,21 +26,14 @@ the row's own action mask when the row is written (`token_values`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor
 
-from rescore.schemas.lists import flat_list
-from rescore.schemas.lists import segment_sum as np_segment_sum
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
-from rescore.transforms.strategies.registry import ConfigError, number, register
-from rescore.transforms.strategies.segments import group_stats
+from rescore.transforms.strategies.catalog import ReinforcePlusPlusParams
+from rescore.transforms.strategies.segments import flat_segment_sum, group_stats
 
 TRINITY, VERL = "trinity", "verl"
 
@@ -98,7 +91,7 @@ def token_discounts(gamma: float, mode: str, lengths: np.ndarray, mask: np.ndarr
         return np.power(gamma, exponent)
     # Action tokens after t: the row's action tokens minus those up to and including t.
     inclusive = np.cumsum(mask) - np.concatenate([[0], np.cumsum(mask)])[offsets[:-1]][row]
-    after = np_segment_sum(mask, offsets)[row] - inclusive
+    after = flat_segment_sum(mask, offsets)[row] - inclusive
     c = np.power(gamma, after.astype(np.float64)) * mask
     return np.where(last_action[row], c, 0.0)
 
@@ -116,35 +109,16 @@ def reinforce_pp_tokens(
     last_action[nonempty] = mask[ends[nonempty] - 1] != 0
     c = token_discounts(gamma, mode, lengths, mask, last_action)
     values = (reward[row] * c - mu[row]) * inv_sigma[row] * mask
-    tokens = np_segment_sum(mask, offsets)
+    tokens = flat_segment_sum(mask, offsets)
     with np.errstate(invalid="ignore", divide="ignore"):
-        score = np.where(tokens > 0, np_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)
+        score = np.where(tokens > 0, flat_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)
     return values, score
 
 
-def layout(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(response lengths (n,), flat 0/1 action mask (T,) float64) as the contract defines them."""
-    names = table.column_names
-    if "action_mask" in names:
-        fl = flat_list(table["action_mask"])
-        return fl.lengths, np.asarray(fl.values.to_numpy(zero_copy_only=False), dtype=np.float64)
-    if "logprobs" in names:
-        lengths = flat_list(table["logprobs"]).lengths
-    elif "tokens" in names:
-        prompt = np.asarray(table["prompt_length"].to_numpy(zero_copy_only=False), dtype=np.int64)
-        lengths = flat_list(table["tokens"]).lengths - prompt
-    else:
-        lengths = np.zeros(table.num_rows, dtype=np.int64)
-    return lengths, np.ones(int(lengths.sum()), dtype=np.float64)
+class ReinforcePlusPlus(ReinforcePlusPlusParams):
+    """REINFORCE++ with discounting `mode` (TRINITY or VERL, see the module doc)."""
 
-
-@dataclass(frozen=True)
-class ReinforcePlusPlus:
-    gamma: float = 1.0
-    mode: str = TRINITY
-    name: str = "reinforceplusplus"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
+    mode = TRINITY
     batch_level = True
 
     @property
@@ -178,39 +152,20 @@ class ReinforcePlusPlus:
         # score = 1 / sigma and token_scale = mu; token_values turns them into token advantages.
         return Scores(inv_sigma.clone(), keep, *group_stats(rows.reward, rows.offsets), token_scale=mu.clone())
 
-    def token_values(self, table: pa.Table, score: np.ndarray | None = None, row_value: np.ndarray | None = None):
-        """(flat advantages, per-row score) for the rows of `table`; `score` is 1 / sigma and
+    def token_values(self, rows: WrittenRows, score: np.ndarray, row_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(flat advantages, per-row score) for the written rows; `score` is 1 / sigma and
         `row_value` mu / sigma of each row's batch, as score() left them."""
-        lengths, mask = layout(table)
-        reward = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+        lengths, mask = rows.response()
+        reward = np.asarray(rows.scalar("reward"), dtype=np.float64)
         inv_sigma = np.asarray(score, dtype=np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             mu = np.where(inv_sigma != 0, np.asarray(row_value, dtype=np.float64) / inv_sigma, 0.0)
         return reinforce_pp_tokens(reward, inv_sigma, mu, lengths, mask, self.gamma, self.mode)
 
 
-def _make(name: str, mode: str, gamma) -> ReinforcePlusPlus:
-    gamma = number(name, "gamma", gamma, minimum=0.0)
-    if gamma > 1.0:
-        raise ConfigError(f"{name}: parameter 'gamma' must be between 0 and 1, got {gamma!r}")
-    return ReinforcePlusPlus(gamma=gamma, mode=mode, name=name, params={"gamma": gamma})
+class TrinityReinforcePlusPlus(ReinforcePlusPlus):
+    mode = TRINITY
 
 
-@register(
-    "reinforceplusplus",
-    kind=ADVANTAGE,
-    defaults={"gamma": 1.0},
-    summary="REINFORCE++ (Trinity): discounted token returns (gamma), whitened over the batch's action tokens",
-)
-def make_reinforceplusplus(gamma) -> ReinforcePlusPlus:
-    return _make("reinforceplusplus", TRINITY, gamma)
-
-
-@register(
-    "reinforce_plus_plus",
-    kind=ADVANTAGE,
-    defaults={"gamma": 1.0},
-    summary="REINFORCE++ (verl): discounted returns over action tokens (gamma), whitened over the batch",
-)
-def make_reinforce_plus_plus(gamma) -> ReinforcePlusPlus:
-    return _make("reinforce_plus_plus", VERL, gamma)
+class VerlReinforcePlusPlus(ReinforcePlusPlus):
+    mode = VERL

@@ -1,4 +1,5 @@
-"""Segment reductions over rows sorted by group (torch, any device).
+"""Segment reductions over rows sorted by group (torch, any device), and over flat token
+arrays (numpy, `flat_segment_sum`).
 
 Groups are contiguous segments given by offsets (G + 1,). `torch.segment_reduce` reduces each
 segment in a fixed order on CPU and CUDA alike, unlike `index_add_`/`scatter_add_`, whose CUDA
@@ -7,6 +8,7 @@ kernels add in a nondeterministic order.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -137,3 +139,49 @@ def std_of(values: Tensor) -> Tensor:
         return torch.ones((), dtype=values.dtype, device=values.device)
     offsets = torch.tensor([0, values.numel()], device=values.device)
     return mean_and_std(values, offsets)[1][0]
+
+
+def flat_segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(n,) sums of values[offsets[i]:offsets[i + 1]] of a flat token array, in order within a
+    row (numpy; the same reduction as rescore.schemas.lists.segment_sum, which needs pyarrow).
+
+    Each row's sum depends only on that row's values (not on its position), so equal rows get
+    bit-equal sums. Empty segments sum to 0.
+    """
+    n = len(offsets) - 1
+    out = np.zeros(n, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
+    nonempty = offsets[1:] > offsets[:-1]
+    if len(values) == 0 or not nonempty.any():
+        return out
+    out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
+    return out
+
+
+def group_index(offsets: np.ndarray) -> np.ndarray:
+    """(n,) int64 the group of each row, from numpy offsets (G + 1,)."""
+    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+
+
+def single_units(run: np.ndarray, offsets: np.ndarray, reached: np.ndarray, per_run: bool) -> np.ndarray:
+    """(G,) bool: the group has one row (or, with per_run, one run) among the `reached` rows
+    (numpy; rows sorted by (batch, task, run, step), so a run starts where the run id changes)."""
+    g = group_index(offsets)
+    if not per_run:
+        return np.bincount(g, weights=reached, minlength=len(offsets) - 1) == 1
+    new_run = np.ones(len(run), dtype=bool)
+    new_run[1:] = (run[1:] != run[:-1]) | (g[1:] != g[:-1])
+    return np.bincount(g, weights=new_run & reached, minlength=len(offsets) - 1) == 1
+
+
+def masked_group_stats(values: np.ndarray, offsets: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group over the rows in `mask` (numpy): (count, population var, std with ddof=1);
+    NaN where a group has too few rows for the statistic."""
+    g = group_index(offsets)
+    groups = len(offsets) - 1
+    n = np.bincount(g, weights=mask, minlength=groups)
+    total = np.bincount(g, weights=np.where(mask, values, 0.0), minlength=groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / n
+        dev = np.where(mask, values - mean[g], 0.0)
+        ss = np.bincount(g, weights=dev * dev, minlength=groups)
+        return n.astype(np.int64), ss / n, np.sqrt(ss / (n - 1))

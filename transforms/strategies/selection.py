@@ -15,20 +15,22 @@ arrival order, so every rerun and every runner makes the same copies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, DUPLICATE, FILTER, GroupedRows, Scores
-from rescore.transforms.strategies.registry import flag, integer, number, register
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
+from rescore.transforms.strategies.catalog import (
+    ConstantParams,
+    DuplicateInformativeParams,
+    RAFTParams,
+    RewardVarianceParams,
+)
 from rescore.transforms.strategies.segments import (
     group_stats,
+    masked_group_stats,
     per_row,
     population_var,
     segment_max,
@@ -44,10 +46,7 @@ def informative_groups(reward: Tensor, offsets: Tensor, variance_threshold: floa
     return (sizes >= 2) & (population_var(reward, offsets) > variance_threshold)
 
 
-@dataclass(frozen=True)
 class _Selection:
-    name: str
-    params: Mapping[str, Any] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
     batch_level = False
 
@@ -55,28 +54,46 @@ class _Selection:
         return group_stats(rows.reward, rows.offsets)
 
 
-@dataclass(frozen=True)
-class RewardVariance(_Selection):
-    variance_threshold: float = 0.0
-    kind = FILTER
+class _VarianceFilter(_Selection):
+    variance_threshold: float
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward, offsets, g, _ = audit_rows(rows)
+        count, var, _ = masked_group_stats(reward, offsets, reached)
+        thr = float(self.variance_threshold)
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: group of {count[i]} row{'' if count[i] == 1 else 's'} < 2 rows" if count[i] < 2
+            else f"{self.name}: var {var[i]:.6g} <= {thr:g}",
+        )
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = per_row(informative_groups(rows.reward, rows.offsets, self.variance_threshold), rows.offsets)
         return Scores(None, keep, *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class DuplicateInformative(RewardVariance):
-    seed: int = 0
-    kind = DUPLICATE
+class RewardVariance(_VarianceFilter, RewardVarianceParams):
+    pass
 
 
-@dataclass(frozen=True)
-class RAFT(_Selection):
-    reward_threshold: float | None = 0.0
-    top_only: bool = True
-    weight: float = 1.0
-    kind = ADVANTAGE
+class DuplicateInformative(_VarianceFilter, DuplicateInformativeParams):
+    """The variance filter as the duplicate stage; the copies are planned by the row layer
+    from the groups it keeps, seeded with `seed`."""
+
+
+class RAFT(_Selection, RAFTParams):
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward, offsets, g, _ = audit_rows(rows)
+        thr = self.reward_threshold
+        top = np.full(len(offsets) - 1, -np.inf)
+        np.maximum.at(top, g[reached], reward[reached])
+        reasons = []
+        for i in dropped:
+            if thr is not None and reward[i] <= thr:
+                reasons.append(f"{self.name}: reward {reward[i]:.6g} <= {float(thr):g}")
+            else:
+                reasons.append(f"{self.name}: reward {reward[i]:.6g} < the group's top {top[g[i]]:.6g}")
+        return reasons
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
@@ -87,11 +104,7 @@ class RAFT(_Selection):
         return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class Constant(_Selection):
-    weight: float = 1.0
-    kind = ADVANTAGE
-
+class Constant(_Selection, ConstantParams):
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
@@ -165,50 +178,3 @@ def copy_task_ids(task: pa.Array, copy_index: np.ndarray, stride: int) -> pa.Arr
         return pa.array(values + copy_index.astype(np.int64) * np.int64(stride), pa.int64())
     number = pc.cast(pa.array(np.asarray(copy_index, dtype=np.int64)), pa.string())
     return pc.binary_join_element_wise(task.cast(pa.string()), "#copy", number, "")
-
-
-@register(
-    "reward_variance",
-    kind=FILTER,
-    defaults={"variance_threshold": 0.0},
-    summary="drop groups with fewer than 2 rows or reward variance (ddof=0) <= variance_threshold",
-)
-def make_reward_variance(variance_threshold) -> RewardVariance:
-    params = dict(variance_threshold=number("reward_variance", "variance_threshold", variance_threshold))
-    return RewardVariance(name="reward_variance", params=params, **params)
-
-
-@register(
-    "duplicate_informative",
-    kind=DUPLICATE,
-    defaults={"variance_threshold": 0.0, "seed": 0},
-    summary="reward_variance, then copy kept groups until the batch has its rows again (POLARIS)",
-)
-def make_duplicate_informative(variance_threshold, seed) -> DuplicateInformative:
-    name = "duplicate_informative"
-    params = dict(
-        variance_threshold=number(name, "variance_threshold", variance_threshold),
-        seed=integer(name, "seed", seed, minimum=0),
-    )
-    return DuplicateInformative(name=name, params=params, **params)
-
-
-@register(
-    "raft",
-    kind=ADVANTAGE,
-    defaults={"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
-    summary="keep rows with the top reward of their group and reward > reward_threshold; score = weight",
-)
-def make_raft(reward_threshold, top_only, weight) -> RAFT:
-    params = dict(
-        reward_threshold=number("raft", "reward_threshold", reward_threshold, optional=True),
-        top_only=flag("raft", "top_only", top_only),
-        weight=number("raft", "weight", weight),
-    )
-    return RAFT(name="raft", params=params, **params)
-
-
-@register("constant", kind=ADVANTAGE, defaults={"weight": 1.0}, summary="every row scores `weight` (SFT pass-through)")
-def make_constant(weight) -> Constant:
-    params = dict(weight=number("constant", "weight", weight))
-    return Constant(name="constant", params=params, **params)

@@ -10,18 +10,15 @@ run k are divided by its number of steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.grpo import grpo_scores
-from rescore.transforms.strategies.registry import choice, flag, number, register
-from rescore.transforms.strategies.segments import per_row, run_offsets, std_of
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.catalog import StepWiseGRPOParams
+from rescore.transforms.strategies.grpo import GroupStdOptions, grpo_scores
+from rescore.transforms.strategies.segments import per_row, run_offsets
 
 
 @dataclass(frozen=True)
@@ -66,28 +63,14 @@ def step_wise_grpo_scores(
     return Scores(score, keep, per_run.group_mean, per_run.group_std, token_scale)
 
 
-@dataclass(frozen=True)
-class StepWiseGRPO:
-    epsilon: float = 1e-6
-    enable_step_norm: bool = False
-    std_cal_level: str = "group"
-    std_threshold: float | None = None
-    name: str = "step_wise_grpo"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    kind = ADVANTAGE
+class StepWiseGRPO(GroupStdOptions, StepWiseGRPOParams):
     needs: tuple[str, ...] = ()
-
-    @property
-    def batch_level(self) -> bool:
-        return self.std_cal_level == "batch"
+    audit_unit = "run"
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # One value per run: its last-step reward.
         runs = runs_of(rows)
         return runs.batch, runs.last_reward, torch.ones_like(runs.last_reward)
-
-    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return (float(std_of(torch.from_numpy(values))),)
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         batch_std = None
@@ -101,20 +84,3 @@ class StepWiseGRPO:
             batch_std=batch_std,
             std_threshold=self.std_threshold,
         )
-
-
-@register(
-    "step_wise_grpo",
-    kind=ADVANTAGE,
-    defaults={"epsilon": 1e-6, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
-    summary="multi-step runs: GRPO over each run's last-step reward, broadcast to all its steps",
-)
-def make_step_wise_grpo(epsilon, enable_step_norm, std_cal_level, std_threshold) -> StepWiseGRPO:
-    name = "step_wise_grpo"
-    params = dict(
-        epsilon=number(name, "epsilon", epsilon, minimum=0.0),
-        enable_step_norm=flag(name, "enable_step_norm", enable_step_norm),
-        std_cal_level=choice(name, "std_cal_level", std_cal_level, ("group", "batch")),
-        std_threshold=number(name, "std_threshold", std_threshold, minimum=0.0, optional=True),
-    )
-    return StepWiseGRPO(**params, name=name, params=params)

@@ -1,0 +1,174 @@
+"""Issue 14: each strategy's parameters are declared once (catalog.py); defaults, checks,
+errors and the resolved params (which the config hash covers) derive from that declaration;
+optional capabilities are explicit protocols."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rescore.transforms.strategies import ConfigError, chain_of, create, names, spec
+from rescore.transforms.strategies.base import (
+    AddsColumns,
+    BatchStatistics,
+    DropsGroups,
+    ExplainsDrops,
+    ExplainsScores,
+    MasksRows,
+    Strategy,
+    TokenLevel,
+)
+from rescore.transforms.strategies.catalog import GRPOParams
+from rescore.transforms.strategies.hashing import mix64, string_key
+from rescore.transforms.strategies.registry import StrategyParams, register
+
+# The resolved parameters of every strategy with nothing set, in order, as they were before the
+# declarations moved into catalog.py: metrics.json and config_hash record exactly these.
+RESOLVED_DEFAULTS = {
+    "asymre": {"baseline_shift": -0.1},
+    "constant": {"weight": 1.0},
+    "correct_bias": {"epsilon": 1e-06, "rank_penalty": 0.25},
+    "dr_grpo": {},
+    "duplicate_informative": {"variance_threshold": 0.0, "seed": 0},
+    "dynamic_filtering": {"dynamic_filtering_reward_range": [0.0, 1.0], "metric": "reward"},
+    "dynamic_sampling": {"metric": "acc"},
+    "filter_groups": {"metric": "acc"},
+    "gdpo": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
+    "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash"},
+    "gpg": {"epsilon": 1e-06, "f_norm": 1.0, "alpha": 1.0},
+    "grpo": {"epsilon": 1e-06, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
+    "grpo_passk": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True},
+    "jsd": {"lambda_coef": 0.5, "kl_coef": 1.0, "temperature": 1.0, "chunk_size": None},
+    "mask_response_truncated": {"truncate_status_key": "truncate_status", "drop": False},
+    "mask_truncated_completions": {"truncate_status_key": "truncate_status", "drop": False},
+    "mix_chord": {"epsilon": 1e-06, "mu_warmup_steps": 0, "mu_decay_steps": 0, "mu_peak": 0.1, "mu_valley": 0.1, "enable_phi_function": True},
+    "on_policy_distill": {"kl_coef": 1.0},
+    "opmd": {"opmd_baseline": "mean", "tau": 1.0},
+    "opo": {"epsilon": 1e-06},
+    "raft": {"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
+    "rec": {"epsilon": 1e-06, "std_normalize": False, "drop": None, "seed": 0},
+    "reinforce": {},
+    "reinforce_plus_plus": {"gamma": 1.0},
+    "reinforce_plus_plus_baseline": {},
+    "reinforceplusplus": {"gamma": 1.0},
+    "remax": {"reward_baselines": "reward_baselines"},
+    "reward_variance": {"variance_threshold": 0.0},
+    "rloo": {},
+    "step_wise_grpo": {"epsilon": 1e-06, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
+}
+
+
+def test_resolved_defaults_are_unchanged_in_value_and_order():
+    assert names() == sorted(RESOLVED_DEFAULTS)
+    for name, expected in RESOLVED_DEFAULTS.items():
+        s = create(name)
+        assert list(s.params.items()) == list(expected.items()), name
+        assert s.name == name and s.kind == spec(name).kind
+        assert isinstance(s, Strategy) and isinstance(s, spec(name).params)
+        assert not s.batch_level or isinstance(s, BatchStatistics), name
+
+
+def test_spec_defaults_are_the_declared_fields():
+    assert spec("grpo").defaults == {f.name: f.default for f in dataclasses.fields(GRPOParams) if f.name not in ("name", "kind")}
+    assert spec("dynamic_filtering").defaults == {"dynamic_filtering_reward_range": [0.0, 1.0], "metric": "reward"}
+    assert spec("rloo").defaults == {"normalize_advantages": False}  # listed, though left out of params at its default
+    assert create("rloo", {"normalize_advantages": True}).params == {"normalize_advantages": True}
+    assert spec("grpo").describe().splitlines() == [
+        "epsilon: float = 1e-06",
+        "std_cal_level: group|batch = 'group'",
+        "std_threshold: float or null = None",
+        "rank_penalty: float or null = None",
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, params, message",
+    [
+        ("grpo", {"epsilon": "small"}, "grpo: parameter 'epsilon' must be a number, got 'small'"),
+        ("grpo", {"epsilon": -1}, "grpo: parameter 'epsilon' must be >= 0.0, got -1.0"),
+        ("grpo", {"std_threshold": "x"}, "grpo: parameter 'std_threshold' must be a number or null, got 'x'"),
+        ("rec", {"drop": "all"}, "rec: parameter 'drop' must be one of balance, got 'all'"),
+        ("rec", {"seed": 1.5}, "rec: parameter 'seed' must be an integer, got 1.5"),
+        ("rec", {"seed": -1}, "rec: parameter 'seed' must be >= 0, got -1"),
+        ("raft", {"top_only": "yes"}, "raft: parameter 'top_only' must be true or false, got 'yes'"),
+        ("remax", {"reward_baselines": ""}, "remax: parameter 'reward_baselines' must be a column name, got ''"),
+        ("opmd", {"tau": 0}, "opmd: parameter 'tau' must be > 0, got 0"),
+        ("gpg", {"f_norm": 0}, "gpg: parameter 'f_norm' must not be 0"),
+        ("mix_chord", {"mu_peak": 1.5}, "mix_chord: parameter 'mu_peak' must be between 0 and 1, got 1.5"),
+        ("reinforceplusplus", {"gamma": 2}, "reinforceplusplus: parameter 'gamma' must be between 0 and 1, got 2.0"),
+        ("jsd", {"chunk_size": 0}, "jsd: parameter 'chunk_size' must be >= 1, got 0"),
+        ("gigpo", {"env_state_hash_key": None}, "gigpo: parameter 'env_state_hash_key' must name the anchor-state column"),
+        ("gigpo", {"step_reward_key": 3}, "gigpo: parameter 'step_reward_key' must be a column name, got 3"),
+        ("gdpo", {"gdpo_reward_keys": ["a", "a"]}, "gdpo: parameter 'gdpo_reward_keys' names a column twice: ['a', 'a']"),
+        ("gdpo", {"gdpo_reward_keys": 3}, "gdpo: parameter 'gdpo_reward_keys' must be a list of column names, got 3"),
+        ("gdpo", {"gdpo_reward_keys": ["a", "b"], "gdpo_reward_weights": [1]}, "gdpo: 'gdpo_reward_weights' has 1 weights for 2 reward columns"),
+        ("dynamic_filtering", {"dynamic_filtering_reward_range": [1, 0]}, "dynamic_filtering: 'dynamic_filtering_reward_range' needs low < high, got [1.0, 0.0]"),
+        ("dynamic_filtering", {"dynamic_filtering_reward_range": 1}, "dynamic_filtering: parameter 'dynamic_filtering_reward_range' must be [low, high], got 1"),
+        ("grpo", {"tau": 1}, "unknown parameter 'tau' for strategy 'grpo'; valid parameters: epsilon, rank_penalty, std_cal_level, std_threshold"),
+    ],
+)
+def test_checks_come_from_the_declaration(name, params, message):
+    with pytest.raises(ConfigError) as err:
+        create(name, params)
+    assert str(err.value) == message
+
+
+def test_values_are_normalised_as_declared():
+    assert create("rec", {"drop": "none", "std_normalize": None}).params == RESOLVED_DEFAULTS["rec"]
+    assert create("gdpo", {"gdpo_reward_keys": "a, b", "gdpo_reward_weights": [1, 2]}).params["gdpo_reward_keys"] == ["a", "b"]
+    assert create("gdpo", {"gdpo_reward_keys": "a, b"}).needs == ("a", "b")
+    assert create("jsd", {"chunk_size": 4.0}).params["chunk_size"] == 4
+    assert create("grpo", {"epsilon": 0}).params["epsilon"] == 0.0
+
+
+def test_a_declaration_needs_checkable_types_and_a_free_name():
+    with pytest.raises(ValueError, match="already registered"):
+        register("grpo", kind="advantage", implementation="grpo:GRPO", summary="")(GRPOParams)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        register("new_one", kind="advantage_ish", implementation="grpo:GRPO", summary="")
+    with pytest.raises(TypeError, match="immutable"):
+
+        @dataclasses.dataclass(frozen=True)
+        class Bad(StrategyParams):
+            keys: tuple = dataclasses.field(default_factory=tuple)
+            weights: list = __import__("rescore.transforms.strategies.registry", fromlist=["param"]).param([1.0])
+
+
+def test_capabilities_are_declared_protocols():
+    assert {n for n in names() if isinstance(create(n), TokenLevel)} == {
+        "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus"
+    }
+    assert {n for n in names() if isinstance(create(n), AddsColumns)} == {"mix_chord"}
+    assert {n for n in names() if isinstance(create(n), MasksRows)} == {"mask_response_truncated", "mask_truncated_completions"}
+    assert create("mask_response_truncated").masks and not create("mask_response_truncated", {"drop": True}).masks
+    assert chain_of("mask_response_truncated,grpo").masking is not None
+    assert chain_of("mask_response_truncated,grpo", {"drop": True}).masking is None
+    assert chain_of("jsd").token_level and not chain_of("grpo").token_level
+    assert {n for n in names() if isinstance(create(n), ExplainsScores)} == {
+        "asymre", "correct_bias", "dr_grpo", "gpg", "grpo", "grpo_passk", "opmd", "opo", "rec", "reinforce",
+        "reinforce_plus_plus_baseline", "remax", "rloo", "step_wise_grpo",
+    }  # the others' audit baseline is null
+    assert {n for n in names() if isinstance(create(n), ExplainsDrops)} >= {
+        "reward_variance", "duplicate_informative", "grpo", "step_wise_grpo", "raft", "filter_groups",
+        "dynamic_filtering", "mask_response_truncated",
+    }
+    dropping = {n for n in names() if isinstance(create(n), DropsGroups)}
+    assert dropping == {"grpo", "correct_bias", "step_wise_grpo"}
+    assert create("grpo").dropped_groups_metric is None
+    assert create("grpo", {"std_threshold": 0.1}).dropped_groups_metric == "std_threshold_skipped"
+    assert chain_of("reward_variance,step_wise_grpo", {"std_threshold": 0}).stage_metrics == [
+        ("filter", "reward_variance", {"variance_threshold": 0.0}, None),
+        ("advantage", "step_wise_grpo", RESOLVED_DEFAULTS["step_wise_grpo"] | {"std_threshold": 0.0}, "std_threshold_skipped"),
+    ]
+
+
+def test_the_math_hashes_strings_as_the_row_layer_does():
+    from rescore.transforms.light import task_hash
+
+    texts = ["response_truncated", "", "é", "normal"]
+    assert [string_key(t) for t in texts] == task_hash(pa.array(texts)).view(np.int64).tolist()
+    ints = np.array([0, 1, -5, 2**40], dtype=np.int64)
+    assert mix64(ints.view(np.uint64)).tolist() == task_hash(pa.array(ints)).tolist()

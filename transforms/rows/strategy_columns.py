@@ -1,0 +1,115 @@
+"""The Arrow side of the strategies' optional capabilities (transforms/strategies/base.py):
+the written rows as numpy for a strategy to read (`ArrowRows`), token-level advantages, extra
+output columns, and the action mask of rows a filter masks. The math stays in the strategies;
+this module only reads Arrow columns into numpy and builds Arrow columns from what they return.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rescore.schemas.lists import flat_list
+from rescore.transforms.strategies.base import ADVANTAGE, MasksRows, OutputColumn, TokenColumn
+from rescore.transforms.strategies.chain import StrategyChain
+
+__all__ = ["ArrowRows", "output_fields", "output_columns", "token_values", "masked_flags"]
+
+ACTION_MASK = "action_mask"
+
+
+class ArrowRows:
+    """A table's rows as the `WrittenRows` numpy view a strategy reads."""
+
+    def __init__(self, table: pa.Table):
+        self._table = table
+        self.names = table.column_names
+        self.num_rows = table.num_rows
+
+    def scalar(self, name: str) -> np.ndarray:
+        return self._table[name].to_numpy(zero_copy_only=False)
+
+    def tokens(self, name: str) -> TokenColumn:
+        fl = flat_list(self._table[name])
+        return TokenColumn(fl.offsets, fl.values.to_numpy(zero_copy_only=False))
+
+    def response(self) -> tuple[np.ndarray, np.ndarray]:
+        if ACTION_MASK in self.names:
+            fl = flat_list(self._table[ACTION_MASK])
+            return fl.lengths, np.asarray(fl.values.to_numpy(zero_copy_only=False), dtype=np.float64)
+        if "logprobs" in self.names:
+            lengths = flat_list(self._table["logprobs"]).lengths
+        elif "tokens" in self.names:
+            prompt = np.asarray(self._table["prompt_length"].to_numpy(zero_copy_only=False), dtype=np.int64)
+            lengths = flat_list(self._table["tokens"]).lengths - prompt
+        else:
+            lengths = np.zeros(self.num_rows, dtype=np.int64)
+        return lengths, np.ones(int(lengths.sum()), dtype=np.float64)
+
+
+def _field(column: OutputColumn) -> pa.Field:
+    return pa.field(column.name, pa.list_(pa.float32()) if column.per_token else pa.float32())
+
+
+def output_fields(chain: StrategyChain, input_schema: pa.Schema) -> list[pa.Field]:
+    """The columns the chain's stages add to the output, in order: the AddsColumns stages'
+    (advantage, then filter), then the action_mask a masking filter rewrites."""
+    fields = [_field(c) for s in chain.column_stages for c in s.output_columns(input_schema.names)]
+    if chain.masking is not None and ACTION_MASK in input_schema.names:
+        fields.append(input_schema.field(ACTION_MASK))
+    return fields
+
+
+def output_columns(chain: StrategyChain, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:
+    """The values of `output_fields(chain, ...)` (given as `fields`) for the rows of `table`."""
+    rows = ArrowRows(table)
+    columns: list[pa.Array] = []
+    for stage in chain.column_stages:
+        mine = stage.output_columns(table.schema.names)
+        for column, values, field in zip(mine, stage.output_values(rows, mine), fields[len(columns) : len(columns) + len(mine)]):
+            if isinstance(values, TokenColumn):
+                columns.append(pa.LargeListArray.from_arrays(pa.array(values.offsets), pa.array(values.values)).cast(field.type))
+            else:
+                columns.append(pa.array(values).cast(field.type))
+    if chain.masking is not None and ACTION_MASK in table.column_names:
+        columns.append(_zeroed_action_mask(table, masked_flags(chain.masking, table), fields[len(columns)]))
+    return columns
+
+
+def token_values(chain: StrategyChain, table: pa.Table, score: np.ndarray, row_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat token advantages, per-row score) of a token-level chain for the rows of `table`;
+    `score` and `row_value` (n,) are what the advantage stage's score() left (score, score *
+    token_scale). Rows a filter masks keep their place but train on nothing."""
+    rows = ArrowRows(table)
+    values, score = chain.stage(ADVANTAGE).token_values(rows, score, row_value)
+    if chain.masking is not None:
+        flags = masked_flags(chain.masking, table)
+        if flags.any():
+            lengths = rows.response()[0]
+            values = np.where(np.repeat(flags, lengths), 0.0, values)
+            score = np.where(flags, 0.0, score)
+    return values, score
+
+
+def masked_flags(stage: MasksRows, table: pa.Table) -> np.ndarray:
+    """(n,) bool: the rows of `table` that `stage` masks (its column is non-zero, or equals its
+    status string; a null flags nothing)."""
+    column = table[stage.mask_column]
+    if pa.types.is_boolean(column.type) or pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+        return np.asarray(pc.fill_null(pc.cast(column, pa.float64()), 0.0).to_numpy(), dtype=np.float64) != 0
+    equal = pc.equal(column.cast(pa.string()), stage.mask_status)
+    return np.asarray(pc.fill_null(equal, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _zeroed_action_mask(table: pa.Table, flags: np.ndarray, field: pa.Field) -> pa.Array:
+    """`action_mask` with every value of a flagged row set to 0 (Trinity zeroes the mask)."""
+    mask = table[ACTION_MASK].combine_chunks()
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(mask), 0).to_numpy(), dtype=np.int64)
+    zero = np.repeat(flags, lengths)
+    values = mask.flatten()
+    new_values = pc.if_else(pa.array(zero), pa.scalar(False if pa.types.is_boolean(values.type) else 0, values.type), values)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    rebuilt = pa.ListArray.from_arrays(pa.array(offsets), new_values, mask=mask.is_null())
+    return rebuilt.cast(field.type)

@@ -1,0 +1,389 @@
+"""Every strategy by registry name: its kind, one-line summary and parameters, declared once.
+
+Each declaration is a frozen dataclass whose fields are the reference's parameter names with
+the reference's defaults (registry.py derives the checks, the errors and the listings from it);
+`implementation` names the class in this package that does the math, a subclass of the
+declaration imported only when the strategy is created. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rescore.transforms.strategies.registry import (
+    ADVANTAGE,
+    DUPLICATE,
+    FILTER,
+    Column,
+    ConfigError,
+    StrategyParams,
+    param,
+    register,
+)
+
+# --- GRPO family (grpo.py, step_wise.py) ------------------------------------------------------
+
+
+@register(
+    "grpo",
+    kind=ADVANTAGE,
+    implementation="grpo:GRPO",
+    summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty",
+)
+@dataclass(frozen=True)
+class GRPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    std_cal_level: Literal["group", "batch"] = "group"
+    std_threshold: float | None = param(None, minimum=0.0)
+    rank_penalty: float | None = None
+
+
+@register(
+    "correct_bias",
+    kind=ADVANTAGE,
+    implementation="grpo:CorrectBias",
+    summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs",
+)
+@dataclass(frozen=True)
+class CorrectBiasParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    rank_penalty: float = 0.25
+
+
+@register(
+    "step_wise_grpo",
+    kind=ADVANTAGE,
+    implementation="step_wise:StepWiseGRPO",
+    summary="multi-step runs: GRPO over each run's last-step reward, broadcast to all its steps",
+)
+@dataclass(frozen=True)
+class StepWiseGRPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    enable_step_norm: bool = False
+    std_cal_level: Literal["group", "batch"] = "group"
+    std_threshold: float | None = param(None, minimum=0.0)
+
+
+# --- group baselines without std normalisation (baselines.py) ---------------------------------
+
+
+@register(
+    "opmd",
+    kind=ADVANTAGE,
+    implementation="baselines:OPMD",
+    summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation",
+)
+@dataclass(frozen=True)
+class OPMDParams(StrategyParams):
+    opmd_baseline: Literal["mean", "logavgexp"] = "mean"
+    tau: float = param(1.0, positive=True)
+
+
+@register(
+    "asymre",
+    kind=ADVANTAGE,
+    implementation="baselines:AsymRE",
+    summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)",
+)
+@dataclass(frozen=True)
+class AsymREParams(StrategyParams):
+    baseline_shift: float = -0.1
+
+
+@register("dr_grpo", kind=ADVANTAGE, implementation="baselines:DrGRPO", summary="r - mean(G) (GRPO without the std division)")
+@dataclass(frozen=True)
+class DrGRPOParams(StrategyParams):
+    pass
+
+
+@register(
+    "rloo",
+    kind=ADVANTAGE,
+    implementation="baselines:RLOO",
+    summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1); TRL's normalize_advantages whitens over the batch",
+)
+@dataclass(frozen=True)
+class RLOOParams(StrategyParams):
+    normalize_advantages: bool = param(False, hidden_at_default=True)
+
+
+@register(
+    "reinforce_plus_plus_baseline",
+    kind=ADVANTAGE,
+    implementation="baselines:ReinforcePlusPlusBaseline",
+    summary="r - mean(G), then whitened over the batch weighted by action tokens (REINFORCE++)",
+)
+@dataclass(frozen=True)
+class ReinforcePlusPlusBaselineParams(StrategyParams):
+    pass
+
+
+# --- REINFORCE++ with discounted token returns (reinforce_pp.py) ------------------------------
+
+
+@register(
+    "reinforceplusplus",
+    kind=ADVANTAGE,
+    implementation="reinforce_pp:TrinityReinforcePlusPlus",
+    summary="REINFORCE++ (Trinity): discounted token returns (gamma), whitened over the batch's action tokens",
+)
+@register(
+    "reinforce_plus_plus",
+    kind=ADVANTAGE,
+    implementation="reinforce_pp:VerlReinforcePlusPlus",
+    summary="REINFORCE++ (verl): discounted returns over action tokens (gamma), whitened over the batch",
+)
+@dataclass(frozen=True)
+class ReinforcePlusPlusParams(StrategyParams):
+    gamma: float = param(1.0, minimum=0.0, between=(0.0, 1.0))
+
+
+# --- outcome-reward estimators (estimators.py) ------------------------------------------------
+
+
+@register("reinforce", kind=ADVANTAGE, implementation="estimators:Reinforce", summary="the raw reward r (Trinity `reinforce`; the TOPR preset)")
+@dataclass(frozen=True)
+class ReinforceParams(StrategyParams):
+    pass
+
+
+@register(
+    "rec",
+    kind=ADVANTAGE,
+    implementation="estimators:REC",
+    summary="r - mean, optionally / (std + epsilon), with drop=balance of surplus below-mean rows (Trinity `rec`)",
+)
+@dataclass(frozen=True)
+class RECParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    std_normalize: bool = param(False, null=False)
+    drop: Literal["balance"] | None = None
+    seed: int = param(0, minimum=0)
+
+
+@register("opo", kind=ADVANTAGE, implementation="estimators:OPO", summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)")
+@dataclass(frozen=True)
+class OPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+
+
+@register(
+    "grpo_passk",
+    kind=ADVANTAGE,
+    implementation="estimators:GRPOPassK",
+    summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)",
+)
+@dataclass(frozen=True)
+class GRPOPassKParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    norm_adv_by_std_in_grpo: bool = True
+
+
+@register(
+    "gpg",
+    kind=ADVANTAGE,
+    implementation="estimators:GPG",
+    summary="alpha * (r - mean(G)) / f_norm, alpha = batch rows / rows with r != 0 (verl `gpg`)",
+)
+@dataclass(frozen=True)
+class GPGParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    f_norm: float = param(1.0, nonzero=True)
+    alpha: float = 1.0
+
+
+@register(
+    "gdpo",
+    kind=ADVANTAGE,
+    implementation="estimators:GDPO",
+    summary="GRPO per reward column, weighted sum, whitened over the batch by tokens (verl `gdpo`)",
+)
+@dataclass(frozen=True)
+class GDPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    norm_adv_by_std_in_grpo: bool = True
+    gdpo_reward_keys: tuple[Column, ...] = ()
+    gdpo_reward_weights: tuple[float, ...] | None = None
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        weights, columns = values["gdpo_reward_weights"], max(len(values["gdpo_reward_keys"]), 1)
+        if weights is not None and len(weights) != columns:
+            raise ConfigError(f"{strategy}: 'gdpo_reward_weights' has {len(weights)} weights for {columns} reward columns")
+
+
+@register(
+    "remax",
+    kind=ADVANTAGE,
+    implementation="estimators:ReMax",
+    summary="r - the greedy response's reward, read from a column (verl / Trinity `remax`)",
+)
+@dataclass(frozen=True)
+class ReMaxParams(StrategyParams):
+    reward_baselines: Column = "reward_baselines"
+
+
+# --- teacher and loss-weight strategies (chord.py, distill.py, jsd.py) ------------------------
+
+
+@register(
+    "mix_chord",
+    kind=ADVANTAGE,
+    implementation="chord:MixChord",
+    summary="CHORD: mu schedule, loss weights (mu expert / 1 - mu others), GRPO for non-expert rows, phi token weights",
+)
+@dataclass(frozen=True)
+class MixChordParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    mu_warmup_steps: int = param(0, minimum=0)
+    mu_decay_steps: int = param(0, minimum=0)
+    mu_peak: float = param(0.1, between=(0.0, 1.0))
+    mu_valley: float = param(0.1, between=(0.0, 1.0))
+    enable_phi_function: bool = True
+
+
+@register(
+    "on_policy_distill",
+    kind=ADVANTAGE,
+    implementation="distill:OnPolicyDistill",
+    summary="token-level kl_coef * (teacher_logprobs - logprobs); needs logprobs and teacher_logprobs",
+)
+@dataclass(frozen=True)
+class OnPolicyDistillParams(StrategyParams):
+    kl_coef: float = 1.0
+
+
+@register(
+    "jsd",
+    kind=ADVANTAGE,
+    implementation="jsd:JSD",
+    summary="token-level -kl_coef * JSD(teacher, logprobs) (Trinity `jsd`); needs logprobs and teacher_logprobs",
+)
+@dataclass(frozen=True)
+class JSDParams(StrategyParams):
+    lambda_coef: float = param(0.5, minimum=0.0, between=(0.0, 1.0))
+    kl_coef: float = 1.0
+    temperature: float = param(1.0, positive=True)
+    chunk_size: int | None = param(None, minimum=1)
+    """Trinity's chunk_size only bounds GPU memory; the result does not depend on it."""
+
+
+# --- multi-step agents (gigpo.py) --------------------------------------------------------------
+
+
+@register(
+    "gigpo",
+    kind=ADVANTAGE,
+    implementation="gigpo:GiGPO",
+    summary="multi-step: episode advantage + omega * step advantage within anchor-state groups (Trinity `gigpo`)",
+)
+@dataclass(frozen=True)
+class GiGPOParams(StrategyParams):
+    omega: float = 1.0
+    gamma: float = param(1.0, minimum=0.0)
+    fnorm: Literal["std", "none"] = "none"
+    epsilon: float = param(1e-6, minimum=0.0)
+    step_reward_key: Column | None = "step_reward"
+    env_state_hash_key: Column = param("env_state_hash", none_message="must name the anchor-state column")
+
+
+# --- selection: variance filter, duplication, RAFT, constant (selection.py) -------------------
+
+
+@register(
+    "reward_variance",
+    kind=FILTER,
+    implementation="selection:RewardVariance",
+    summary="drop groups with fewer than 2 rows or reward variance (ddof=0) <= variance_threshold",
+)
+@dataclass(frozen=True)
+class RewardVarianceParams(StrategyParams):
+    variance_threshold: float = 0.0
+
+
+@register(
+    "duplicate_informative",
+    kind=DUPLICATE,
+    implementation="selection:DuplicateInformative",
+    summary="reward_variance, then copy kept groups until the batch has its rows again (POLARIS)",
+)
+@dataclass(frozen=True)
+class DuplicateInformativeParams(StrategyParams):
+    variance_threshold: float = 0.0
+    seed: int = param(0, minimum=0)
+
+
+@register(
+    "raft",
+    kind=ADVANTAGE,
+    implementation="selection:RAFT",
+    summary="keep rows with the top reward of their group and reward > reward_threshold; score = weight",
+)
+@dataclass(frozen=True)
+class RAFTParams(StrategyParams):
+    reward_threshold: float | None = 0.0
+    top_only: bool = True
+    weight: float = 1.0
+
+
+@register("constant", kind=ADVANTAGE, implementation="selection:Constant", summary="every row scores `weight` (SFT pass-through)")
+@dataclass(frozen=True)
+class ConstantParams(StrategyParams):
+    weight: float = 1.0
+
+
+# --- filters users ask for (filters.py) --------------------------------------------------------
+
+
+@register(
+    "filter_groups",
+    kind=FILTER,
+    implementation="filters:FilterGroups",
+    summary="DAPO dynamic sampling: drop groups of 2+ rows whose `metric` column has no spread",
+)
+@register(
+    "dynamic_sampling",
+    kind=FILTER,
+    implementation="filters:FilterGroups",
+    summary="DAPO dynamic sampling: drop groups of 2+ rows whose `metric` column has no spread",
+)
+@dataclass(frozen=True)
+class FilterGroupsParams(StrategyParams):
+    metric: Column = "acc"
+
+
+@register(
+    "dynamic_filtering",
+    kind=FILTER,
+    implementation="filters:DynamicFiltering",
+    summary="OpenRLHF dynamic filtering: keep groups whose mean `metric` lies strictly inside the range",
+)
+@dataclass(frozen=True)
+class DynamicFilteringParams(StrategyParams):
+    dynamic_filtering_reward_range: tuple[float, float] = (0.0, 1.0)
+    metric: Column = "reward"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        low, high = values["dynamic_filtering_reward_range"]
+        if not low < high:
+            raise ConfigError(f"{strategy}: 'dynamic_filtering_reward_range' needs low < high, got {[low, high]}")
+
+
+@register(
+    "mask_response_truncated",
+    kind=FILTER,
+    implementation="filters:MaskResponseTruncated",
+    summary="truncated responses (truncate_status): advantages 0 and action_mask zeroed, or dropped with drop=true",
+)
+@register(
+    "mask_truncated_completions",
+    kind=FILTER,
+    implementation="filters:MaskResponseTruncated",
+    summary="truncated responses (truncate_status): advantages 0 and action_mask zeroed, or dropped with drop=true",
+)
+@dataclass(frozen=True)
+class MaskResponseTruncatedParams(StrategyParams):
+    truncate_status_key: Column = "truncate_status"
+    drop: bool = False
