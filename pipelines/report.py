@@ -39,7 +39,7 @@ import numpy as np
 
 from rescore.pipelines.wording import plural
 from rescore.transforms import storage
-from rescore.transforms.metrics import MEAN_KEY, STD_KEY
+from rescore.transforms.rows.metrics import MEAN_KEY, STD_KEY
 from rescore.transforms.write import METRICS
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects")

@@ -16,7 +16,7 @@ from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
-from rescore.transforms.overlap import MAX_AUTO_THREADS, Overlap, resolve_threads
+from rescore.transforms.unit_threads import MAX_AUTO_THREADS, Overlap, resolve_threads
 
 
 class _Tracker:

@@ -19,10 +19,10 @@ from rescore.transforms import (
     storage,
 )
 from rescore.transforms import fingerprint as fingerprints
-from rescore.transforms.light import bucket_of, light_rows, split_by
+from rescore.transforms.rows.keys import bucket_of, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
-from rescore.transforms.overlap import Overlap, resolve_threads
-from rescore.transforms.records import rejected_records
+from rescore.transforms.unit_threads import Overlap, resolve_threads
+from rescore.transforms.rows.outcomes import rejected_records
 
 
 class InputError(ValueError):
@@ -292,7 +292,7 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        # Needs starting with "@" are features computed from the columns (see light.py).
+        # Needs starting with "@" are features computed from the columns (see rows/keys.py).
         wanted = [n.removeprefix("@optional:") for n in self._needs if not n.startswith("@") or n.startswith("@optional:")]
         table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"])))
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))

@@ -13,12 +13,12 @@ import torch
 from apache_beam.metrics import Metrics
 
 from rescore.transforms import coders, faults  # noqa: F401  (coders registers the Arrow table coder)
-from rescore.transforms.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
+from rescore.transforms.rows.audit import AUDIT_FIELDS, AUDIT_NAMES, audit_values, filter_reasons
 from rescore.transforms import device as devices
 from rescore.transforms.device import to_device
-from rescore.transforms.light import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
-from rescore.transforms.metrics import COPY_METRICS, group_metrics
-from rescore.transforms.records import FILTERED, REJECTED, SCORED, records
+from rescore.transforms.rows.keys import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
+from rescore.transforms.rows.metrics import COPY_METRICS, group_metrics
+from rescore.transforms.rows.outcomes import FILTERED, REJECTED, SCORED, records
 from rescore.transforms.strategies import DUPLICATE, GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.segments import segment_sum
 from rescore.transforms.strategies.selection import copy_task_ids, plan_copies

@@ -21,11 +21,11 @@ from rescore.transforms import device as devices
 from rescore.transforms import faults, ownership, storage
 from rescore.transforms import fingerprint as fingerprints
 from rescore.transforms.device import to_device
-from rescore.transforms.metrics import row_metrics, summarize
-from rescore.transforms.overlap import Overlap, resolve_threads
+from rescore.transforms.rows.metrics import row_metrics, summarize
+from rescore.transforms.unit_threads import Overlap, resolve_threads
 from rescore.transforms.read import InputPlan, conform, read_unit
-from rescore.transforms.audit import AUDIT_FIELDS, FILTER_REASON
-from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
+from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.strategies.selection import COPY_INDEX, SOURCE_TASK, copy_task_ids
 from rescore.transforms.strategies.tokens import token_advantages

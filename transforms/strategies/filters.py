@@ -80,7 +80,7 @@ class DynamicFiltering(_Filter):
 def truncated_flags(values: Tensor, column_is_hash: bool) -> Tensor:
     """(n,) bool from the light column: a hash of the status string, or a bool as 0/1."""
     if column_is_hash:
-        from rescore.transforms.light import task_hash
+        from rescore.transforms.rows.keys import task_hash
 
         target = int(task_hash(pa.array([TRUNCATED])).view(np.int64)[0])
         return values == target

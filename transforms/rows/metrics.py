@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
 
 MEAN_KEY = "group_advantages/reward_mean/mean"
 STD_KEY = "group_advantages/reward_std/mean"
