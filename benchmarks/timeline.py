@@ -24,7 +24,7 @@ from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
-from rescore.transforms import read, score, storage, write  # noqa: E402
+from rescore.transforms import finalize, read, score, storage, write  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()
@@ -57,7 +57,7 @@ STEPS = [
     (write, "read_unit", "  parquet read (again)"),
     (write, "score_columns", "  token broadcast"),
     (storage, "write_parquet", "  parquet write"),
-    (write._Finalize, "process", "finalize"),
+    (finalize._Finalize, "process", "finalize"),
 ]
 
 

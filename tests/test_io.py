@@ -169,7 +169,7 @@ def test_a_unit_larger_than_shard_rows_is_written_in_parts(tmp_path, rescore):
 
 
 def test_part_bounds():
-    from rescore.transforms.write import part_bounds
+    from rescore.transforms.rows.tokens import part_bounds
 
     assert part_bounds(10, 4) == [0, 3, 6, 10]
     assert part_bounds(8, 4) == [0, 4, 8]

@@ -12,7 +12,7 @@ from rescore.transforms.rows.metrics import group_metrics, row_metrics, summariz
 from rescore.transforms.rows.outcomes import FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import GroupedRows, create, chain_of
 from rescore.transforms.strategies.baselines import whiten_stats
-from rescore.transforms.strategies.selection import plan_copies
+from rescore.transforms.rows.copies import plan_copies
 from rescore.transforms.strategies.tokens import token_advantages
 
 F64 = torch.float64

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -322,12 +323,18 @@ class _ReadLight(beam.DoFn):
         self._overlap.close()
 
 
-class ReadExperiences(beam.PTransform):
-    """Read every unit of the plan and validate its rows.
+class ReadRows(NamedTuple):
+    """What ReadExperiences returns."""
 
-    Main output: (bucket, light rows) with whole task groups per bucket.
-    Output `rejected`: (unit, records) for rows that failed validation.
-    """
+    light: beam.PCollection
+    """(bucket, light rows): the valid rows, whole task groups per bucket (rows/keys.py)."""
+    rejected: beam.PCollection
+    """(unit, records): rows that failed validation."""
+
+
+class ReadExperiences(beam.PTransform):
+    """Read every unit of the plan and validate its rows -> ReadRows (light rows by bucket,
+    rejected rows by unit)."""
 
     def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0):
         super().__init__()
@@ -336,13 +343,14 @@ class ReadExperiences(beam.PTransform):
         self._buckets = buckets
         self._threads = threads
 
-    def expand(self, pbegin):
+    def expand(self, pbegin) -> ReadRows:
         # Applied to the pipeline, it reads every unit; applied to a PCollection of unit
         # indices (the model stage's output), each unit once that is ready.
         if isinstance(pbegin, beam.pvalue.PBegin):
             units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
         else:
             units = pbegin
-        return units | "ReadAndValidate" >> beam.ParDo(
+        read = units | "ReadAndValidate" >> beam.ParDo(
             _ReadLight(self._plan, self._needs, self._buckets, self._threads)
-        ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="rows")
+        ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
+        return ReadRows(read.light, read.rejected)

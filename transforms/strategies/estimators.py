@@ -35,7 +35,7 @@ from rescore.transforms.strategies.segments import (
     segment_max,
     segment_sum,
 )
-from rescore.transforms.strategies.selection import mix64
+from rescore.transforms.rows.hashing import mix64
 
 
 def _sizes(offsets: Tensor) -> Tensor:
