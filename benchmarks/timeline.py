@@ -25,6 +25,7 @@ from rescore.pipelines import rescore  # noqa: E402
 IMPORTED = time.perf_counter() - T0
 
 from rescore.transforms import finalize, read, score, storage, write  # noqa: E402
+from rescore.transforms.rows import output_rows  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()
@@ -55,7 +56,7 @@ STEPS = [
     (score._ScoreBucket, "process", "score bucket"),
     (write._WriteUnit, "_work", "read back+write unit"),
     (write, "read_unit", "  parquet read (again)"),
-    (write, "score_columns", "  token broadcast"),
+    (output_rows, "score_columns", "  token broadcast"),
     (storage, "write_parquet", "  parquet write"),
     (finalize._Finalize, "process", "finalize"),
 ]

@@ -10,22 +10,22 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
-from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
-from rescore.schemas.experience import SCORE_FIELDS
 from rescore.transforms import device as devices
 from rescore.transforms import faults, storage
 from rescore.transforms.copies import CopyPlans
 from rescore.transforms.read import InputPlan, conform, read_unit
-from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
-from rescore.transforms.rows.copies import copy_fields, expand_copies
-from rescore.transforms.rows.metrics import row_metrics
-from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
-from rescore.transforms.rows.tokens import part_bounds, score_columns
+from rescore.transforms.rows.output_rows import (
+    filtered_rows,
+    output_schemas,
+    rejected_rows,
+    scored_rows,
+    unit_metrics,
+    unit_outcomes,
+)
+from rescore.transforms.rows.tokens import part_bounds
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 
@@ -60,22 +60,13 @@ class _WriteUnit(beam.DoFn):
 
     def setup(self):
         self._device = devices.resolve(self._device_choice)
-        self._copies = self._scoring.duplicates
-        self._extra = (copy_fields(self._plan.task_type) if self._copies else []) + self._scoring.output_fields(self._plan.schema)
-        metadata = {**(self._plan.schema.metadata or {}), **{k.encode(): v.encode() for k, v in self._file_metadata.items()}}
-        self._audit = list(AUDIT_FIELDS) if self._audit_columns else []
-        self._scored_schema = output_schema(self._plan.schema, self._extra + self._audit).with_metadata(metadata)
-        added = {f.name for f in (*SCORE_FIELDS, *self._extra, *self._audit)}
-        self._base_names = [n for n in self._scored_schema.names if n not in added]
-        self._rejected_schema = rejected_schema(self._plan.schema).with_metadata(metadata)
-        self._filtered_schema = pa.schema(
-            [f for f in self._rejected_schema if f.name not in (REJECT_REASON, FILTER_REASON)] + [pa.field(FILTER_REASON, pa.string())],
-            metadata=metadata,
+        self._schemas = output_schemas(
+            self._plan.schema, self._plan.task_type, self._scoring, self._file_metadata, self._audit_columns
         )
         # advantages and returns hold a value per token: a dictionary saves ~10 % of their size
         # and costs ~40 % of the file's encoding time, so they are written plain (snappy still
         # compresses the runs of equal values).
-        self._dictionary = storage.dictionary_columns(self._scored_schema, PLAIN_COLUMNS)
+        self._dictionary = storage.dictionary_columns(self._schemas.scored, PLAIN_COLUMNS)
         self._rows_written = Metrics.counter("rescore", "rows_written")
         threads = resolve_threads(self._threads)
         self._overlap = Overlap(threads, self._outputs)
@@ -126,70 +117,23 @@ class _WriteUnit(beam.DoFn):
     def _work(self, unit_index: int, parts: list[pa.Table], copy_plans):
         """Read the unit back, attach its records and write its files (on an Overlap thread)."""
         unit = self._plan.units[unit_index]
-        rec = pa.concat_tables(parts, promote_options="default")  # audit columns: null on rejected rows
-        rec = rec.take(pa.array(np.argsort(rec["row"].to_numpy(), kind="stable")))
-        rows = rec["row"].to_numpy()
-        if len(rows) != unit.num_rows or not np.array_equal(rows, np.arange(unit.num_rows)):
-            raise RuntimeError(
-                f"internal error: read unit {unit_index} ({unit.path}) has {unit.num_rows} rows but "
-                f"{len(rows)} outcomes ({len(np.unique(rows))} distinct); refusing to write it"
-            )
+        rec = unit_outcomes(parts, unit_index, unit.num_rows, unit.path)
         faults.maybe_pause_readback()
         table = conform(read_unit(unit), self._plan.schema)
-        status = rec["status"].to_numpy()
-        files = []
-
-        kept = np.flatnonzero(status == SCORED)
-        scored = table if len(kept) == table.num_rows else table.take(pa.array(kept))
-        score_col = rec["score"].combine_chunks().take(pa.array(kept))
-        valid = np.asarray(score_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        score = np.asarray(score_col.fill_null(0.0).to_numpy(), dtype=np.float64)
-        row_value = score * rec["token_scale"].to_numpy()[kept]
-        extra_columns: list = []
-        copied_batch = pa.array([], pa.int64())
-        if self._copies:
-            scored, source, extra_columns = expand_copies(scored, copy_plans or {}, self._plan.task_type)
-            score, row_value, valid = score[source], row_value[source], valid[source]
-            copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
-        extra_columns += self._scoring.output_columns(scored, self._extra[2 if self._copies else 0 :])
-        if self._audit:
-            at = pa.array(kept if not self._copies else kept[source])
-            extra_columns += [rec[f.name].combine_chunks().take(at).cast(f.type) for f in self._audit]
-        token_values = None
-        if self._scoring.token_level:
-            token_values, score = self._scoring.token_values(scored, score, row_value)
-        columns = scored.select(self._base_names).columns + score_columns(
-            scored, row_value, score, None if valid.all() else valid, token_values, self._device
+        scored, copied_batch = scored_rows(
+            table, rec, self._schemas, self._scoring, copy_plans, self._plan.task_type, self._device
         )
-        scored = pa.Table.from_arrays(columns + extra_columns, schema=self._scored_schema)
-        files += self._write_scored(scored, unit_index)
+        files = self._write_scored(scored, unit_index)
         faults.maybe_slow_write()
-
-        dropped = np.flatnonzero(status == FILTERED) if self._keep_filtered else []
-        if len(dropped):
-            filtered = table.take(pa.array(dropped)).select(self._filtered_schema.names[:-1])
-            why = rec["reason"].combine_chunks().take(pa.array(dropped))
-            filtered = filtered.append_column(FILTER_REASON, why.cast(pa.string()))
+        filtered = filtered_rows(table, rec, self._schemas) if self._keep_filtered else None
+        if filtered is not None:
             files.append(self._name("filtered", unit_index))
-            storage.write_parquet(filtered.replace_schema_metadata(self._filtered_schema.metadata), files[-1])
-
-        bad = np.flatnonzero(status == REJECTED)
-        reasons = rec["reason"].to_numpy(zero_copy_only=False)[bad]
-        if len(bad):
-            rejected = table.take(pa.array(bad)).select(self._rejected_schema.names[:-1])
-            rejected = rejected.append_column(REJECT_REASON, pa.array(reasons, pa.string()))
-            rejected = rejected.replace_schema_metadata(self._rejected_schema.metadata)
+            storage.write_parquet(filtered, files[-1])
+        rejected = rejected_rows(table, rec, self._schemas)
+        if rejected is not None:
             files.append(self._name("rejected", unit_index))
             storage.write_parquet(rejected, files[-1])
-        return unit_index, files, scored.num_rows, self._metrics(rec, status, reasons, copied_batch)
-
-    @staticmethod
-    def _metrics(rec: pa.Table, status: np.ndarray, reasons: np.ndarray, copied_batch: pa.Array) -> pa.Table:
-        category = np.full(len(status), None, dtype=object)
-        category[status == REJECTED] = [reason_category(r) for r in reasons]
-        batch = pa.concat_arrays([rec["batch"].combine_chunks(), copied_batch])
-        status = np.concatenate([status, np.full(len(copied_batch), DUPLICATED, np.int8)])
-        return row_metrics(batch, status, category.tolist() + [None] * len(copied_batch))
+        return unit_index, files, scored.num_rows, unit_metrics(rec, copied_batch)
 
 
 class WrittenUnits(NamedTuple):
