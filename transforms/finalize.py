@@ -10,7 +10,7 @@ import apache_beam as beam
 from rescore.transforms import faults, ownership
 from rescore.transforms import fingerprint as fingerprints
 from rescore.transforms.read import InputPlan
-from rescore.transforms.rows.metrics import summarize
+from rescore.transforms.rows.metrics import check_accounting, reject_budget_failure, summarize
 from rescore.transforms.strategies import StrategyChain
 
 
@@ -23,22 +23,9 @@ class _Finalize(beam.DoFn):
         self._max_reject_fraction = max_reject_fraction
 
     def process(self, _, files, group_tables, row_tables, copy_tables=()):
-        units = sorted(u for u, _ in files)
-        if units != list(range(len(self._plan.units))):
-            missing = sorted(set(range(len(self._plan.units))) - set(units))
-            raise RuntimeError(f"internal error: read units {missing[:10]} produced no output")
         summary = summarize(group_tables, row_tables, copy_tables, self._stages)
         totals = summary["totals"]
-        if totals["rows_read"] != self._plan.num_rows:
-            raise RuntimeError(
-                f"internal error: input has {self._plan.num_rows} rows, metrics account for "
-                f"{totals['rows_read']} written/filtered/rejected"
-            )
-        planned = sum(int(t["rows_duplicated"].to_numpy().sum()) for t in copy_tables)
-        if planned != totals["rows_duplicated"]:
-            raise RuntimeError(
-                f"internal error: the copy plan asked for {planned} copied rows, {totals['rows_duplicated']} were written"
-            )
+        check_accounting(totals, [u for u, _ in files], len(self._plan.units), self._plan.num_rows, copy_tables)
         document = {
             **self._run_info,
             "input_files": len(self._plan.files),
@@ -59,18 +46,6 @@ class _Finalize(beam.DoFn):
         staged = [path for _, paths in sorted(files) for path in paths]
         ownership.publish(self._output, staged, json.dumps(document, indent=2) + "\n", failed=bool(failure))
         yield document
-
-
-def reject_budget_failure(totals: dict, max_fraction: float) -> str | None:
-    """The one-line reason the run fails its reject budget, or None."""
-    read, rejected = totals["rows_read"], totals["rows_rejected"]
-    if read == 0 or rejected / read <= max_fraction:
-        return None
-    top = ", ".join(f"{k} {v:,}" for k, v in sorted(totals["reject_reasons"].items(), key=lambda kv: -kv[1])[:3])
-    return (
-        f"{rejected:,} of {read:,} rows ({rejected / read:.1%}) were rejected ({top}), more than "
-        f"--max-reject-fraction={max_fraction:g}"
-    )
 
 
 class Finalize(beam.PTransform):
