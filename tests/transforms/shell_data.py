@@ -72,3 +72,8 @@ def light_table(unit: int, rows, *, first_row: int = 0) -> pa.Table:
     )
     light = light_rows(unit, table, check_rows(table), task_type=pa.int64())
     return light.set_column(1, "row", pa.array([first_row + i for i in range(len(rows))], pa.int32()))
+
+
+def response_length_reward(response_tokens) -> float:
+    """A --reward-fn for the model stage's shell test: the response's length in tokens."""
+    return float(len(response_tokens))
