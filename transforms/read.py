@@ -14,13 +14,12 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from rescore.schemas import SchemaError, check_rows, unify, validate_file_schema
-from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.transforms import (
     coders,  # noqa: F401  (registers the Arrow table coder)
     storage,
 )
 from rescore.transforms import fingerprint as fingerprints
-from rescore.transforms.rows.keys import bucket_of, light_rows, split_by
+from rescore.transforms.rows.keys import bucket_of, light_columns, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 from rescore.transforms.rows.outcomes import rejected_records
@@ -293,9 +292,7 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        # Needs starting with "@" are features computed from the columns (see rows/keys.py).
-        wanted = [n.removeprefix("@optional:") for n in self._needs if not n.startswith("@") or n.startswith("@optional:")]
-        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"])))
+        table = read_unit(unit, light_columns(self._needs))
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None

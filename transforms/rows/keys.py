@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list, segment_sum
 from rescore.transforms.rows.hashing import mix64
 from rescore.schemas.validation import RowCheck
@@ -29,6 +30,14 @@ tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
 OPTIONAL_FEATURE = "@optional:"
 """Need `@optional:NAME`: the number column NAME where a file has it (x.NAME, NaN elsewhere)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
+
+
+def light_columns(needs: tuple[str, ...]) -> list[str]:
+    """The input columns a read for light rows takes: the contract's, each column `needs` names
+    (`@optional:NAME` names NAME; other `@` features are computed from the contract's), and
+    `source_error` where a source staged one."""
+    wanted = [n.removeprefix(OPTIONAL_FEATURE) for n in needs if not n.startswith("@") or n.startswith(OPTIONAL_FEATURE)]
+    return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
 def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = ()) -> pa.Table:
