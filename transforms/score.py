@@ -19,7 +19,7 @@ from rescore.transforms import device as devices
 from rescore.transforms.device import to_device
 from rescore.transforms.rows.audit import AUDIT_FIELDS, audit_values, filter_reasons
 from rescore.transforms.rows.copies import copy_groups
-from rescore.transforms.rows.groups import duplicate_records, prepare_bucket, to_grouped_rows
+from rescore.transforms.rows.groups import batch_stats_per_row, duplicate_records, prepare_bucket, to_grouped_rows
 from rescore.transforms.rows.metrics import group_metrics
 from rescore.transforms.rows.outcomes import scored_outcomes
 from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
@@ -93,9 +93,7 @@ class _ScoreBucket(beam.DoFn):
         rows = to_grouped_rows(light, self._device)
         per_row_stats = None
         if batch_stats is not None:
-            batches, inverse = np.unique(light["batch"].to_numpy(), return_inverse=True)
-            stats = np.array([batch_stats[int(b)] for b in batches], dtype=np.float64).reshape(len(batches), -1)
-            per_row_stats = to_device(stats[inverse], self._device)
+            per_row_stats = to_device(batch_stats_per_row(light, batch_stats), self._device)
         with torch.no_grad():
             scores = self._plan.score(rows, per_row_stats)
         self._groups.inc(rows.num_groups)

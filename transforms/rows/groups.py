@@ -116,3 +116,11 @@ def prepare_bucket(parts: list[pa.Table], max_group_rows: int) -> tuple[pa.Table
     if sum(p.num_rows for p in parts) > max_group_rows:
         check_group_sizes(pa.concat_tables(parts).sort_by(SORT_KEYS[:2]), max_group_rows)
     return sort_rows(pa.concat_tables(parts))
+
+
+def batch_stats_per_row(light: pa.Table, batch_stats: dict[int, tuple[float, ...]]) -> np.ndarray:
+    """(n, k) float64: the statistics of each light row's batch (batch_stats: batch -> k values,
+    the strategy chain's batch-level statistics)."""
+    batches, inverse = np.unique(light["batch"].to_numpy(), return_inverse=True)
+    stats = np.array([batch_stats[int(b)] for b in batches], dtype=np.float64).reshape(len(batches), -1)
+    return stats[inverse]
