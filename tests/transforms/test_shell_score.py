@@ -60,3 +60,37 @@ def test_score_groups_scores_filters_rejects_duplicate_ids_and_describes_groups(
             equal_to([[(0, 1, 4, 4, True), (0, 2, 2, 0, False), (1, 1, 2, 2, True)]]),
             label="CheckCopyGroups",
         )
+
+
+def _whitened(rewards_by_group: list[list[float]], tokens: int = 3) -> list[float]:
+    """The spec's reinforce_plus_plus_baseline over one batch: s = r - mean(G), whitened over the
+    batch weighted by action tokens (every row here has `tokens`)."""
+    s = [r - sum(g) / len(g) for g in rewards_by_group for r in g]
+    w = [tokens] * len(s)
+    mu = sum(si * wi for si, wi in zip(s, w)) / sum(w)
+    var = sum(wi * (si - mu) ** 2 for si, wi in zip(s, w)) / (sum(w) - 1)
+    return [(si - mu) / (var + 1e-8) ** 0.5 for si in s]
+
+
+def test_score_groups_takes_batch_statistics_across_buckets():
+    # batch 0's two groups land in different buckets: the whitening must see both.
+    parts = [
+        (1, light_table(0, [(0, 1, 0, 1.0), (0, 1, 1, 0.0), (0, 1, 2, 3.0)])),
+        (2, light_table(0, [(0, 2, 0, 2.0), (0, 2, 1, 0.0)], first_row=3)),
+        (3, light_table(1, [(1, 1, 0, 5.0), (1, 1, 1, 1.0)])),
+    ]
+    expected = {
+        **{(0, row): s for row, s in enumerate(_whitened([[1.0, 0.0, 3.0], [2.0, 0.0]]))},
+        **{(1, row): s for row, s in enumerate(_whitened([[5.0, 1.0]]))},
+    }
+
+    def scores(items):
+        found = {(unit, row): score for unit, rec in items for row, score in zip(rec["row"].to_pylist(), rec["score"].to_pylist())}
+        assert found.keys() == expected.keys()
+        for key, score in expected.items():
+            assert found[key] == pytest.approx(score, rel=1e-9), key
+        return sorted(found)
+
+    with pipeline() as p:
+        scored = p | beam.Create(parts) | ScoreGroups(build_chain(["reinforce_plus_plus_baseline"], {}), device="cpu")
+        assert_that(scored.outcomes | "Scores" >> gathered(scores), equal_to([sorted(expected)]))
