@@ -156,29 +156,16 @@ class WriteScored(beam.PTransform):
         shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
     ):
         super().__init__()
-        self._keep_filtered = keep_filtered
-        self._audit_columns = audit_columns
-        self._threads = threads
-        self._shard_rows = shard_rows
-        self._plan = plan
-        self._output = output
-        self._scoring = scoring
-        self._copies = copies
-        self._device = device
-        self._accelerator = accelerator
-        self._file_metadata = file_metadata
-
-    def expand(self, unit_records):
-        side = {} if self._copies is None else {"copy_plans": beam.pvalue.AsDict(self._copies.plans)}
-        write = beam.ParDo(
-            _WriteUnit(
-                self._plan, staging_dir(self._output), self._scoring, self._device, self._file_metadata, self._threads,
-                self._shard_rows, self._keep_filtered, self._audit_columns,
-            ),
-            **side,
+        self._write = _WriteUnit(
+            plan, staging_dir(output), scoring, device, file_metadata, threads, shard_rows, keep_filtered, audit_columns
         )
-        write = write.with_outputs(_WriteUnit.METRICS, main="files")
-        if self._accelerator:
-            write = write.with_resource_hints(accelerator=self._accelerator)
+        self._copies = copies
+        self._hints = {"accelerator": accelerator} if accelerator else {}
+
+    def expand(self, unit_records) -> WrittenUnits:
+        side = {} if self._copies is None else {"copy_plans": beam.pvalue.AsDict(self._copies.plans)}
+        write = beam.ParDo(self._write, **side).with_outputs(_WriteUnit.METRICS, main="files")
+        if self._hints:
+            write = write.with_resource_hints(**self._hints)
         written = unit_records | "GroupByUnit" >> beam.GroupByKey() | "ReadBackAndWrite" >> write
         return WrittenUnits(written.files, written.metrics)
