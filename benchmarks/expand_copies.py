@@ -1,4 +1,4 @@
-"""Micro benchmark of expand_copies (transforms/write.py): the POLARIS copies of one read unit.
+"""Micro benchmark of expand_copies (transforms/rows/copies.py): the POLARIS copies of one read unit.
 
     .venv/bin/python benchmarks/expand_copies.py --batches 1 100 10000 100000 --rows 200000
     .venv/bin/python benchmarks/expand_copies.py --batches 16384 --rows 16384 --other-batches 100000
@@ -30,7 +30,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from test_expand_copies import old_expand_copies  # noqa: E402
 
-from rescore.transforms.write import expand_copies  # noqa: E402
+from rescore.transforms.rows.copies import expand_copies  # noqa: E402
 
 
 def unit(rows: int, batches: int, runs: int, string_tasks: bool, other_batches: int = 0) -> tuple[pa.Table, dict]:

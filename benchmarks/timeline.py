@@ -24,8 +24,9 @@ from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
-from rescore.transforms import read, score, write  # noqa: E402
+from rescore.transforms import finalize, read, score, write  # noqa: E402
 from rescore.transforms.files import storage  # noqa: E402
+from rescore.transforms.rows import output_rows  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()
@@ -56,9 +57,9 @@ STEPS = [
     (score._ScoreBucket, "process", "score bucket"),
     (write._WriteUnit, "_work", "read back+write unit"),
     (write, "read_unit", "  parquet read (again)"),
-    (write, "score_columns", "  token broadcast"),
+    (output_rows, "score_columns", "  token broadcast"),
     (storage, "write_parquet", "  parquet write"),
-    (write._Finalize, "process", "finalize"),
+    (finalize._Finalize, "process", "finalize"),
 ]
 
 

@@ -41,7 +41,7 @@ from rescore.errors import ReportError
 from rescore.pipelines.wording import plural
 from rescore.transforms.files import storage
 from rescore.transforms.files.layout import DELTA_LOG, FILTERED_FILES, METRICS, REPORT_HTML, SCORED_FILES, report_chart
-from rescore.transforms.metrics import MEAN_KEY, STD_KEY
+from rescore.transforms.rows.metrics import MEAN_KEY, STD_KEY
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects")
 OPTIONAL_CHARTS = ("columns", "audit")

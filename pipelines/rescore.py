@@ -8,8 +8,9 @@
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
-    (GroupByKey on a bucket of (batch, task)) -> WriteScored (GroupByKey on read unit, rows
-    read back where they are) -> finalize (metrics.json, then _SUCCESS).
+    (GroupByKey on a bucket of (batch, task)) -> PlanCopies (with duplication; GroupByKey on
+    batch) -> WriteScored (GroupByKey on read unit, rows read back where they are) -> Finalize
+    (metrics.json, then _SUCCESS).
 Exit status: 0 success, 1 the pipeline failed, 2 bad configuration or input.
 """
 
@@ -44,13 +45,15 @@ from rescore.pipelines.progress import Progress
 from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
+from rescore.transforms.copies import PlanCopies
 from rescore.transforms.files import lock as output_lock
 from rescore.transforms.files import ownership, storage
 from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
+from rescore.transforms.finalize import Finalize
 from rescore.transforms.read import InputPlan, ReadExperiences, plan_input
 from rescore.transforms.score import ScoreGroups
-from rescore.transforms.strategies import StrategyChain, build_chain
-from rescore.transforms.write import WriteScored, finalize
+from rescore.transforms.strategies import DUPLICATE, StrategyChain, build_chain
+from rescore.transforms.write import WriteScored
 
 log = logging.getLogger("rescore")
 
@@ -62,29 +65,30 @@ USER_ERRORS = errors.USER_ERRORS
 
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict) -> None:
-    source = p
+    """The whole job: read -> score -> plan copies -> write -> finalize."""
+    units = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
 
-        source = p | "ComputeModelColumns" >> ComputeModelColumns(
+        units = p | "ComputeModelColumns" >> ComputeModelColumns(
             plan, cfg.models, staging_dir(cfg.output), device=cfg.device, context=run_info["models"]["context"]
         )
-    light = source | "ReadExperiences" >> ReadExperiences(
-        plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads
-    )
-    records, group_metrics, copy_plans, copy_metrics = light.rows | "ScoreGroups" >> ScoreGroups(
+    read = units | "ReadExperiences" >> ReadExperiences(plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads)
+    scored = read.light | "ScoreGroups" >> ScoreGroups(
         scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator,
         keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
-    outcomes = (records, light.rejected) | "EveryRow" >> beam.Flatten()
-    files, row_metrics = outcomes | "WriteScored" >> WriteScored(
-        plan, cfg.output, scoring, copy_plans, device=cfg.device, accelerator=cfg.accelerator,
+    copies = None  # no duplicate stage: no copy plans
+    if scoring.duplicates:
+        copies = scored.copy_groups | "PlanCopies" >> PlanCopies(seed=scoring.stage(DUPLICATE).seed)
+    every_row = (scored.outcomes, read.rejected) | "EveryRow" >> beam.Flatten()
+    written = every_row | "WriteScored" >> WriteScored(
+        plan, cfg.output, scoring, copies, device=cfg.device, accelerator=cfg.accelerator,
         file_metadata=file_metadata(run_info), threads=cfg.io_threads, shard_rows=cfg.shard_rows,
         keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
     )
-    stages = scoring.stage_metrics
-    finalize(
-        p, plan, cfg.output, run_info, stages, files, group_metrics, row_metrics, copy_metrics,
+    p | "Finalize" >> Finalize(
+        plan, cfg.output, run_info, scoring, written=written, group_metrics=scored.group_metrics, copies=copies,
         max_reject_fraction=cfg.max_reject_fraction,
     )
 

@@ -79,7 +79,7 @@ def test_scores_on_a_device_match_the_cpu(device, strategy, params):
 def test_token_broadcast_on_a_device(device):
     import pyarrow as pa
 
-    from rescore.transforms.write import score_columns
+    from rescore.transforms.rows.tokens import score_columns
 
     rng = np.random.default_rng(1)
     lengths = rng.integers(0, 50, 200)

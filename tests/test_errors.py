@@ -23,7 +23,7 @@ OLD_NAMES = [
     ("rescore.transforms.files.ownership", "OutputError", errors.OutputError),
     ("rescore.transforms.files.lock", "LockBusy", errors.LockBusy),
     ("rescore.transforms.files.fingerprint", "InputChanged", errors.InputChanged),
-    ("rescore.transforms.score", "GroupTooLarge", errors.GroupTooLarge),
+    ("rescore.transforms.rows.groups", "GroupTooLarge", errors.GroupTooLarge),
     ("rescore.transforms.inference", "ModelConfigError", errors.ModelConfigError),
     ("rescore.transforms.trinity_format", "BlobError", errors.BlobError),
     ("rescore.transforms.device", "DeviceError", errors.DeviceError),

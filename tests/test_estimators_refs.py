@@ -25,8 +25,8 @@ import torch
 
 import refs
 from rescore.schemas.validation import check_rows
-from rescore.transforms.light import light_rows
-from rescore.transforms.score import sort_rows, to_grouped_rows
+from rescore.transforms.rows.keys import light_rows
+from rescore.transforms.rows.groups import sort_rows, to_grouped_rows
 from rescore.transforms.rows import strategy_columns
 from rescore.transforms.strategies import chain_of
 from rescore.transforms.strategies.estimators import rec_scores, row_keys

@@ -1,4 +1,4 @@
-"""expand_copies (transforms/write.py) is vectorised: its output must be byte-identical to the
+"""expand_copies (transforms/rows/copies.py) is vectorised: its output must be byte-identical to the
 per-batch loop it replaced, which is kept here verbatim as the reference."""
 
 import random
@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from rescore.transforms.strategies.selection import copy_task_ids
-from rescore.transforms.write import expand_copies
+from rescore.transforms.rows.copies import copy_task_ids
+from rescore.transforms.rows.copies import expand_copies
 
 
 def _old_copy_task_ids(task: pa.Array, copy_index: np.ndarray, stride: int) -> pa.Array:

@@ -16,7 +16,7 @@ from apache_beam.transforms.window import GlobalWindow, IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
-from rescore.transforms.overlap import MAX_AUTO_THREADS, Overlap, resolve_threads
+from rescore.transforms.unit_threads import MAX_AUTO_THREADS, Overlap, resolve_threads
 
 
 class _Tracker:
@@ -169,7 +169,7 @@ def test_a_unit_larger_than_shard_rows_is_written_in_parts(tmp_path, rescore):
 
 
 def test_part_bounds():
-    from rescore.transforms.write import part_bounds
+    from rescore.transforms.rows.tokens import part_bounds
 
     assert part_bounds(10, 4) == [0, 3, 6, 10]
     assert part_bounds(8, 4) == [0, 4, 8]

@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rescore.transforms.metrics import group_metrics, row_metrics, summarize
-from rescore.transforms.records import FILTERED, REJECTED, SCORED
+from rescore.transforms.rows.metrics import group_metrics, row_metrics, summarize
+from rescore.transforms.rows.outcomes import FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import GroupedRows, create, chain_of
 from rescore.transforms.strategies.baselines import whiten_stats
-from rescore.transforms.strategies.selection import plan_copies
+from rescore.transforms.rows.copies import plan_copies
 from rescore.transforms.strategies.tokens import token_advantages
 
 F64 = torch.float64

@@ -143,7 +143,7 @@ def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
         *STRATEGY,
     ])
     names = [t.unique_name for t in doc["job"].proto_pipeline.components.transforms.values()]
-    for step in ("ReadExperiences", "ScoreGroups/GroupByBucket", "ScoreGroups/PlanCopies", "WriteScored/GroupByUnit", "Finalize"):
+    for step in ("ReadExperiences", "ScoreGroups/GroupByBucket", "PlanCopies/GroupByBatch", "WriteScored/GroupByUnit", "Finalize"):
         assert any(n.startswith(step) for n in names), step
 
 

@@ -13,7 +13,7 @@ from rescore.transforms.strategies.baselines import (
     whiten_stats,
 )
 from rescore.transforms.strategies.chord import mu_schedule, phi
-from rescore.transforms.strategies.selection import copy_task_ids, plan_copies
+from rescore.transforms.rows.copies import copy_task_ids, plan_copies
 from rescore.transforms.strategies.step_wise import runs_of
 
 F64 = torch.float64

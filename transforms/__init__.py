@@ -1,5 +1,6 @@
-"""Beam PTransforms of the rescoring pipeline (ReadExperiences, ScoreGroups, WriteScored) and,
-in `transforms.strategies`, the pure scoring math they wrap."""
+"""Beam PTransforms of the rescoring pipeline (ReadExperiences, ScoreGroups, PlanCopies,
+WriteScored, Finalize); the row work they call is in `transforms.rows`, the pure scoring math in
+`transforms.strategies`."""
 
 
 def _quiet_beam_import_noise() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -14,14 +15,13 @@ from apache_beam.metrics import Metrics
 
 from rescore.errors import InputError
 from rescore.schemas import SchemaError, check_rows, unify, validate_file_schema
-from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.transforms import coders  # noqa: F401  (registers the Arrow table coder)
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
-from rescore.transforms.light import bucket_of, light_rows, split_by
+from rescore.transforms.rows.keys import bucket_of, light_columns, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
-from rescore.transforms.overlap import Overlap, resolve_threads
-from rescore.transforms.records import rejected_records
+from rescore.transforms.unit_threads import Overlap, resolve_threads
+from rescore.transforms.rows.outcomes import rejected_records
 
 
 @dataclass(frozen=True)
@@ -287,9 +287,7 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        # Needs starting with "@" are features computed from the columns (see light.py).
-        wanted = [n.removeprefix("@optional:") for n in self._needs if not n.startswith("@") or n.startswith("@optional:")]
-        table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"])))
+        table = read_unit(unit, light_columns(self._needs))
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None
@@ -317,12 +315,18 @@ class _ReadLight(beam.DoFn):
         self._overlap.close()
 
 
-class ReadExperiences(beam.PTransform):
-    """Read every unit of the plan and validate its rows.
+class ReadRows(NamedTuple):
+    """What ReadExperiences returns."""
 
-    Main output: (bucket, light rows) with whole task groups per bucket.
-    Output `rejected`: (unit, records) for rows that failed validation.
-    """
+    light: beam.PCollection
+    """(bucket, light rows): the valid rows, whole task groups per bucket (rows/keys.py)."""
+    rejected: beam.PCollection
+    """(unit, records): rows that failed validation."""
+
+
+class ReadExperiences(beam.PTransform):
+    """Read every unit of the plan and validate its rows -> ReadRows (light rows by bucket,
+    rejected rows by unit)."""
 
     def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0):
         super().__init__()
@@ -331,13 +335,14 @@ class ReadExperiences(beam.PTransform):
         self._buckets = buckets
         self._threads = threads
 
-    def expand(self, pbegin):
+    def expand(self, pbegin) -> ReadRows:
         # Applied to the pipeline, it reads every unit; applied to a PCollection of unit
         # indices (the model stage's output), each unit once that is ready.
         if isinstance(pbegin, beam.pvalue.PBegin):
             units = pbegin | "Units" >> beam.Create([u.index for u in self._plan.units])
         else:
             units = pbegin
-        return units | "ReadAndValidate" >> beam.ParDo(
+        read = units | "ReadAndValidate" >> beam.ParDo(
             _ReadLight(self._plan, self._needs, self._buckets, self._threads)
-        ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="rows")
+        ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
+        return ReadRows(read.light, read.rejected)

@@ -166,7 +166,7 @@ def test_capabilities_are_declared_protocols():
 
 
 def test_the_math_hashes_strings_as_the_row_layer_does():
-    from rescore.transforms.light import task_hash
+    from rescore.transforms.rows.keys import task_hash
 
     texts = ["response_truncated", "", "é", "normal"]
     assert [string_key(t) for t in texts] == task_hash(pa.array(texts)).view(np.int64).tolist()

@@ -9,16 +9,12 @@ import pkgutil
 import subprocess
 import sys
 
-import pytest
 
 import rescore.transforms.strategies as strategies
 from rescore.transforms.strategies import algorithms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULES = sorted(f"{strategies.__name__}.{m.name}" for m in pkgutil.iter_modules(strategies.__path__))
-PENDING = {f"{strategies.__name__}.selection"}
-"""selection.py still holds the copy plans (copy_task_ids builds Arrow arrays); they move to
-transforms/rows/copies.py (issue 14, rows layer). Strict xfail: drop this once they have."""
 
 
 def _imported(code: str) -> dict:
@@ -40,16 +36,11 @@ def _forbidden_after_importing(modules) -> list[str]:
 
 def test_the_module_list_is_the_package():
     assert f"{strategies.__name__}.grpo" in MODULES and f"{strategies.__name__}.registry" in MODULES
-    assert PENDING <= set(MODULES)
+    assert f"{strategies.__name__}.selection" in MODULES
 
 
 def test_the_math_imports_neither_arrow_nor_beam():
-    assert _forbidden_after_importing(set(MODULES) - PENDING) == []
-
-
-@pytest.mark.xfail(strict=True, reason="copy plans still in selection.py (moving to transforms/rows/copies.py)")
-def test_selection_imports_neither_arrow_nor_beam():
-    assert _forbidden_after_importing(PENDING) == []
+    assert _forbidden_after_importing(MODULES) == []
 
 
 def test_names_parameters_checks_and_presets_load_without_torch():

@@ -8,16 +8,13 @@
                            reward_threshold); score = weight (RAFT, arXiv 2304.06767)
     constant               every row scores `weight` (the `sft` algorithm)
 
-The copy plan is a pure function of light per-group metadata (plan_copies): a shuffle keyed
-by a fixed 64-bit hash of (seed, batch, the sorted group keys, round), never a global RNG or
-arrival order, so every rerun and every runner makes the same copies.
+duplicate_informative only says which groups are informative; how many copies each gets (the
+copy plan) and how they are written is the row layer's (transforms/rows/copies.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from torch import Tensor
 
@@ -35,9 +32,6 @@ from rescore.transforms.strategies.segments import (
     population_var,
     segment_max,
 )
-
-COPY_INDEX = "copy_index"
-SOURCE_TASK = "source_task"
 
 
 def informative_groups(reward: Tensor, offsets: Tensor, variance_threshold: float) -> Tensor:
@@ -110,71 +104,3 @@ class Constant(_Selection, ConstantParams):
         return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
 
 
-# --- the copy plan ----------------------------------------------------------------------------
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def mix64(x) -> np.ndarray:
-    """splitmix64 finaliser over uint64 values (wrapping arithmetic, platform independent)."""
-    x = np.asarray(x, dtype=np.uint64).copy()
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
-
-
-def _combine(values: np.ndarray) -> np.uint64:
-    """One hash of a sequence of uint64 values that depends on their order."""
-    if len(values) == 0:
-        return np.uint64(0)
-    with np.errstate(over="ignore"):
-        position = mix64(np.arange(len(values), dtype=np.uint64) + _GOLDEN)
-        return np.bitwise_xor.reduce(mix64(values.astype(np.uint64) ^ position))
-
-
-def plan_copies(key_hash: np.ndarray, sizes: np.ndarray, informative: np.ndarray, *, target: int, seed: int, batch: int) -> np.ndarray:
-    """(G,) number of copies of each group of one batch.
-
-    key_hash: (G,) uint64 fixed hashes of the group keys, in sorted key order.
-    sizes: (G,) rows each group writes; informative: (G,) bool, the groups that may be copied.
-    target: rows the batch had before filtering.
-
-    Rounds of copies, each over every informative group in a shuffled order, go on until the
-    written rows (informative originals + copies) reach `target`; the last round stops at the
-    first group that reaches it, so the batch ends below target + the largest group. Whole
-    rounds copy every group once, so only the last round's order matters; it is the order of
-    mix64(base ^ mix64(round) ^ key hash), base = hash of (seed, batch, all informative keys).
-    """
-    copies = np.zeros(len(sizes), dtype=np.int64)
-    idx = np.flatnonzero(informative)
-    have = int(sizes[idx].sum())
-    need = int(target) - have
-    if have == 0 or need <= 0:
-        return copies
-    full = (need - 1) // have  # whole rounds; leaves 0 < remainder <= have
-    copies[idx] = full
-    remainder = need - full * have
-    with np.errstate(over="ignore"):
-        seed_hash = mix64(np.uint64(seed & 0xFFFFFFFFFFFFFFFF)) ^ mix64(np.uint64(batch & 0xFFFFFFFFFFFFFFFF) + _GOLDEN)
-        base = mix64(seed_hash ^ _combine(key_hash[idx]))
-        order_key = mix64(key_hash[idx] ^ base ^ mix64(np.uint64(full + 1)))
-    order = idx[np.argsort(order_key, kind="stable")]
-    reached = np.cumsum(sizes[order]) >= remainder
-    last = int(np.argmax(reached))
-    copies[order[: last + 1]] += 1
-    return copies
-
-
-def copy_task_ids(task: pa.Array, copy_index: np.ndarray, stride: int) -> pa.Array:
-    """The task id of copy k of a group: task + k * stride for integer tasks (stride = the span
-    of the batch's task ids, so copies never meet an original or each other), and
-    'task#copyK' for string tasks (plan checks those are new)."""
-    if pa.types.is_integer(task.type):
-        values = np.asarray(task.to_numpy(zero_copy_only=False), dtype=np.int64)
-        return pa.array(values + copy_index.astype(np.int64) * np.int64(stride), pa.int64())
-    number = pc.cast(pa.array(np.asarray(copy_index, dtype=np.int64)), pa.string())
-    return pc.binary_join_element_wise(task.cast(pa.string()), "#copy", number, "")

@@ -1,4 +1,5 @@
-"""The light rows that cross the shuffle: ids, reward and a few per-row features.
+"""The light rows that cross the shuffle (ids, reward and a few per-row features), task hashes
+and shuffle buckets.
 
 Token columns never cross the shuffle. Each valid row is reduced to a handful of scalars and a
 locator (read unit, row); after scoring, the locator brings the score back to the row where the
@@ -13,7 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list, segment_sum
+from rescore.transforms.strategies.hashing import mix64
 from rescore.schemas.validation import RowCheck
 
 ID_KEYS = ("batch", "task", "run", "step")
@@ -27,6 +30,14 @@ tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
 OPTIONAL_FEATURE = "@optional:"
 """Need `@optional:NAME`: the number column NAME where a file has it (x.NAME, NaN elsewhere)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
+
+
+def light_columns(needs: tuple[str, ...]) -> list[str]:
+    """The input columns a read for light rows takes: the contract's, each column `needs` names
+    (`@optional:NAME` names NAME; other `@` features are computed from the contract's), and
+    `source_error` where a source staged one."""
+    wanted = [n.removeprefix(OPTIONAL_FEATURE) for n in needs if not n.startswith("@") or n.startswith(OPTIONAL_FEATURE)]
+    return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
 def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = ()) -> pa.Table:
@@ -129,31 +140,15 @@ def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[n
     return segment_sum(c, offsets), segment_sum(c * c, offsets)
 
 
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: a fixed, platform-independent 64-bit hash of uint64 values."""
-    x = x.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= _MIX1
-        x ^= x >> np.uint64(27)
-        x *= _MIX2
-        x ^= x >> np.uint64(31)
-    return x
-
-
 def task_hash(task: pa.Array) -> np.ndarray:
     """(n,) uint64 hash of task ids, the same in every process (unlike Python's hash())."""
     if pa.types.is_integer(task.type):
-        return _mix(np.asarray(task.to_numpy(zero_copy_only=False)).view(np.uint64))
+        return mix64(np.asarray(task.to_numpy(zero_copy_only=False)).view(np.uint64))
     encoded = pc.dictionary_encode(task).combine_chunks() if isinstance(task, pa.ChunkedArray) else pc.dictionary_encode(task)
     per_value = np.array(
         [zlib.crc32(s.encode("utf-8")) for s in encoded.dictionary.to_pylist()], dtype=np.uint64
     )
-    return _mix(per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
+    return mix64(per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
 
 
 def bucket_of(light: pa.Table, buckets: int) -> np.ndarray:
@@ -162,7 +157,7 @@ def bucket_of(light: pa.Table, buckets: int) -> np.ndarray:
     Every row of a task group lands in the same bucket, so a bucket holds whole groups.
     """
     batch = np.asarray(light["batch"].to_numpy(), dtype=np.int64).view(np.uint64)
-    h = _mix(_mix(batch) ^ task_hash(light["task"].combine_chunks()))
+    h = mix64(mix64(batch) ^ task_hash(light["task"].combine_chunks()))
     return (h % np.uint64(buckets)).astype(np.int64)
 
 

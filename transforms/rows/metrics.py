@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
 
 MEAN_KEY = "group_advantages/reward_mean/mean"
 STD_KEY = "group_advantages/reward_std/mean"
@@ -161,3 +161,34 @@ def summarize(
         empty = {k: t.slice(0, 0) for k, t in tables.items()}
         per_batch.append({"batch": None, **_batch_summary(empty["groups"], unknown, empty["copies"], stages)})
     return {"totals": _batch_summary(tables["groups"], rows, tables["copies"], stages), "batches": per_batch}
+
+
+def check_accounting(totals: dict, units_written: list[int], units: int, rows_read: int, copy_tables: Iterable[pa.Table]) -> None:
+    """RuntimeError unless the run accounts for everything: every read unit written once,
+    `read = written_original + filtered + rejected` for the `rows_read` rows of the plan, and
+    as many copied rows written as the copy plans (COPY_METRICS tables) asked for."""
+    if sorted(units_written) != list(range(units)):
+        missing = sorted(set(range(units)) - set(units_written))
+        raise RuntimeError(f"internal error: read units {missing[:10]} produced no output")
+    if totals["rows_read"] != rows_read:
+        raise RuntimeError(
+            f"internal error: input has {rows_read} rows, metrics account for "
+            f"{totals['rows_read']} written/filtered/rejected"
+        )
+    planned = sum(int(t["rows_duplicated"].to_numpy().sum()) for t in copy_tables)
+    if planned != totals["rows_duplicated"]:
+        raise RuntimeError(
+            f"internal error: the copy plan asked for {planned} copied rows, {totals['rows_duplicated']} were written"
+        )
+
+
+def reject_budget_failure(totals: dict, max_fraction: float) -> str | None:
+    """The one-line reason the run fails its reject budget, or None."""
+    read, rejected = totals["rows_read"], totals["rows_rejected"]
+    if read == 0 or rejected / read <= max_fraction:
+        return None
+    top = ", ".join(f"{k} {v:,}" for k, v in sorted(totals["reject_reasons"].items(), key=lambda kv: -kv[1])[:3])
+    return (
+        f"{rejected:,} of {read:,} rows ({rejected / read:.1%}) were rejected ({top}), more than "
+        f"--max-reject-fraction={max_fraction:g}"
+    )

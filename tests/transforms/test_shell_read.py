@@ -1,0 +1,38 @@
+"""ReadExperiences on a TestPipeline: light rows keyed by bucket, whole groups per bucket, and a
+rejected record for the row with a null reward."""
+
+import numpy as np
+import pyarrow as pa
+from apache_beam.testing.util import assert_that, equal_to
+from shell_data import ROWS, gathered, pipeline, write_experience
+
+from rescore.transforms.read import ReadExperiences, plan_input
+from rescore.transforms.rows.keys import bucket_of
+from rescore.transforms.rows.outcomes import REJECTED
+
+
+def test_read_experiences_keys_valid_rows_by_bucket_and_rejects_bad_ones(tmp_path):
+    plan = plan_input([write_experience(tmp_path)], shard_rows=4)
+    assert len(plan.units) == 3  # row groups of 4, 4 and 1 rows
+
+    def light_rows(buckets):
+        rows = []
+        for bucket, light in buckets:
+            assert (bucket_of(light, 8) == bucket).all()
+            rows += zip(light["batch"].to_pylist(), light["task"].to_pylist(), light["run"].to_pylist(),
+                        light["reward"].to_pylist(), light["unit"].to_pylist(), light["row"].to_pylist())
+        return sorted(rows)
+
+    def rejected(items):
+        return [(unit, rec["row"].to_pylist(), rec["status"].to_pylist(), rec["reason"].to_pylist()) for unit, rec in items]
+
+    valid = [(b, t, r, reward, i // 4, i % 4) for i, (b, t, r, reward) in enumerate(ROWS) if reward is not None]
+    with pipeline() as p:
+        read = p | ReadExperiences(plan, needs=(), buckets=8)
+        assert_that(read.light | "LightRows" >> gathered(light_rows), equal_to([valid]), label="CheckLight")
+        assert_that(
+            read.rejected | "Rejected" >> gathered(rejected),
+            equal_to([[(2, [0], [REJECTED], ["null_value: reward is null"])]]),
+            label="CheckRejected",
+        )
+

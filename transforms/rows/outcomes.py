@@ -1,0 +1,94 @@
+"""Per-row outcomes sent back to the row's read unit: scored, filtered or rejected.
+
+Every input row gets exactly one record; WriteScored checks that before it writes anything.
+DUPLICATED never appears in a record: it only counts the copies a write step adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rescore.transforms.rows.keys import split_by
+
+SCORED, FILTERED, REJECTED, DUPLICATED = 0, 1, 2, 3
+
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int32()),
+        pa.field("batch", pa.int64()),
+        pa.field("status", pa.int8()),
+        pa.field("score", pa.float64()),
+        pa.field("token_scale", pa.float64()),
+        pa.field("reason", pa.string()),
+    ]
+)
+"""`score` is null where the run computes no advantage (a filter or duplication alone)."""
+
+
+def records(row, batch, status, score=None, token_scale=None, reason=None, *, has_score=True) -> pa.Table:
+    n = len(row)
+    score = np.zeros(n) if score is None else np.asarray(score, dtype=np.float64)
+    mask = None if has_score is True else ~np.broadcast_to(np.asarray(has_score, dtype=bool), (n,))
+    return pa.Table.from_arrays(
+        [
+            pa.array(np.asarray(row, dtype=np.int32)),
+            batch if isinstance(batch, (pa.Array, pa.ChunkedArray)) else pa.array(np.asarray(batch, dtype=np.int64)),
+            pa.array(np.broadcast_to(np.asarray(status, dtype=np.int8), (n,))),
+            pa.array(score, mask=mask),
+            pa.array(np.ones(n) if token_scale is None else np.asarray(token_scale, dtype=np.float64)),
+            pa.nulls(n, pa.string()) if reason is None else pa.array(list(reason), pa.string()),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
+def rejected_records(row: np.ndarray, batch: pa.Array | pa.ChunkedArray, reasons) -> pa.Table:
+    batch = pc.cast(batch, pa.int64())
+    if isinstance(batch, pa.ChunkedArray):
+        batch = batch.combine_chunks()
+    return records(row, batch, REJECTED, reason=reasons, has_score=False)
+
+
+def scored_outcomes(
+    light: pa.Table, keep: np.ndarray, score: np.ndarray | None, token_scale: np.ndarray | None, *,
+    reasons: np.ndarray | None = None, audit: dict[str, np.ndarray] | None = None, audit_fields=(),
+) -> Iterator[tuple[int, pa.Table]]:
+    """(unit, records) for the scored rows of a bucket, one table per read unit in unit order.
+
+    light: the bucket's sorted light rows (unit, row, batch); keep: (n,) bool, SCORED where
+    True, FILTERED where False; score: (n,) float64, None where the run computes no advantage
+    (nulls); token_scale: (n,) or None for ones; reasons: (n,) why each row was filtered (kept
+    rows: None); audit: values of `audit_fields` (NaN becomes null).
+    """
+    n = len(keep)
+    status = np.where(keep, SCORED, FILTERED).astype(np.int8)
+    has_score = score is not None
+    out = pa.table(
+        {
+            "unit": light["unit"], "row": light["row"], "batch": light["batch"], "status": status,
+            "score": np.zeros(n) if score is None else score,
+            "token_scale": np.ones(n) if token_scale is None else token_scale,
+        }
+    )
+    if reasons is not None:
+        out = out.append_column("reason", pa.array(reasons.tolist(), pa.string()))
+    if audit:
+        for f in audit_fields:
+            out = out.append_column(f, pa.array(audit[f.name], f.type, from_pandas=True))  # NaN -> null
+    for unit, part in split_by(out, out["unit"].to_numpy()):
+        rec = records(
+            part["row"].to_numpy(),
+            part["batch"].combine_chunks(),
+            part["status"].to_numpy(),
+            part["score"].to_numpy(),
+            part["token_scale"].to_numpy(),
+            reason=part["reason"].to_pylist() if "reason" in part.column_names else None,
+            has_score=has_score,
+        )
+        for f in audit_fields if audit else ():
+            rec = rec.append_column(part.schema.field(f.name), part[f.name])
+        yield unit, rec

@@ -1,0 +1,140 @@
+"""The rows a read unit writes, built from its rows (read again) and their outcomes: scored rows
+(with their copies, token columns, strategy and audit columns), filtered rows (with
+--keep-filtered) and rejected rows, and the unit's row metrics. No I/O: WriteScored stages
+the tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
+from rescore.schemas.experience import SCORE_FIELDS
+from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
+from rescore.transforms.rows import strategy_columns
+from rescore.transforms.rows.copies import copy_fields, expand_copies
+from rescore.transforms.rows.metrics import row_metrics
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
+from rescore.transforms.rows.tokens import score_columns
+from rescore.transforms.strategies import StrategyChain
+
+
+@dataclass(frozen=True)
+class OutputSchemas:
+    """The schemas of a run's scored, filtered and rejected files, with the file metadata."""
+
+    scored: pa.Schema
+    filtered: pa.Schema
+    rejected: pa.Schema
+    base_names: list[str]
+    """The input columns of a scored row (its schema less the columns Rescore adds)."""
+    extra: list[pa.Field]
+    """Added after the score columns: copy columns with duplication, then the strategy's own."""
+    audit: list[pa.Field]
+    """Audit columns, last (--audit-columns); empty without."""
+
+
+def output_schemas(
+    schema: pa.Schema, task_type: pa.DataType, scoring: StrategyChain, file_metadata: dict[str, str], audit_columns: bool
+) -> OutputSchemas:
+    """The output schemas of a run over input of `schema` (the plan's unified schema)."""
+    extra = (copy_fields(task_type) if scoring.duplicates else []) + strategy_columns.output_fields(scoring, schema)
+    metadata = {**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in file_metadata.items()}}
+    audit = list(AUDIT_FIELDS) if audit_columns else []
+    scored = output_schema(schema, extra + audit).with_metadata(metadata)
+    added = {f.name for f in (*SCORE_FIELDS, *extra, *audit)}
+    rejected = rejected_schema(schema).with_metadata(metadata)
+    filtered = pa.schema(
+        [f for f in rejected if f.name not in (REJECT_REASON, FILTER_REASON)] + [pa.field(FILTER_REASON, pa.string())],
+        metadata=metadata,
+    )
+    return OutputSchemas(scored, filtered, rejected, [n for n in scored.names if n not in added], extra, audit)
+
+
+def unit_outcomes(parts: list[pa.Table], unit_index: int, num_rows: int, path: str) -> pa.Table:
+    """A read unit's records in row order; RuntimeError unless every row has exactly one."""
+    rec = pa.concat_tables(parts, promote_options="default")  # audit columns: null on rejected rows
+    rec = rec.take(pa.array(np.argsort(rec["row"].to_numpy(), kind="stable")))
+    rows = rec["row"].to_numpy()
+    if len(rows) != num_rows or not np.array_equal(rows, np.arange(num_rows)):
+        raise RuntimeError(
+            f"internal error: read unit {unit_index} ({path}) has {num_rows} rows but "
+            f"{len(rows)} outcomes ({len(np.unique(rows))} distinct); refusing to write it"
+        )
+    return rec
+
+
+def scored_rows(
+    table: pa.Table, rec: pa.Table, schemas: OutputSchemas, scoring: StrategyChain, copy_plans: dict | None,
+    task_type: pa.DataType, device: torch.device,
+) -> tuple[pa.Table, pa.Array]:
+    """(the unit's scored rows, then their copies; the batch of each copy).
+
+    table: the unit's rows (conformed to the plan's schema); rec: its records (unit_outcomes).
+    """
+    status = rec["status"].to_numpy()
+    kept = np.flatnonzero(status == SCORED)
+    scored = table if len(kept) == table.num_rows else table.take(pa.array(kept))
+    score_col = rec["score"].combine_chunks().take(pa.array(kept))
+    valid = np.asarray(score_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    score = np.asarray(score_col.fill_null(0.0).to_numpy(), dtype=np.float64)
+    row_value = score * rec["token_scale"].to_numpy()[kept]
+    extra_columns: list = []
+    copied_batch = pa.array([], pa.int64())
+    copies = scoring.duplicates
+    if copies:
+        scored, source, extra_columns = expand_copies(scored, copy_plans or {}, task_type)
+        score, row_value, valid = score[source], row_value[source], valid[source]
+        copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
+    extra_columns += strategy_columns.output_columns(scoring, scored, schemas.extra[2 if copies else 0 :])
+    if schemas.audit:
+        at = pa.array(kept if not copies else kept[source])
+        extra_columns += [rec[f.name].combine_chunks().take(at).cast(f.type) for f in schemas.audit]
+    token_values = None
+    if scoring.token_level:
+        token_values, score = strategy_columns.token_values(scoring, scored, score, row_value)
+    columns = scored.select(schemas.base_names).columns + score_columns(
+        scored, row_value, score, None if valid.all() else valid, token_values, device
+    )
+    return pa.Table.from_arrays(columns + extra_columns, schema=schemas.scored), copied_batch
+
+
+def filtered_rows(table: pa.Table, rec: pa.Table, schemas: OutputSchemas) -> pa.Table | None:
+    """The unit's filtered rows with the reason each was dropped; None where there are none."""
+    dropped = np.flatnonzero(rec["status"].to_numpy() == FILTERED)
+    if not len(dropped):
+        return None
+    filtered = table.take(pa.array(dropped)).select(schemas.filtered.names[:-1])
+    why = rec["reason"].combine_chunks().take(pa.array(dropped))
+    filtered = filtered.append_column(FILTER_REASON, why.cast(pa.string()))
+    return filtered.replace_schema_metadata(schemas.filtered.metadata)
+
+
+def rejected_reasons(rec: pa.Table) -> np.ndarray:
+    """(rejected rows,) why each rejected row of the unit was rejected, in row order."""
+    bad = np.flatnonzero(rec["status"].to_numpy() == REJECTED)
+    return rec["reason"].to_numpy(zero_copy_only=False)[bad]
+
+
+def rejected_rows(table: pa.Table, rec: pa.Table, schemas: OutputSchemas) -> pa.Table | None:
+    """The unit's rejected rows with their reason; None where there are none."""
+    bad = np.flatnonzero(rec["status"].to_numpy() == REJECTED)
+    if not len(bad):
+        return None
+    rejected = table.take(pa.array(bad)).select(schemas.rejected.names[:-1])
+    rejected = rejected.append_column(REJECT_REASON, pa.array(rejected_reasons(rec), pa.string()))
+    return rejected.replace_schema_metadata(schemas.rejected.metadata)
+
+
+def unit_metrics(rec: pa.Table, copied_batch: pa.Array) -> pa.Table:
+    """The unit's ROW_METRICS: its records' outcomes (reject reasons by category) and its copies."""
+    status = rec["status"].to_numpy()
+    category = np.full(len(status), None, dtype=object)
+    category[status == REJECTED] = [reason_category(r) for r in rejected_reasons(rec)]
+    batch = pa.concat_arrays([rec["batch"].combine_chunks(), copied_batch])
+    status = np.concatenate([status, np.full(len(copied_batch), DUPLICATED, np.int8)])
+    return row_metrics(batch, status, category.tolist() + [None] * len(copied_batch))

@@ -1,0 +1,93 @@
+"""Token columns of the scored output: per-row values broadcast over each response's tokens
+(`advantages`, `returns`, `score`), in chunks that int32 list offsets can hold, and the split
+of a read unit's scored rows into parts of at most --shard-rows rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from rescore.schemas.experience import SCORE_FIELDS
+from rescore.schemas.lists import flat_list
+from rescore.transforms.device import to_device
+from rescore.transforms.strategies.tokens import token_advantages
+
+_MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
+
+
+def response_lengths(table: pa.Table) -> tuple[np.ndarray, Any]:
+    """(lengths (n,), flat action mask values or None) of valid rows."""
+    names = table.column_names
+    if "action_mask" in names:
+        fl = flat_list(table["action_mask"])
+        return fl.lengths, fl.values.to_numpy(zero_copy_only=False)
+    if "logprobs" in names:
+        return flat_list(table["logprobs"]).lengths, None
+    if "tokens" in names:
+        tokens = flat_list(table["tokens"]).lengths
+        prompt = table["prompt_length"].to_numpy(zero_copy_only=False).astype(np.int64)
+        return tokens - prompt, None
+    return np.zeros(table.num_rows, dtype=np.int64), None
+
+
+def _chunk_bounds(lengths: np.ndarray) -> list[int]:
+    """Row boundaries such that each chunk holds at most ~2^30 tokens (int32 list offsets)."""
+    ends = np.cumsum(lengths)
+    bounds = [0]
+    while bounds[-1] < len(lengths):
+        first = bounds[-1]
+        base = int(ends[first - 1]) if first else 0
+        stop = int(np.searchsorted(ends, base + _MAX_TOKENS_PER_CHUNK, side="right"))
+        bounds.append(max(stop, first + 1))
+    return bounds if len(bounds) > 1 else [0, 0]
+
+
+def score_columns(
+    table: pa.Table,
+    row_value: np.ndarray,
+    score: np.ndarray,
+    valid: np.ndarray | None = None,
+    token_values: np.ndarray | None = None,
+    device: torch.device | None = None,
+) -> list[pa.ChunkedArray]:
+    """advantages, returns (list<float32>) and score (float32) for the rows of `table`.
+
+    advantages = row_value * action_mask, or `token_values` (flat, already masked) for a
+    token-level strategy. `returns` equals `advantages`; both columns share one buffer in
+    memory. Rows where `valid` is False (no advantage computed) get nulls in all three. The
+    broadcast runs on `device` (default CPU) over flat token arrays: one copy in, one out.
+    """
+    device = device or torch.device("cpu")
+    lengths, mask = response_lengths(table)
+    if valid is not None:
+        row_value = np.where(valid, row_value, 0.0)
+    if token_values is not None:
+        flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
+    else:
+        flat = token_advantages(
+            to_device(np.asarray(row_value, dtype=np.float64), device),
+            to_device(np.asarray(lengths, dtype=np.int64), device),
+            None if mask is None else to_device(np.asarray(mask), device),
+        ).cpu().numpy()
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    bounds = _chunk_bounds(lengths)
+    chunks = []
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        local = (offsets[first : stop + 1] - offsets[first]).astype(np.int32)
+        values = flat[offsets[first] : offsets[stop]]
+        nulls = None if valid is None else pa.array(~valid[first:stop])
+        chunks.append(pa.ListArray.from_arrays(pa.array(local), pa.array(values), mask=nulls))
+    advantages = pa.chunked_array(chunks, type=SCORE_FIELDS[0].type)
+    score32 = pa.array(score.astype(np.float32), mask=None if valid is None else ~valid)
+    return [advantages, advantages, pa.chunked_array([score32])]
+
+
+def part_bounds(rows: int, shard_rows: int) -> list[int]:
+    """Row boundaries of ceil(rows / shard_rows) consecutive parts of about equal size
+    ([0, rows] for a single part)."""
+    parts = max(1, -(-rows // shard_rows))
+    return [rows * k // parts for k in range(parts + 1)]
