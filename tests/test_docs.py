@@ -24,9 +24,9 @@ DOCS = ["README.md", *sorted(os.path.join("docs", f) for f in os.listdir(os.path
 NOT_RUN = {
     "python3.11 -m venv": "creates the environment the tests run in (.ci/run runs it)",
     "pip install": "installs packages; the test environment is installed by it",
-    "PATH=": "starts a worker pool on a fixed port; tests/test_runners.py starts one on a free port",
-    "docker": "no Docker here; tests/test_device.py checks the Dockerfile",
-    "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/test_runners.py",
+    "PATH=": "starts a worker pool on a fixed port; tests/pipelines/test_runners.py starts one on a free port",
+    "docker": "no Docker here; tests/pipelines/test_device.py checks the Dockerfile",
+    "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/pipelines/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line; its rescore command is checked below",
     "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",

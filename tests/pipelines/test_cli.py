@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from data import random_rows, write_parquet
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def cli(*args, cwd=ROOT):

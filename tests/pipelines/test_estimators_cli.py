@@ -17,7 +17,7 @@ import pytest
 from data import read_output
 from test_estimators_refs import SCHEMA, ours, random_batches
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CASES = [
     ("reinforceplusplus", {}),

@@ -17,7 +17,7 @@ import torch
 
 from conftest import RUNNER
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from data import SCHEMA_INT_TASK, random_rows
 
 pytest.importorskip("deltalake", reason="incremental runs write a Delta Lake table (the [test] extra installs deltalake)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNNER = "--runner=FnApiRunner"
 STRATEGY = ["--strategy", "reward_variance,grpo,duplicate_informative", "--set", "std_cal_level=batch"]
 ID = ("batch", "task", "run", "step")

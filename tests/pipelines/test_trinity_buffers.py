@@ -19,7 +19,7 @@ import torch
 from conftest import RUNNER
 from data import read_output
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rescore.transforms import sql_buffer  # noqa: E402
 from rescore.transforms import trinity_format as trxp  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from conftest import RUNNER
 from data import read_output
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _dump(directory, step, entries, extra_lines=()):
