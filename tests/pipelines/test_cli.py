@@ -8,6 +8,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from batched import run_many
 from data import random_rows, write_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,9 +42,7 @@ def test_run_writes_outputs_and_a_summary(data_dir):
     assert code == 2 and err.strip().endswith("pass --overwrite to replace it")
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
+BAD_CONFIGS = [
         (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: asymre, constant, correct_bias, dr_grpo,"),
         (["--strategy", "grpo", "--set", "gamma=1"], "unknown parameter 'gamma' for strategy 'grpo'; valid parameters:"),
         (["--strategy", "grpo", "--set", "std_cal_level=global"], "parameter 'std_cal_level' must be one of group, batch"),
@@ -63,14 +62,25 @@ def test_run_writes_outputs_and_a_summary(data_dir):
         (["--algorithm", "grpo", "--strategy", "grpo"], "pass --strategy or --algorithm, not both"),
         (["--strategy", "mix_chord"], "missing column 'expert', which the chosen strategy needs"),
         (["--strategy", "grpo", "--io-threads", "-1"], "--io-threads must be 0 (one per core) or a positive integer, got -1"),
-    ],
-)
-def test_bad_configuration_fails_with_one_line(data_dir, tmp_path, args, message):
-    code, _, err = cli("--input", str(data_dir / "in"), "--output", str(tmp_path / "o"), *args)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(data_dir, tmp_path_factory):
+    """Every BAD_CONFIGS command line, in one child process (batched.py): {args: (code, stderr, output)}."""
+    work = tmp_path_factory.mktemp("bad-configs")
+    outs = [work / f"o{i}" for i in range(len(BAD_CONFIGS))]
+    runs = run_many(work, [["--input", str(data_dir / "in"), "--output", str(o), *a] for o, (a, _) in zip(outs, BAD_CONFIGS)])
+    return {tuple(a): (code, err, o) for (a, _), (code, err), o in zip(BAD_CONFIGS, runs, outs)}
+
+
+@pytest.mark.parametrize("args, message", BAD_CONFIGS)
+def test_bad_configuration_fails_with_one_line(bad_config_runs, args, message):
+    code, err, out = bad_config_runs[tuple(args)]
     assert code == 2
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], err
-    assert not (tmp_path / "o").exists()
+    assert not out.exists()
 
 
 def test_missing_column_names_file_and_column(tmp_path):

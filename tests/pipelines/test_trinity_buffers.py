@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from batched import run_many
 from conftest import RUNNER
 from data import read_output
 
@@ -192,7 +193,7 @@ def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore)
     assert doc["totals"]["rows_written"] == 12
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_SOURCES = [
     (["--input", "sqlite:///{d}/buffer.db", "--input-table", "nope"], "no table 'nope' in sqlite:///"),
     (["--input", "sqlite:///{d}/missing.db", "--input-table", "experience"], "no SQLite database file"),
     (["--input", "postgresql://u:secret@127.0.0.1:1/db", "--input-table", "experience"], "cannot connect to postgresql://u:***@127.0.0.1:1/db"),
@@ -201,16 +202,31 @@ def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore)
     (["--input", "sqlite:///{d}/buffer.db"], "is a database URL: name the Trinity buffer to read with --input-table"),
     (["--input", "sqlite:///{d}/buffer.db", "--input-table", "experience", "--output-db", "sqlite:///{d}/o.db"],
      "--output-db URL and --output-table NAME go together"),
-])
-def test_bad_source_is_one_line_exit_2(tmp_path, args, message):
-    _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
-    argv = [a.format(d=tmp_path) for a in args] + ["--output", str(tmp_path / "out"), "--strategy", "grpo"]
-    proc = _cli(*argv)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], proc.stderr
-    assert "secret" not in proc.stderr
-    assert not (tmp_path / "missing.db").exists()
+]
+
+
+@pytest.fixture(scope="module")
+def bad_source_runs(tmp_path_factory):
+    """Every BAD_SOURCES command line, each with its own buffer, in one child process (batched.py):
+    {args: (code, stderr, directory)}."""
+    work = tmp_path_factory.mktemp("bad-sources")
+    dirs = [work / f"d{i}" for i in range(len(BAD_SOURCES))]
+    for d in dirs:
+        d.mkdir()
+        _sample_buffer(d / "buffer.db", batches=1, tasks=2, runs=2)
+    runs = run_many(work, [[a.format(d=d) for a in args] + ["--output", str(d / "out"), "--strategy", "grpo", RUNNER]
+                           for d, (args, _) in zip(dirs, BAD_SOURCES)])
+    return {tuple(args): (code, err, d) for (args, _), (code, err), d in zip(BAD_SOURCES, runs, dirs)}
+
+
+@pytest.mark.parametrize("args, message", BAD_SOURCES)
+def test_bad_source_is_one_line_exit_2(bad_source_runs, args, message):
+    code, stderr, d = bad_source_runs[tuple(args)]
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], stderr
+    assert "secret" not in stderr
+    assert not (d / "missing.db").exists()
 
 
 # --- writing a buffer --------------------------------------------------------------------------
