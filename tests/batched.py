@@ -39,6 +39,7 @@ print(json.dumps(codes))
 def run_many(workdir, runs: list[list[str]], *, cwd: str = ROOT, timeout: int = 600) -> list[tuple[int, str]]:
     """[(exit status, stderr text)] of each argv in `runs`, run in order in one child process;
     `workdir` (a directory) holds their stderr files."""
+    os.makedirs(workdir, exist_ok=True)
     jobs = [[list(argv), os.path.join(str(workdir), f"stderr-{i}.txt")] for i, argv in enumerate(runs)]
     env = {k: v for k, v in os.environ.items() if k not in ("RESCORE_FAULT", "RESCORE_TEST_INJECT_FAULT")}
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

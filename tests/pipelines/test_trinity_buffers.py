@@ -327,8 +327,9 @@ def test_output_db_checks_every_input_file_before_running(tmp_path):
     pq.write_table(pq.read_table(files[1]).drop(["tokens", "prompt_length", "logprobs", "action_mask"]),
                    str(mix / "b.parquet"))
     out = tmp_path / "out"
-    proc = _cli("--input", str(tmp_path / "data" / "*.parquet"), "--output", str(out), "--strategy", "rloo", "--quiet")
-    assert proc.returncode == 0, proc.stderr
+    from rescore.pipelines.rescore import main
+
+    assert main(["--input", str(tmp_path / "data" / "*.parquet"), "--output", str(out), "--strategy", "rloo", "--quiet", RUNNER]) == 0
     metrics = (out / "metrics.json").read_text()
     proc = _cli("--input", str(mix / "*.parquet"), "--output", str(out), "--strategy", "grpo", "--overwrite",
                 "--output-db", f"sqlite:///{tmp_path}/mix.db", "--output-table", "experience")
@@ -364,32 +365,41 @@ def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescor
 
 def test_source_input_is_validated_before_staging_and_source_removed(tmp_path):
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
-    base = ["--input", url, "--input-table", "experience", "--algorithm", "grpo"]
-    # a bad parameter: nothing is written at all
-    proc = _cli(*base, "--output", str(tmp_path / "f3"), "--set", "nonexistent=1")
-    _one_error(proc, 2, "unknown parameter 'nonexistent'")
-    assert not (tmp_path / "f3").exists()
-    # a foreign metrics.json in the output: refused before staging
+    base = ["--input", url, "--input-table", "experience", "--algorithm", "grpo", RUNNER]
     (tmp_path / "f4").mkdir()
     (tmp_path / "f4" / "metrics.json").write_text("{}")
-    proc = _cli(*base, "--output", str(tmp_path / "f4"))
-    _one_error(proc, 2, "holds 'metrics.json', which Rescore did not write")
+    f6 = tmp_path / "f6"
+    bad_param, foreign, finished = _procs(run_many(tmp_path / "f0", [
+        [*base, "--output", str(tmp_path / "f3"), "--set", "nonexistent=1"],
+        [*base, "--output", str(tmp_path / "f4")],
+        [*base, "--output", str(f6), "--quiet"],
+    ]))  # one child process for the runs (batched.py), each with its own stderr
+    # a bad parameter: nothing is written at all
+    _one_error(bad_param, 2, "unknown parameter 'nonexistent'")
+    assert not (tmp_path / "f3").exists()
+    # a foreign metrics.json in the output: refused before staging
+    _one_error(foreign, 2, "holds 'metrics.json', which Rescore did not write")
     assert sorted(os.listdir(tmp_path / "f4")) == ["metrics.json"]
     # a pipeline failure over a finished run: the run is kept, _source removed
-    f6 = tmp_path / "f6"
-    proc = _cli(*base, "--output", str(f6), "--quiet")
-    assert proc.returncode == 0 and not (f6 / "_source").exists(), proc.stderr
+    assert finished.returncode == 0 and not (f6 / "_source").exists(), finished.stderr
     before = sorted(os.listdir(f6))
-    proc = _cli(*base, "--output", str(f6), "--max-group-rows", "2", "--overwrite")
-    _one_error(proc, 1, "more than --max-group-rows=2")
-    assert sorted(os.listdir(f6)) == before and (f6 / "_SUCCESS").exists()
-    # the user's own OUTPUT/_source is never emptied
     (tmp_path / "f5" / "_source").mkdir(parents=True)
     (tmp_path / "f5" / "_source" / "important.txt").write_text("mine")
-    proc = _cli(*base, "--output", str(tmp_path / "f5"))
-    _one_error(proc, 2, "_source exists and holds 'important.txt', which Rescore did not write")
+    failed, user_source = _procs(run_many(tmp_path / "f0", [
+        [*base, "--output", str(f6), "--max-group-rows", "2", "--overwrite"],
+        [*base, "--output", str(tmp_path / "f5")],
+    ]))
+    _one_error(failed, 1, "more than --max-group-rows=2")
+    assert sorted(os.listdir(f6)) == before and (f6 / "_SUCCESS").exists()
+    # the user's own OUTPUT/_source is never emptied
+    _one_error(user_source, 2, "_source exists and holds 'important.txt', which Rescore did not write")
     assert os.listdir(tmp_path / "f5") == ["_source"]
     assert (tmp_path / "f5" / "_source" / "important.txt").read_text() == "mine"
+
+
+def _procs(runs):
+    """run_many's (exit status, stderr) pairs as the CompletedProcess that _one_error reads."""
+    return [subprocess.CompletedProcess([], code, "", err) for code, err in runs]
 
 
 def test_verl_input_failing_after_staging_removes_source(tmp_path):
@@ -422,16 +432,14 @@ def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
 
 
 def test_sample_buffer_command(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "trinity-sql", "--output",
-                           str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc, again = _procs(run_many(tmp_path, [
+        ["sample", "--format", "trinity-sql", "--output", str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
+        ["sample", "--format", "trinity-sql", "--output", str(tmp_path / "b.db")],
+    ]))  # one child process (batched.py), each run with its own stderr
     assert proc.returncode == 0, proc.stderr
     assert "wrote 6 experiences to the Trinity buffer 'experience'" in proc.stderr
     meta, blobs = _read_buffer(f"sqlite:///{tmp_path}/b.db", "experience")
     assert len(meta) == len(blobs) == 6
-    again = subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "trinity-sql", "--output",
-                            str(tmp_path / "b.db")], capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 2 and "exists" in again.stderr
 
 
