@@ -30,16 +30,18 @@ def data_dir(tmp_path_factory):
 
 def test_run_writes_outputs_and_a_summary(data_dir):
     out = data_dir / "out"
-    code, _, err = cli("--input", str(data_dir / "in" / "*.parquet"), "--output", str(out), "--strategy", "correct_bias",
-                       "--set", "rank_penalty=0.3", "--runner=FnApiRunner")
+    (code, err), (code2, err2) = run_many(data_dir, [
+        ["--input", str(data_dir / "in" / "*.parquet"), "--output", str(out), "--strategy", "correct_bias",
+         "--set", "rank_penalty=0.3", "--runner=FnApiRunner"],
+        ["--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo"],
+    ])  # one child process (batched.py), each run with its own stderr
     assert code == 0, err
     assert (out / "_SUCCESS").exists()
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["strategy"] == "correct_bias" and doc["params"]["correct_bias"]["rank_penalty"] == 0.3
     assert "rows read" in err and "correct_bias done" in err and "rows/s" in err
 
-    code, _, err = cli("--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo")
-    assert code == 2 and err.strip().endswith("pass --overwrite to replace it")
+    assert code2 == 2 and err2.strip().endswith("pass --overwrite to replace it")
 
 
 BAD_CONFIGS = [
@@ -96,20 +98,26 @@ def test_wrong_type_and_missing_logprobs(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
     pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": ["1.0"]}), d / "s.parquet")
-    code, _, err = cli("--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "grpo")
+    d2 = tmp_path / "in2"
+    d2.mkdir()
+    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": [1.0]}), d2 / "s.parquet")
+    (code, err), (code2, err2) = run_many(tmp_path, [
+        ["--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "grpo"],
+        ["--input", str(d2), "--output", str(tmp_path / "o"), "--strategy", "correct_bias"],
+    ])  # one child process (batched.py), each run with its own stderr
     assert code == 2 and "column 'reward' has type string, expected a float" in err
-    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": [1.0]}), d / "s.parquet")
-    code, _, err = cli("--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "correct_bias")
-    assert code == 2 and "missing column 'logprobs', which the chosen strategy needs" in err
+    assert code2 == 2 and "missing column 'logprobs', which the chosen strategy needs" in err2
 
 
 def test_unreadable_and_unmatched_input(tmp_path):
-    code, _, err = cli("--input", str(tmp_path / "none*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo")
-    assert code == 2 and "no input files match" in err
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
-    code, _, err = cli("--input", str(bad), "--output", str(tmp_path / "o"), "--strategy", "grpo")
-    assert code == 2 and f"{bad}: not a readable Parquet file" in err
+    (code, err), (code2, err2) = run_many(tmp_path, [
+        ["--input", str(tmp_path / "none*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo"],
+        ["--input", str(bad), "--output", str(tmp_path / "o"), "--strategy", "grpo"],
+    ])  # one child process (batched.py), each run with its own stderr
+    assert code == 2 and "no input files match" in err
+    assert code2 == 2 and f"{bad}: not a readable Parquet file" in err2
 
 
 def test_config_file_with_flag_overrides(data_dir, tmp_path):
@@ -118,15 +126,16 @@ def test_config_file_with_flag_overrides(data_dir, tmp_path):
         "strategy: grpo\nparams: {std_cal_level: batch, epsilon: 0.001}\n"
         f"input: {data_dir / 'in'}\noutput: {tmp_path / 'o'}\npipeline_options: {{runner: FnApiRunner}}\n"
     )
-    code, _, err = cli("--config", str(cfg), "--set", "epsilon=0.01", "--quiet")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("strategy: grpo\nbukets: 3\n")
+    (code, err), (code2, err2) = run_many(tmp_path, [["--config", str(cfg), "--set", "epsilon=0.01", "--quiet"],
+                                                     ["--config", str(typo)]], cwd=ROOT)  # batched.py
     assert code == 0, err
     assert err.strip() == ""
     doc = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert doc["params"]["grpo"]["std_cal_level"] == "batch" and doc["params"]["grpo"]["epsilon"] == 0.01
 
-    cfg.write_text("strategy: grpo\nbukets: 3\n")
-    code, _, err = cli("--config", str(cfg))
-    assert code == 2 and "unknown key 'bukets'" in err
+    assert code2 == 2 and "unknown key 'bukets'" in err2
 
 
 def test_shipped_local_config_runs(data_dir, tmp_path):
