@@ -147,19 +147,20 @@ def refusals(tmp_path_factory):
     return {tuple(args): run for args, run in zip(cases, runs)}
 
 
-def test_a_missing_reward_column_fails_with_one_line(refusals):
-    code, stderr = refusals[tuple(MISSING_REWARD)]
+def _exit_2_with_one_line(run, message):
+    code, stderr = run
     assert code == 2, stderr
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rescore: error:") and "missing_metric" in lines[0], stderr
+    assert len(lines) == 1 and lines[0].startswith("rescore: error:") and message in lines[0], stderr
+
+
+def test_a_missing_reward_column_fails_with_one_line(refusals):
+    _exit_2_with_one_line(refusals[tuple(MISSING_REWARD)], "missing_metric")
 
 
 @pytest.mark.parametrize("args, message", BAD_PARAMETERS)
 def test_bad_parameters_fail_with_one_line(refusals, args, message):
-    code, stderr = refusals[tuple(args)]
-    assert code == 2, stderr
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rescore: error:") and message in lines[0], stderr
+    _exit_2_with_one_line(refusals[tuple(args)], message)
 
 
 def test_filtered_token_level_estimator_with_duplication(rescore, tmp_path):
