@@ -403,8 +403,9 @@ def _procs(runs):
 
 
 def test_verl_input_failing_after_staging_removes_source(tmp_path):
-    subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "verl-rollouts", "--output",
-                    str(tmp_path / "verl")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+    from rescore.pipelines.sample import main as sample
+
+    assert sample(["--format", "verl-rollouts", "--output", str(tmp_path / "verl")]) == 0
     (tmp_path / "myrf.py").write_text("def score(**kw):\n    return 1.0\n")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"}
     proc = subprocess.run([sys.executable, "-m", "rescore", "--input", str(tmp_path / "verl"), "--input-format",
