@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "rows")]
 
 from test_expand_copies import old_expand_copies  # noqa: E402
 
