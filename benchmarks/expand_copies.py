@@ -6,7 +6,7 @@
 For each batch count, builds the kept rows of one read unit (`--rows` rows spread evenly over
 the batches, groups of `--runs` rows, a copy plan for every batch asking for 1-3 copies of
 half of its groups) and times the vectorised expand_copies against the per-batch loop it
-replaced (kept in tests/test_expand_copies.py, which also checks the two are byte-identical).
+replaced (kept in tests/rows/test_expand_copies.py, which also checks the two are byte-identical).
 `--other-batches N` adds plans for N batches the unit does not hold (a run with many more
 batches than one read unit sees). Prints one JSON line per batch count: median seconds of each
 over --repeats, and their ratio.
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "rows")]
 
 from test_expand_copies import old_expand_copies  # noqa: E402
 

@@ -4,7 +4,7 @@ Each run rescores the batches that new, changed or deleted files touch and commi
 Delta Lake table at `output` in one transaction (docs/runners.md); one run at a time.
 
 Needs apache-airflow-providers-apache-beam and rescore[gcp] on the Airflow workers. The
-options below are Rescore's CLI flags (tests/test_runners.py parses them); the operator turns
+options below are Rescore's CLI flags (tests/pipelines/test_runners.py parses them); the operator turns
 True into a bare flag and every other value into --name=value.
 """
 

@@ -3,7 +3,13 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# The shared helpers (data, reference, refs, trinity_real) live here and the tests in directories
+# that mirror the package (README.md); a test module another one imports (test_estimators_refs,
+# test_trinity_roundtrip) is found by its basename from any of them, so basenames are unique.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+for _part in ("strategies", "rows", "transforms", "files", "pipelines", "schemas"):
+    sys.path.append(os.path.join(_HERE, _part))
 
 # Never let a test reach for Prism or any download: pin the in-process Python runner.
 RUNNER = "--runner=FnApiRunner"

@@ -24,9 +24,9 @@ DOCS = ["README.md", *sorted(os.path.join("docs", f) for f in os.listdir(os.path
 NOT_RUN = {
     "python3.11 -m venv": "creates the environment the tests run in (.ci/run runs it)",
     "pip install": "installs packages; the test environment is installed by it",
-    "PATH=": "starts a worker pool on a fixed port; tests/test_runners.py starts one on a free port",
-    "docker": "no Docker here; tests/test_device.py checks the Dockerfile",
-    "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/test_runners.py",
+    "PATH=": "starts a worker pool on a fixed port; tests/pipelines/test_runners.py starts one on a free port",
+    "docker": "no Docker here; tests/pipelines/test_device.py checks the Dockerfile",
+    "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/pipelines/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line; its rescore command is checked below",
     "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
@@ -197,15 +197,27 @@ def _python_blocks(path):
 SNIPPETS = [(doc, b) for doc in DOCS for b in _python_blocks(doc)]
 
 
-@pytest.mark.parametrize("doc, code", SNIPPETS, ids=[f"{d}:{i}" for i, (d, _) in enumerate(SNIPPETS)])
-def test_doc_python_snippet(doc, code, scratch):
+@pytest.fixture(scope="module")
+def snippet_outputs(sample_dir, tmp_path_factory):
+    """The outputs the snippets read, written once: `out` and the incremental table `scored`."""
     from rescore.pipelines.rescore import main
 
-    assert main(["--input", "data/*.parquet", "--output", "out", "--strategy", "grpo,duplicate_informative",
+    d = tmp_path_factory.mktemp("docs-outputs")
+    data = os.path.join(sample_dir, "*.parquet")
+    assert main(["--input", data, "--output", str(d / "out"), "--strategy", "grpo,duplicate_informative",
                  "--quiet", "--runner=FnApiRunner"]) == 0
+    assert main(["--input", data, "--output", str(d / "scored"), "--strategy", "grpo", "--quiet",
+                 "--incremental", "--runner=FnApiRunner"]) == 0
+    return d
+
+
+@pytest.mark.parametrize("doc, code", SNIPPETS, ids=[f"{d}:{i}" for i, (d, _) in enumerate(SNIPPETS)])
+def test_doc_python_snippet(doc, code, scratch, snippet_outputs):
+    import shutil
+
+    shutil.copytree(snippet_outputs / "out", scratch / "out")  # a copy each: a snippet may write beside it
     if '"scored"' in code:  # reads the incremental table of docs/output.md
-        assert main(["--input", "data/*.parquet", "--output", "scored", "--strategy", "grpo", "--quiet",
-                     "--incremental", "--runner=FnApiRunner"]) == 0
+        shutil.copytree(snippet_outputs / "scored", scratch / "scored")
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_HOME": str(scratch / "hf")}
     proc = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env, capture_output=True, text=True, timeout=300)

@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from batched import run_many
 from conftest import RUNNER
 from data import read_output
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rescore.transforms import sql_buffer  # noqa: E402
 from rescore.transforms import trinity_format as trxp  # noqa: E402
@@ -192,7 +193,7 @@ def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore)
     assert doc["totals"]["rows_written"] == 12
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_SOURCES = [
     (["--input", "sqlite:///{d}/buffer.db", "--input-table", "nope"], "no table 'nope' in sqlite:///"),
     (["--input", "sqlite:///{d}/missing.db", "--input-table", "experience"], "no SQLite database file"),
     (["--input", "postgresql://u:secret@127.0.0.1:1/db", "--input-table", "experience"], "cannot connect to postgresql://u:***@127.0.0.1:1/db"),
@@ -201,16 +202,31 @@ def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore)
     (["--input", "sqlite:///{d}/buffer.db"], "is a database URL: name the Trinity buffer to read with --input-table"),
     (["--input", "sqlite:///{d}/buffer.db", "--input-table", "experience", "--output-db", "sqlite:///{d}/o.db"],
      "--output-db URL and --output-table NAME go together"),
-])
-def test_bad_source_is_one_line_exit_2(tmp_path, args, message):
-    _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
-    argv = [a.format(d=tmp_path) for a in args] + ["--output", str(tmp_path / "out"), "--strategy", "grpo"]
-    proc = _cli(*argv)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], proc.stderr
-    assert "secret" not in proc.stderr
-    assert not (tmp_path / "missing.db").exists()
+]
+
+
+@pytest.fixture(scope="module")
+def bad_source_runs(tmp_path_factory):
+    """Every BAD_SOURCES command line, each with its own buffer, in one child process (batched.py):
+    {args: (code, stderr, directory)}."""
+    work = tmp_path_factory.mktemp("bad-sources")
+    dirs = [work / f"d{i}" for i in range(len(BAD_SOURCES))]
+    for d in dirs:
+        d.mkdir()
+        _sample_buffer(d / "buffer.db", batches=1, tasks=2, runs=2)
+    runs = run_many(work, [[a.format(d=d) for a in args] + ["--output", str(d / "out"), "--strategy", "grpo", RUNNER]
+                           for d, (args, _) in zip(dirs, BAD_SOURCES)])
+    return {tuple(args): (code, err, d) for (args, _), (code, err), d in zip(BAD_SOURCES, runs, dirs)}
+
+
+@pytest.mark.parametrize("args, message", BAD_SOURCES)
+def test_bad_source_is_one_line_exit_2(bad_source_runs, args, message):
+    code, stderr, d = bad_source_runs[tuple(args)]
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], stderr
+    assert "secret" not in stderr
+    assert not (d / "missing.db").exists()
 
 
 # --- writing a buffer --------------------------------------------------------------------------
@@ -311,8 +327,9 @@ def test_output_db_checks_every_input_file_before_running(tmp_path):
     pq.write_table(pq.read_table(files[1]).drop(["tokens", "prompt_length", "logprobs", "action_mask"]),
                    str(mix / "b.parquet"))
     out = tmp_path / "out"
-    proc = _cli("--input", str(tmp_path / "data" / "*.parquet"), "--output", str(out), "--strategy", "rloo", "--quiet")
-    assert proc.returncode == 0, proc.stderr
+    from rescore.pipelines.rescore import main
+
+    assert main(["--input", str(tmp_path / "data" / "*.parquet"), "--output", str(out), "--strategy", "rloo", "--quiet", RUNNER]) == 0
     metrics = (out / "metrics.json").read_text()
     proc = _cli("--input", str(mix / "*.parquet"), "--output", str(out), "--strategy", "grpo", "--overwrite",
                 "--output-db", f"sqlite:///{tmp_path}/mix.db", "--output-table", "experience")
@@ -348,37 +365,47 @@ def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescor
 
 def test_source_input_is_validated_before_staging_and_source_removed(tmp_path):
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
-    base = ["--input", url, "--input-table", "experience", "--algorithm", "grpo"]
-    # a bad parameter: nothing is written at all
-    proc = _cli(*base, "--output", str(tmp_path / "f3"), "--set", "nonexistent=1")
-    _one_error(proc, 2, "unknown parameter 'nonexistent'")
-    assert not (tmp_path / "f3").exists()
-    # a foreign metrics.json in the output: refused before staging
+    base = ["--input", url, "--input-table", "experience", "--algorithm", "grpo", RUNNER]
     (tmp_path / "f4").mkdir()
     (tmp_path / "f4" / "metrics.json").write_text("{}")
-    proc = _cli(*base, "--output", str(tmp_path / "f4"))
-    _one_error(proc, 2, "holds 'metrics.json', which Rescore did not write")
+    f6 = tmp_path / "f6"
+    bad_param, foreign, finished = _procs(run_many(tmp_path / "f0", [
+        [*base, "--output", str(tmp_path / "f3"), "--set", "nonexistent=1"],
+        [*base, "--output", str(tmp_path / "f4")],
+        [*base, "--output", str(f6), "--quiet"],
+    ]))  # one child process for the runs (batched.py), each with its own stderr
+    # a bad parameter: nothing is written at all
+    _one_error(bad_param, 2, "unknown parameter 'nonexistent'")
+    assert not (tmp_path / "f3").exists()
+    # a foreign metrics.json in the output: refused before staging
+    _one_error(foreign, 2, "holds 'metrics.json', which Rescore did not write")
     assert sorted(os.listdir(tmp_path / "f4")) == ["metrics.json"]
     # a pipeline failure over a finished run: the run is kept, _source removed
-    f6 = tmp_path / "f6"
-    proc = _cli(*base, "--output", str(f6), "--quiet")
-    assert proc.returncode == 0 and not (f6 / "_source").exists(), proc.stderr
+    assert finished.returncode == 0 and not (f6 / "_source").exists(), finished.stderr
     before = sorted(os.listdir(f6))
-    proc = _cli(*base, "--output", str(f6), "--max-group-rows", "2", "--overwrite")
-    _one_error(proc, 1, "more than --max-group-rows=2")
-    assert sorted(os.listdir(f6)) == before and (f6 / "_SUCCESS").exists()
-    # the user's own OUTPUT/_source is never emptied
     (tmp_path / "f5" / "_source").mkdir(parents=True)
     (tmp_path / "f5" / "_source" / "important.txt").write_text("mine")
-    proc = _cli(*base, "--output", str(tmp_path / "f5"))
-    _one_error(proc, 2, "_source exists and holds 'important.txt', which Rescore did not write")
+    failed, user_source = _procs(run_many(tmp_path / "f0", [
+        [*base, "--output", str(f6), "--max-group-rows", "2", "--overwrite"],
+        [*base, "--output", str(tmp_path / "f5")],
+    ]))
+    _one_error(failed, 1, "more than --max-group-rows=2")
+    assert sorted(os.listdir(f6)) == before and (f6 / "_SUCCESS").exists()
+    # the user's own OUTPUT/_source is never emptied
+    _one_error(user_source, 2, "_source exists and holds 'important.txt', which Rescore did not write")
     assert os.listdir(tmp_path / "f5") == ["_source"]
     assert (tmp_path / "f5" / "_source" / "important.txt").read_text() == "mine"
 
 
+def _procs(runs):
+    """run_many's (exit status, stderr) pairs as the CompletedProcess that _one_error reads."""
+    return [subprocess.CompletedProcess([], code, "", err) for code, err in runs]
+
+
 def test_verl_input_failing_after_staging_removes_source(tmp_path):
-    subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "verl-rollouts", "--output",
-                    str(tmp_path / "verl")], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT})
+    from rescore.pipelines.sample import main as sample
+
+    assert sample(["--format", "verl-rollouts", "--output", str(tmp_path / "verl")]) == 0
     (tmp_path / "myrf.py").write_text("def score(**kw):\n    return 1.0\n")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"}
     proc = subprocess.run([sys.executable, "-m", "rescore", "--input", str(tmp_path / "verl"), "--input-format",
@@ -406,16 +433,14 @@ def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
 
 
 def test_sample_buffer_command(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "trinity-sql", "--output",
-                           str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc, again = _procs(run_many(tmp_path, [
+        ["sample", "--format", "trinity-sql", "--output", str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
+        ["sample", "--format", "trinity-sql", "--output", str(tmp_path / "b.db")],
+    ]))  # one child process (batched.py), each run with its own stderr
     assert proc.returncode == 0, proc.stderr
     assert "wrote 6 experiences to the Trinity buffer 'experience'" in proc.stderr
     meta, blobs = _read_buffer(f"sqlite:///{tmp_path}/b.db", "experience")
     assert len(meta) == len(blobs) == 6
-    again = subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", "trinity-sql", "--output",
-                            str(tmp_path / "b.db")], capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 2 and "exists" in again.stderr
 
 

@@ -16,11 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from batched import run_many
 from data import SCHEMA_INT_TASK, random_rows
 
 pytest.importorskip("deltalake", reason="incremental runs write a Delta Lake table (the [test] extra installs deltalake)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNNER = "--runner=FnApiRunner"
 STRATEGY = ["--strategy", "reward_variance,grpo,duplicate_informative", "--set", "std_cal_level=batch"]
 ID = ("batch", "task", "run", "step")
@@ -444,20 +445,21 @@ def test_malformed_bookkeeping_is_one_line_exit_2(tmp_path):
     write_deltalake(out, pa.table({"batch": pa.array([0], pa.int64())}),
                     commit_properties=CommitProperties(custom_metadata={"rescore.state": json.dumps(bad)}))
     argv = ["--input", str(tmp_path / "in"), "--output", out, "--incremental", RUNNER, "--strategy", "grpo"]
-    code, err = _cli(argv)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "malformed Rescore bookkeeping" in err and "/x.parquet" in err
-    assert not open(os.path.join(out, "_rescore", "lock")).read()  # released
-
     # A Delta table Rescore did not write, and the manifest layout of earlier versions.
     other = str(tmp_path / "other")
     write_deltalake(other, pa.table({"batch": pa.array([0], pa.int64())}))
-    code, err = _cli([*argv[:3], other, *argv[4:]])
-    assert code == 2 and "Delta table that Rescore did not write" in err and len(err.strip().splitlines()) == 1
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / "_manifest.json").write_text('{"version": 1, "files": {}}')
-    code, err = _cli([*argv[:3], str(legacy), *argv[4:]])
+    runs = run_many(tmp_path, [argv, [*argv[:3], other, *argv[4:]], [*argv[:3], str(legacy), *argv[4:]]])
+
+    code, err = runs[0]
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "malformed Rescore bookkeeping" in err and "/x.parquet" in err
+    assert not open(os.path.join(out, "_rescore", "lock")).read()  # released
+    code, err = runs[1]
+    assert code == 2 and "Delta table that Rescore did not write" in err and len(err.strip().splitlines()) == 1
+    code, err = runs[2]
     assert code == 2 and "earlier Rescore" in err and len(err.strip().splitlines()) == 1
 
 
@@ -606,8 +608,9 @@ def test_output_path_with_a_space_or_a_hash(tmp_path, name):
     write(experience(3, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
     out = str(tmp_path / "sp" / name)
     argv = ["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, "--incremental", RUNNER, *STRATEGY]
-    code, err = _cli(argv)
-    assert code == 0, err
+    from rescore.pipelines.rescore import main
+
+    assert main([*argv, "--quiet"]) == 0
     assert load_scored(out).num_rows == pq.read_table(str(tmp_path / "in" / "a.parquet")).num_rows
     proc = subprocess.run([sys.executable, "-m", "rescore", "show", out], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
@@ -640,14 +643,16 @@ def test_show_malformed_metrics_and_a_closed_pipe(tmp_path):
     pipe (`| head`) ends it quietly, exit 0, no traceback."""
     write(experience(2, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
     one, table = str(tmp_path / "one"), str(tmp_path / "t")
-    assert _cli(["--input", str(tmp_path / "in"), "--output", one, RUNNER, *STRATEGY, "--quiet"])[0] == 0
+    from rescore.pipelines.rescore import main
+
+    assert main(["--input", str(tmp_path / "in"), "--output", one, RUNNER, *STRATEGY, "--quiet"]) == 0
     with open(os.path.join(one, "metrics.json"), "w") as f:
         f.write("{bad")
     code, err = _cli(["show", one])
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("rescore: error:") and "metrics.json" in err
 
-    assert _cli(["--input", str(tmp_path / "in"), "--output", table, "--incremental", RUNNER, *STRATEGY])[0] == 0
+    assert main(["--input", str(tmp_path / "in"), "--output", table, "--incremental", RUNNER, *STRATEGY, "--quiet"]) == 0
     r, w = os.pipe()
     os.close(r)  # the reader is gone before show writes
     proc = subprocess.run([sys.executable, "-m", "rescore", "show", table, "--batches"], cwd=ROOT, stdout=w,

@@ -158,7 +158,7 @@ def test_benchmark_script_runs(tmp_path):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
         [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1", "--other-batches", "7"],
         cwd=root, capture_output=True, text=True, timeout=300, check=True,

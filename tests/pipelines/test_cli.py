@@ -8,9 +8,10 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from batched import run_many
 from data import random_rows, write_parquet
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def cli(*args, cwd=ROOT):
@@ -29,21 +30,21 @@ def data_dir(tmp_path_factory):
 
 def test_run_writes_outputs_and_a_summary(data_dir):
     out = data_dir / "out"
-    code, _, err = cli("--input", str(data_dir / "in" / "*.parquet"), "--output", str(out), "--strategy", "correct_bias",
-                       "--set", "rank_penalty=0.3", "--runner=FnApiRunner")
+    (code, err), (code2, err2) = run_many(data_dir, [
+        ["--input", str(data_dir / "in" / "*.parquet"), "--output", str(out), "--strategy", "correct_bias",
+         "--set", "rank_penalty=0.3", "--runner=FnApiRunner"],
+        ["--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo"],
+    ])  # one child process (batched.py), each run with its own stderr
     assert code == 0, err
     assert (out / "_SUCCESS").exists()
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["strategy"] == "correct_bias" and doc["params"]["correct_bias"]["rank_penalty"] == 0.3
     assert "rows read" in err and "correct_bias done" in err and "rows/s" in err
 
-    code, _, err = cli("--input", str(data_dir / "in"), "--output", str(out), "--strategy", "grpo")
-    assert code == 2 and err.strip().endswith("pass --overwrite to replace it")
+    assert code2 == 2 and err2.strip().endswith("pass --overwrite to replace it")
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
+BAD_CONFIGS = [
         (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: asymre, constant, correct_bias, dr_grpo,"),
         (["--strategy", "grpo", "--set", "gamma=1"], "unknown parameter 'gamma' for strategy 'grpo'; valid parameters:"),
         (["--strategy", "grpo", "--set", "std_cal_level=global"], "parameter 'std_cal_level' must be one of group, batch"),
@@ -63,14 +64,25 @@ def test_run_writes_outputs_and_a_summary(data_dir):
         (["--algorithm", "grpo", "--strategy", "grpo"], "pass --strategy or --algorithm, not both"),
         (["--strategy", "mix_chord"], "missing column 'expert', which the chosen strategy needs"),
         (["--strategy", "grpo", "--io-threads", "-1"], "--io-threads must be 0 (one per core) or a positive integer, got -1"),
-    ],
-)
-def test_bad_configuration_fails_with_one_line(data_dir, tmp_path, args, message):
-    code, _, err = cli("--input", str(data_dir / "in"), "--output", str(tmp_path / "o"), *args)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(data_dir, tmp_path_factory):
+    """Every BAD_CONFIGS command line, in one child process (batched.py): {args: (code, stderr, output)}."""
+    work = tmp_path_factory.mktemp("bad-configs")
+    outs = [work / f"o{i}" for i in range(len(BAD_CONFIGS))]
+    runs = run_many(work, [["--input", str(data_dir / "in"), "--output", str(o), *a] for o, (a, _) in zip(outs, BAD_CONFIGS)])
+    return {tuple(a): (code, err, o) for (a, _), (code, err), o in zip(BAD_CONFIGS, runs, outs)}
+
+
+@pytest.mark.parametrize("args, message", BAD_CONFIGS)
+def test_bad_configuration_fails_with_one_line(bad_config_runs, args, message):
+    code, err, out = bad_config_runs[tuple(args)]
     assert code == 2
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("rescore: error: ") and message in lines[0], err
-    assert not (tmp_path / "o").exists()
+    assert not out.exists()
 
 
 def test_missing_column_names_file_and_column(tmp_path):
@@ -86,20 +98,26 @@ def test_wrong_type_and_missing_logprobs(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
     pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": ["1.0"]}), d / "s.parquet")
-    code, _, err = cli("--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "grpo")
+    d2 = tmp_path / "in2"
+    d2.mkdir()
+    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": [1.0]}), d2 / "s.parquet")
+    (code, err), (code2, err2) = run_many(tmp_path, [
+        ["--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "grpo"],
+        ["--input", str(d2), "--output", str(tmp_path / "o"), "--strategy", "correct_bias"],
+    ])  # one child process (batched.py), each run with its own stderr
     assert code == 2 and "column 'reward' has type string, expected a float" in err
-    pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0], "reward": [1.0]}), d / "s.parquet")
-    code, _, err = cli("--input", str(d), "--output", str(tmp_path / "o"), "--strategy", "correct_bias")
-    assert code == 2 and "missing column 'logprobs', which the chosen strategy needs" in err
+    assert code2 == 2 and "missing column 'logprobs', which the chosen strategy needs" in err2
 
 
 def test_unreadable_and_unmatched_input(tmp_path):
-    code, _, err = cli("--input", str(tmp_path / "none*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo")
-    assert code == 2 and "no input files match" in err
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
-    code, _, err = cli("--input", str(bad), "--output", str(tmp_path / "o"), "--strategy", "grpo")
-    assert code == 2 and f"{bad}: not a readable Parquet file" in err
+    (code, err), (code2, err2) = run_many(tmp_path, [
+        ["--input", str(tmp_path / "none*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo"],
+        ["--input", str(bad), "--output", str(tmp_path / "o"), "--strategy", "grpo"],
+    ])  # one child process (batched.py), each run with its own stderr
+    assert code == 2 and "no input files match" in err
+    assert code2 == 2 and f"{bad}: not a readable Parquet file" in err2
 
 
 def test_config_file_with_flag_overrides(data_dir, tmp_path):
@@ -108,15 +126,16 @@ def test_config_file_with_flag_overrides(data_dir, tmp_path):
         "strategy: grpo\nparams: {std_cal_level: batch, epsilon: 0.001}\n"
         f"input: {data_dir / 'in'}\noutput: {tmp_path / 'o'}\npipeline_options: {{runner: FnApiRunner}}\n"
     )
-    code, _, err = cli("--config", str(cfg), "--set", "epsilon=0.01", "--quiet")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("strategy: grpo\nbukets: 3\n")
+    (code, err), (code2, err2) = run_many(tmp_path, [["--config", str(cfg), "--set", "epsilon=0.01", "--quiet"],
+                                                     ["--config", str(typo)]], cwd=ROOT)  # batched.py
     assert code == 0, err
     assert err.strip() == ""
     doc = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert doc["params"]["grpo"]["std_cal_level"] == "batch" and doc["params"]["grpo"]["epsilon"] == 0.01
 
-    cfg.write_text("strategy: grpo\nbukets: 3\n")
-    code, _, err = cli("--config", str(cfg))
-    assert code == 2 and "unknown key 'bukets'" in err
+    assert code2 == 2 and "unknown key 'bukets'" in err2
 
 
 def test_shipped_local_config_runs(data_dir, tmp_path):

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="the model stage needs
 from rescore.pipelines.sample_models import write_tiny_models  # noqa: E402
 from rescore.transforms import inference  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VOCAB, CONTEXT = 64, 32
 RUNNER = "--runner=FnApiRunner"
 SCHEMA = pa.schema(

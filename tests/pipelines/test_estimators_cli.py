@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from batched import run_many
 from data import read_output
 from test_estimators_refs import SCHEMA, ours, random_batches
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CASES = [
     ("reinforceplusplus", {}),
@@ -128,38 +126,41 @@ def test_truncated_responses_are_masked_or_dropped(rescore, tmp_path, drop):
             assert written[key]["action_mask"] == plain[key]["action_mask"]
 
 
-def test_a_missing_reward_column_fails_with_one_line(tmp_path):
-    rows = random_batches(1, batches=1)
-    glob = _write(rows, str(tmp_path / "in"))
-    done = subprocess.run(
-        [sys.executable, "-m", "rescore", "--input", glob, "--output", str(tmp_path / "out"), "--runner=FnApiRunner",
-         "--strategy", "gdpo", "--set", 'gdpo_reward_keys=["acc","missing_metric"]'],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rescore: error:") and "missing_metric" in lines[0], done.stderr
+MISSING_REWARD = ["--strategy", "gdpo", "--set", 'gdpo_reward_keys=["acc","missing_metric"]']
+BAD_PARAMETERS = [
+    (["--strategy", "rec", "--set", "drop=random"], "drop"),
+    (["--strategy", "reinforceplusplus", "--set", "gamma=1.5"], "gamma"),
+    (["--strategy", "gdpo", "--set", 'gdpo_reward_keys=["acc"]', "--set", "gdpo_reward_weights=[1,2]"], "weights"),
+    (["--algorithm", "ppo"], "critic"),
+]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--strategy", "rec", "--set", "drop=random"], "drop"),
-        (["--strategy", "reinforceplusplus", "--set", "gamma=1.5"], "gamma"),
-        (["--strategy", "gdpo", "--set", 'gdpo_reward_keys=["acc"]', "--set", "gdpo_reward_weights=[1,2]"], "weights"),
-        (["--algorithm", "ppo"], "critic"),
-    ],
-)
-def test_bad_parameters_fail_with_one_line(tmp_path, args, message):
-    rows = random_batches(1, batches=1)
-    glob = _write(rows, str(tmp_path / "in"))
-    done = subprocess.run(
-        [sys.executable, "-m", "rescore", "--input", glob, "--output", str(tmp_path / "out"), "--runner=FnApiRunner", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 2, done.stderr
-    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("rescore: error:") and message in lines[0], done.stderr
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """MISSING_REWARD and every BAD_PARAMETERS command line, in one child process (batched.py):
+    {args: (exit status, stderr)}."""
+    work = tmp_path_factory.mktemp("refusals")
+    glob = _write(random_batches(1, batches=1), str(work / "in"))
+    cases = [MISSING_REWARD, *(args for args, _ in BAD_PARAMETERS)]
+    runs = run_many(work, [["--input", glob, "--output", str(work / f"out{i}"), "--runner=FnApiRunner", *args]
+                           for i, args in enumerate(cases)])
+    return {tuple(args): run for args, run in zip(cases, runs)}
+
+
+def _exit_2_with_one_line(run, message):
+    code, stderr = run
+    assert code == 2, stderr
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rescore: error:") and message in lines[0], stderr
+
+
+def test_a_missing_reward_column_fails_with_one_line(refusals):
+    _exit_2_with_one_line(refusals[tuple(MISSING_REWARD)], "missing_metric")
+
+
+@pytest.mark.parametrize("args, message", BAD_PARAMETERS)
+def test_bad_parameters_fail_with_one_line(refusals, args, message):
+    _exit_2_with_one_line(refusals[tuple(args)], message)
 
 
 def test_filtered_token_level_estimator_with_duplication(rescore, tmp_path):

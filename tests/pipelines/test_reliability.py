@@ -20,7 +20,7 @@ import reference
 from conftest import RUNNER
 from data import SCHEMA_INT_TASK, by_id, random_rows, read_output, write_parquet
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
 
 

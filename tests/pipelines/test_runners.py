@@ -21,7 +21,7 @@ from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
 
 from rescore.pipelines.config import parse_args
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "run_configs")
 KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
 STRATEGY = ["--strategy", "reward_variance,grpo,duplicate_informative", "--set", "std_cal_level=batch"]
@@ -147,7 +147,7 @@ def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
         assert any(n.startswith(step) for n in names), step
 
 
-# --- scheduled, incremental runs: tests/test_incremental.py ------------------------------
+# --- scheduled, incremental runs: tests/pipelines/test_incremental.py ------------------------------
 
 
 # --- Flex Template --------------------------------------------------------------------------

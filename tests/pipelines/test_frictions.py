@@ -17,7 +17,7 @@ import torch
 
 from conftest import RUNNER
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -25,8 +25,14 @@ def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def test_bare_rescore_prints_usage_with_every_command():
-    p = _cli()
+@pytest.fixture(scope="module")
+def bare():
+    """A bare `rescore`: the usage lines (one process for the tests that read them)."""
+    return _cli()
+
+
+def test_bare_rescore_prints_usage_with_every_command(bare):
+    p = bare
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.startswith("usage: rescore")
     for command in ("rescore sample --output DIR", "rescore report OUTPUT_DIR", "rescore --input"):
@@ -208,8 +214,7 @@ def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
     with open(os.path.join(out, "report-mine.png"), "w") as f:
         f.write("mine")
     for args in (["report", out, "--to", str(docs)], ["report", out], ["report", out]):  # twice: a rerun too
-        p = _cli(*args)
-        assert p.returncode == 0, p.stderr
+        assert main(args) == 0
     assert (docs / "report-q3-summary.png").read_text() == "x"
     assert open(os.path.join(out, "report-mine.png")).read() == "mine"
     assert os.path.getsize(docs / "report-reward.png") > 1000 and os.path.getsize(os.path.join(out, "report-reward.png")) > 1000
@@ -234,14 +239,14 @@ def test_report_on_an_incremental_table_says_so(sample_input, tmp_path):
     assert "the report reads one-shot outputs" in lines[0]
 
 
-def test_every_usage_line_parses(tmp_path, monkeypatch):
+def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
     """Each command the bare `rescore` lists exists, with options its parser accepts."""
     import argparse
     import re
 
     from rescore.pipelines import config, report, sample, show
 
-    text = _cli().stderr
+    text = bare.stderr
     lines = [line.strip() for line in text[text.index("commands:"):].splitlines() if line.strip().startswith("rescore ")]
     lines = [line for line in lines if "--help" not in line]
     commands = {line.split()[1] if not line.split()[1].startswith("-") else "" for line in lines}
@@ -274,8 +279,10 @@ def test_every_usage_line_parses(tmp_path, monkeypatch):
 
 
 def test_report_on_filtered_files_rescore_did_not_write_is_one_line(sample_input, tmp_path):
+    from rescore.pipelines.rescore import main
+
     out = str(tmp_path / "out")
-    assert _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--quiet").returncode == 0
+    assert main(["--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--quiet"]) == 0
     import pyarrow as pa
 
     pq.write_table(pa.table({"batch": [0]}), os.path.join(out, "filtered-00000-of-00001.parquet"))  # no filter_reason

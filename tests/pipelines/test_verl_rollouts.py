@@ -2,16 +2,14 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from batched import run_many
 from conftest import RUNNER
 from data import read_output
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _dump(directory, step, entries, extra_lines=()):
@@ -47,19 +45,18 @@ def test_groups_by_step_and_prompt_and_scores_scalar(tmp_path, rescore):
 
 
 def test_sample_rollouts_and_refusals(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "rescore", *a], capture_output=True, text=True,  # noqa: E731
-                                    env=env, timeout=300)
-    proc = run("sample", "--format", "verl-rollouts", "--output", str(tmp_path / "r"), "--batches", "2", "--tasks", "3")
-    assert proc.returncode == 0 and sorted(os.listdir(tmp_path / "r")) == ["1.jsonl", "2.jsonl"]
-    proc = run("--input", str(tmp_path / "r"), "--input-format", "verl-rollouts", "--output", str(tmp_path / "o"),
-               "--algorithm", "grpo", "--quiet", RUNNER)
-    assert proc.returncode == 0, proc.stderr
+    (code, _), (run, run_err), (text_only, text_only_err), (none, none_err) = run_many(tmp_path, [
+        ["sample", "--format", "verl-rollouts", "--output", str(tmp_path / "r"), "--batches", "2", "--tasks", "3"],
+        ["--input", str(tmp_path / "r"), "--input-format", "verl-rollouts", "--output", str(tmp_path / "o"),
+         "--algorithm", "grpo", "--quiet", RUNNER],
+        ["--input", str(tmp_path / "r"), "--input-format", "verl-rollouts", "--output", str(tmp_path / "o2"),
+         "--strategy", "grpo", "--output-db", f"sqlite:///{tmp_path}/x.db", "--output-table", "t", RUNNER],
+        ["--input", str(tmp_path / "none" / "*.jsonl"), "--input-format", "verl-rollouts", "--output",
+         str(tmp_path / "o3"), "--strategy", "grpo", RUNNER],
+    ])  # one child process (batched.py), each run with its own stderr
+    assert code == 0 and sorted(os.listdir(tmp_path / "r")) == ["1.jsonl", "2.jsonl"]
+    assert run == 0, run_err
     assert os.path.exists(tmp_path / "o" / "_SUCCESS")
-    proc = run("--input", str(tmp_path / "r"), "--input-format", "verl-rollouts", "--output", str(tmp_path / "o2"),
-               "--strategy", "grpo", "--output-db", f"sqlite:///{tmp_path}/x.db", "--output-table", "t", RUNNER)
-    assert proc.returncode == 2 and "verl rollout dumps hold text only" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
-    proc = run("--input", str(tmp_path / "none" / "*.jsonl"), "--input-format", "verl-rollouts", "--output",
-               str(tmp_path / "o3"), "--strategy", "grpo", RUNNER)
-    assert proc.returncode == 2 and "no verl rollout files match" in proc.stderr
+    assert text_only == 2 and "verl rollout dumps hold text only" in text_only_err
+    assert len(text_only_err.strip().splitlines()) == 1
+    assert none == 2 and "no verl rollout files match" in none_err

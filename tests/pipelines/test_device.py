@@ -12,7 +12,7 @@ from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
 
 from rescore.transforms.strategies import GroupedRows, chain_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device"))]
 COMPOSITIONS = [

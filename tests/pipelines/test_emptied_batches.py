@@ -21,7 +21,7 @@ from data import SCHEMA_MULTI_STEP, by_id, multi_step_rows, read_output, write_p
 
 from rescore.transforms.strategies import create, names, spec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SQRT_HALF = math.sqrt(0.5)  # std (ddof 1) of [0, 1]
 
 

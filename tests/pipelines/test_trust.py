@@ -24,7 +24,7 @@ import pytest
 from conftest import RUNNER
 from data import random_rows, read_output, write_parquet
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
 
 
