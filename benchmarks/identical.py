@@ -222,7 +222,7 @@ def _argv(name: str, data: dict[str, str], out: str) -> list[str]:
 
 def run_side(tree: str, names: list[str], data: dict[str, str], out: str, jobs: int, processes: bool) -> dict:
     """Every case with the code in `tree`; {case: {"exit", "stderr"}}."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RESCORE_FAULT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RESCORE_FAULT", "RESCORE_TEST_INJECT_FAULT")}
     env["PYTHONPATH"] = tree
     if processes:
         results = {}
