@@ -37,22 +37,6 @@ def flat_list(column: pa.ChunkedArray | pa.Array) -> FlatList:
     return FlatList(valid, lengths, offsets, arr.flatten())
 
 
-def segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Sum of values[offsets[i]:offsets[i+1]] for each i, summed in order within a row.
-
-    Each row's sum depends only on that row's values (not on its position), so equal rows get
-    bit-equal sums. Empty segments sum to 0.
-    """
-    n = len(offsets) - 1
-    out = np.zeros(n, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
-    nonempty = offsets[1:] > offsets[:-1]
-    if len(values) == 0 or not nonempty.any():
-        return out
-    starts = offsets[:-1][nonempty]
-    out[nonempty] = np.add.reduceat(values, starts)
-    return out
-
-
 def row_of_value(offsets: np.ndarray) -> np.ndarray:
     """(len(values),) int64: the row each flat value belongs to."""
     lengths = np.diff(offsets)

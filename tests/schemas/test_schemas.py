@@ -12,7 +12,8 @@ from rescore.schemas import (
     unify,
     validate_file_schema,
 )
-from rescore.schemas.lists import flat_list, segment_sum
+from rescore.schemas.lists import flat_list
+from rescore.transforms.strategies.segments import flat_segment_sum as segment_sum
 
 BASE = pa.schema([("batch", pa.int64()), ("task", pa.int64()), ("run", pa.int64()), ("reward", pa.float64())])
 

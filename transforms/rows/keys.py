@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rescore.schemas.experience import INPUT_BY_NAME
-from rescore.schemas.lists import flat_list, segment_sum
-from rescore.transforms.strategies.hashing import mix64
+from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
+from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.segments import flat_segment_sum
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
@@ -63,7 +64,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     mask = flat_list(valid["action_mask"]) if "action_mask" in names else None
     mask_values = np.asarray(mask.values.to_numpy(zero_copy_only=False), dtype=np.float64) if mask else None
     response_length = check.response_length[ok_rows]
-    action_tokens = segment_sum(mask_values, mask.offsets).astype(np.int64) if mask else response_length
+    action_tokens = flat_segment_sum(mask_values, mask.offsets).astype(np.int64) if mask else response_length
 
     columns = {
         "unit": pa.array(np.full(n, unit, dtype=np.int32)),
@@ -80,7 +81,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         lp_values = np.asarray(lp.values.to_numpy(zero_copy_only=False), dtype=np.float64)
         weights = mask_values if mask is not None else np.ones_like(lp_values)
         # Rows are valid here, so the mask and logprobs line up value for value.
-        sums = segment_sum(lp_values * weights, lp.offsets)
+        sums = flat_segment_sum(lp_values * weights, lp.offsets)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(action_tokens > 0, sums / np.maximum(action_tokens, 1), -np.inf)
         columns["mean_logprob"] = pa.array(mean)
@@ -137,7 +138,7 @@ def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[n
     nonempty = lengths > 0
     last[nonempty] = values[offsets[1:][nonempty] - 1] != 0
     c = token_discounts(float(gamma), mode, lengths, values, last) * values
-    return segment_sum(c, offsets), segment_sum(c * c, offsets)
+    return flat_segment_sum(c, offsets), flat_segment_sum(c * c, offsets)
 
 
 def task_hash(task: pa.Array) -> np.ndarray:

@@ -143,7 +143,7 @@ def std_of(values: Tensor) -> Tensor:
 
 def flat_segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """(n,) sums of values[offsets[i]:offsets[i + 1]] of a flat token array, in order within a
-    row (numpy; the same reduction as rescore.schemas.lists.segment_sum, which needs pyarrow).
+    row (numpy only; the row layer sums list columns with it too).
 
     Each row's sum depends only on that row's values (not on its position), so equal rows get
     bit-equal sums. Empty segments sum to 0.
