@@ -65,7 +65,7 @@ def run_stage(path: str, model_dir: str, work: str, batch_size: int, device: str
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from rescore.transforms import models as model_stage
-    from rescore.transforms.model_columns import ModelOptions
+    from rescore.transforms.rows.model_columns import ModelOptions
     from rescore.transforms.read import plan_input
 
     options = ModelOptions(teacher_model=model_dir, batch_size=batch_size, dtype=dtype)

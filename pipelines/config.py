@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 
 from rescore.errors import ConfigError
 from rescore.pipelines.model_flags import add_model_flags, model_options
-from rescore.transforms.model_columns import ModelOptions
+from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.strategies import algorithms, names
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from rescore.errors import ConfigError
-from rescore.transforms.model_columns import ModelOptions
+from rescore.transforms.rows.model_columns import ModelOptions
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 YAML_KEYS = {

@@ -29,7 +29,7 @@ def write_trinity_sqlite(table: pa.Table, path: str, name: str) -> str:
 def write_trinity_buffer(table: pa.Table, url: str, name: str) -> str:
     """The rows as experiences of buffer `name` in database `url` (ids 1..n, TRXP blobs)."""
     from rescore.transforms import sql_buffer
-    from rescore.transforms import trinity_format as trxp
+    from rescore.transforms.rows import trinity_format as trxp
 
     eng = sql_buffer.engine(url, must_exist=False)
     meta, blob = sql_buffer.tables(name)

@@ -25,7 +25,7 @@ OLD_NAMES = [
     ("rescore.transforms.files.fingerprint", "InputChanged", errors.InputChanged),
     ("rescore.transforms.rows.groups", "GroupTooLarge", errors.GroupTooLarge),
     ("rescore.transforms.inference", "ModelConfigError", errors.ModelConfigError),
-    ("rescore.transforms.trinity_format", "BlobError", errors.BlobError),
+    ("rescore.transforms.rows.trinity_format", "BlobError", errors.BlobError),
     ("rescore.transforms.device", "DeviceError", errors.DeviceError),
     ("rescore.pipelines.rescore", "RejectBudgetExceeded", errors.RejectBudgetExceeded),
     ("rescore.pipelines.incremental", "ConflictError", errors.ConflictError),

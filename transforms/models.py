@@ -31,7 +31,7 @@ from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
 from rescore.transforms import inference
 from rescore.transforms.files import storage
-from rescore.transforms.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
+from rescore.transforms.rows.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
 from rescore.transforms.read import InputPlan, read_unit
 
 MODEL_DIR = "model"

@@ -19,7 +19,7 @@ from rescore.transforms import coders  # noqa: F401  (registers the Arrow table 
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
 from rescore.transforms.rows.keys import bucket_of, light_columns, light_rows, split_by
-from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
+from rescore.transforms.rows.model_columns import apply_model_rejects, join_model_columns
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 from rescore.transforms.rows.outcomes import rejected_records
 

@@ -2,7 +2,7 @@
 
 A buffer named NAME (trinity/buffer/schema/sql_schema.py) is two tables:
     NAME       id, timestamp, task_id, run_id, msg_id, model_version, reward, consumed
-    NAME_blob  id, experience_bytes (a TRXP blob, see transforms/trinity_format.py)
+    NAME_blob  id, experience_bytes (a TRXP blob, see transforms/rows/trinity_format.py)
 Trinity's reader takes task, run, suffix (msg_id) and reward from NAME and everything else
 (batch, step, tensors, texts) from the blob; so does this one.
 
@@ -39,7 +39,7 @@ from apache_beam.metrics import Metrics
 from rescore.errors import ConfigError
 from rescore.transforms import fault_injection
 from rescore.transforms.files import storage
-from rescore.transforms import trinity_format as trxp
+from rescore.transforms.rows import trinity_format as trxp
 
 log = logging.getLogger(__name__)
 

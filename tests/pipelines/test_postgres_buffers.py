@@ -68,7 +68,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     from rescore.pipelines.sample import make_experience
     from rescore.pipelines.sample_formats import write_trinity_buffer
     from rescore.transforms import sql_buffer
-    from rescore.transforms import trinity_format as trxp
+    from rescore.transforms.rows import trinity_format as trxp
 
     table = make_experience(batches=2, tasks=4, runs=4, seed=3)
     write_trinity_buffer(table, pg, "explorer")

@@ -23,7 +23,7 @@ from data import read_output
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rescore.transforms import sql_buffer  # noqa: E402
-from rescore.transforms import trinity_format as trxp  # noqa: E402
+from rescore.transforms.rows import trinity_format as trxp  # noqa: E402
 
 
 def _blob(batch=0, task=0, run=0, step=0, reward=1.0, prompt=3, response=4, **overrides):

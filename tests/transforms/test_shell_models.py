@@ -5,7 +5,7 @@ import pyarrow as pa
 from apache_beam.testing.util import assert_that, equal_to
 from shell_data import ROWS, pipeline, write_experience
 
-from rescore.transforms.model_columns import ModelOptions
+from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.models import ComputeModelColumns, plan_with_models
 from rescore.transforms.read import plan_input, read_unit
 

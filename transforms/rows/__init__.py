@@ -4,5 +4,6 @@ keys: light rows, task hashes, shuffle buckets; groups: sorting, duplicate ids, 
 GroupedRows for the math; copies: duplication, from copy plans to copied rows; outcomes:
 scored / filtered / rejected per row; output_rows: the rows a read unit writes; tokens: token
 columns and part splitting; strategy_columns: what strategies read from and add to written
-rows; metrics; audit. The Beam shells in rescore.transforms call these.
+rows; metrics; audit; model_columns: how a model stage's side file joins a unit's rows;
+trinity_format: Trinity-RFT's TRXP experience blobs. The Beam shells in rescore.transforms call these.
 """
