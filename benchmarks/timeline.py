@@ -24,7 +24,8 @@ from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
-from rescore.transforms import read, score, storage, write  # noqa: E402
+from rescore.transforms import read, score, write  # noqa: E402
+from rescore.transforms.rows import parquet_out  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()
@@ -56,7 +57,7 @@ STEPS = [
     (write._WriteUnit, "_work", "read back+write unit"),
     (write, "read_unit", "  parquet read (again)"),
     (write, "score_columns", "  token broadcast"),
-    (storage, "write_parquet", "  parquet write"),
+    (parquet_out, "write_table", "  parquet write"),
     (write._Finalize, "process", "finalize"),
 ]
 

@@ -24,6 +24,7 @@ from rescore.transforms.device import to_device
 from rescore.transforms.metrics import row_metrics, summarize
 from rescore.transforms.overlap import Overlap, resolve_threads
 from rescore.transforms.read import InputPlan, conform, read_unit
+from rescore.transforms.rows import parquet_out
 from rescore.transforms.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import StrategyChain
@@ -36,7 +37,8 @@ METRICS = "metrics.json"
 FILTERED_FILES = "filtered-*.parquet"
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
 PLAIN_COLUMNS = ("advantages", "returns")
-"""Written without dictionary encoding (see _WriteUnit.setup)."""
+"""Written without dictionary encoding where pyarrow writes the file (see rows/parquet_out.py):
+a dictionary per token saves ~10 % of their size and costs ~40 % of the file's encoding time."""
 
 
 def staging_dir(output: str) -> str:
@@ -240,10 +242,6 @@ class _WriteUnit(beam.DoFn):
             [f for f in self._rejected_schema if f.name not in (REJECT_REASON, FILTER_REASON)] + [pa.field(FILTER_REASON, pa.string())],
             metadata=metadata,
         )
-        # advantages and returns hold a value per token: a dictionary saves ~10 % of their size
-        # and costs ~40 % of the file's encoding time, so they are written plain (snappy still
-        # compresses the runs of equal values).
-        self._dictionary = storage.dictionary_columns(self._scored_schema, PLAIN_COLUMNS)
         self._rows_written = Metrics.counter("rescore", "rows_written")
         threads = resolve_threads(self._threads)
         self._overlap = Overlap(threads, self._outputs)
@@ -264,7 +262,7 @@ class _WriteUnit(beam.DoFn):
 
         def write(k: int) -> None:
             part = table.slice(bounds[k], bounds[k + 1] - bounds[k])
-            storage.write_parquet(part, names[k], use_dictionary=self._dictionary)
+            parquet_out.write_table(part, names[k], plain=PLAIN_COLUMNS)
 
         if self._part_pool is None or len(names) == 1:
             for k in range(len(names)):
@@ -339,7 +337,7 @@ class _WriteUnit(beam.DoFn):
             why = rec["reason"].combine_chunks().take(pa.array(dropped))
             filtered = filtered.append_column(FILTER_REASON, why.cast(pa.string()))
             files.append(self._name("filtered", unit_index))
-            storage.write_parquet(filtered.replace_schema_metadata(self._filtered_schema.metadata), files[-1])
+            parquet_out.write_table(filtered.replace_schema_metadata(self._filtered_schema.metadata), files[-1])
 
         bad = np.flatnonzero(status == REJECTED)
         reasons = rec["reason"].to_numpy(zero_copy_only=False)[bad]
@@ -348,7 +346,7 @@ class _WriteUnit(beam.DoFn):
             rejected = rejected.append_column(REJECT_REASON, pa.array(reasons, pa.string()))
             rejected = rejected.replace_schema_metadata(self._rejected_schema.metadata)
             files.append(self._name("rejected", unit_index))
-            storage.write_parquet(rejected, files[-1])
+            parquet_out.write_table(rejected, files[-1])
         return unit_index, files, scored.num_rows, self._metrics(rec, status, reasons, copied_batch)
 
     @staticmethod

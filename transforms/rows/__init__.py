@@ -1,0 +1,1 @@
+"""Row work on Arrow tables, Beam-free: the layer the Beam shells of transforms/ delegate to."""
