@@ -23,6 +23,7 @@ from rescore.transforms.light import bucket_of, light_rows, split_by
 from rescore.transforms.model_columns import apply_model_rejects, join_model_columns
 from rescore.transforms.overlap import Overlap, resolve_threads
 from rescore.transforms.records import rejected_records
+from rescore.transforms.rows import unit_cache
 
 
 class InputError(ValueError):
@@ -295,6 +296,7 @@ class _ReadLight(beam.DoFn):
         # Needs starting with "@" are features computed from the columns (see light.py).
         wanted = [n.removeprefix("@optional:") for n in self._needs if not n.startswith("@") or n.startswith("@optional:")]
         table = read_unit(unit, list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"])))
+        unit_cache.offer(unit, table)  # the write step takes it instead of reading the unit again
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None

@@ -24,7 +24,7 @@ from rescore.transforms.device import to_device
 from rescore.transforms.metrics import row_metrics, summarize
 from rescore.transforms.overlap import Overlap, resolve_threads
 from rescore.transforms.read import InputPlan, conform, read_unit
-from rescore.transforms.rows import parquet_out
+from rescore.transforms.rows import parquet_out, unit_cache
 from rescore.transforms.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.records import DUPLICATED, FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import StrategyChain
@@ -301,7 +301,7 @@ class _WriteUnit(beam.DoFn):
                 f"{len(rows)} outcomes ({len(np.unique(rows))} distinct); refusing to write it"
             )
         faults.maybe_pause_readback()
-        table = conform(read_unit(unit), self._plan.schema)
+        table = conform(unit_cache.read_back(unit, read_unit), self._plan.schema)
         status = rec["status"].to_numpy()
         files = []
 
