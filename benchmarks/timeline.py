@@ -12,6 +12,7 @@ exceed the span where read units overlap (--io-threads).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the rescore command sets it (pipelines/cli.py)
 
 from rescore.pipelines import rescore  # noqa: E402
 
