@@ -12,6 +12,7 @@ exceed the span where read units overlap (--io-threads).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -19,13 +20,14 @@ from pathlib import Path
 
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the rescore command sets it (pipelines/cli.py)
 
 from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
 from rescore.transforms import finalize, read, score, write  # noqa: E402
-from rescore.transforms.files import storage  # noqa: E402
+from rescore.transforms.files import parquet_out  # noqa: E402
 from rescore.transforms.rows import output_rows  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
@@ -58,7 +60,7 @@ STEPS = [
     (write._WriteUnit, "_work", "read back+write unit"),
     (write, "read_unit", "  parquet read (again)"),
     (output_rows, "score_columns", "  token broadcast"),
-    (storage, "write_parquet", "  parquet write"),
+    (parquet_out, "write_table", "  parquet write"),
     (finalize._Finalize, "process", "finalize"),
 ]
 

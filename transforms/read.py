@@ -18,10 +18,11 @@ from rescore.schemas import SchemaError, check_rows, unify, validate_file_schema
 from rescore.transforms import coders  # noqa: F401  (registers the Arrow table coder)
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
+from rescore.transforms.files import unit_cache
 from rescore.transforms.rows.keys import bucket_of, light_columns, light_rows, split_by
 from rescore.transforms.rows.model_columns import apply_model_rejects, join_model_columns
-from rescore.transforms.unit_threads import Overlap, resolve_threads
 from rescore.transforms.rows.outcomes import rejected_records
+from rescore.transforms.unit_threads import Overlap, resolve_threads
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,7 @@ class _ReadLight(beam.DoFn):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
         table = read_unit(unit, light_columns(self._needs))
+        unit_cache.offer(unit, table)  # the write step takes it instead of reading the unit again
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None

@@ -29,11 +29,13 @@ from rescore.transforms.rows.output_rows import (
     unit_outcomes,
 )
 from rescore.transforms.rows.tokens import part_bounds
+from rescore.transforms.files import parquet_out, unit_cache
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 
 PLAIN_COLUMNS = ("advantages", "returns")
-"""Written without dictionary encoding (see _WriteUnit.setup)."""
+"""Written without dictionary encoding where pyarrow writes the file (see files/parquet_out.py):
+a dictionary per token saves ~10 % of their size and costs ~40 % of the file's encoding time."""
 
 
 class _WriteUnit(beam.DoFn):
@@ -58,10 +60,6 @@ class _WriteUnit(beam.DoFn):
         self._schemas = output_schemas(
             self._plan.schema, self._plan.task_type, self._scoring, self._file_metadata, self._audit_columns
         )
-        # advantages and returns hold a value per token: a dictionary saves ~10 % of their size
-        # and costs ~40 % of the file's encoding time, so they are written plain (snappy still
-        # compresses the runs of equal values).
-        self._dictionary = storage.dictionary_columns(self._schemas.scored, PLAIN_COLUMNS)
         self._rows_written = Metrics.counter("rescore", "rows_written")
         threads = resolve_threads(self._threads)
         self._overlap = Overlap(threads, self._outputs)
@@ -81,7 +79,7 @@ class _WriteUnit(beam.DoFn):
 
         def write(k: int) -> None:
             part = table.slice(bounds[k], bounds[k + 1] - bounds[k])
-            storage.write_parquet(part, names[k], use_dictionary=self._dictionary)
+            parquet_out.write_table(part, names[k], plain=PLAIN_COLUMNS)
 
         if self._part_pool is None or len(names) == 1:
             for k in range(len(names)):
@@ -113,7 +111,7 @@ class _WriteUnit(beam.DoFn):
         unit = self._plan.units[unit_index]
         rec = unit_outcomes(parts, unit_index, unit.num_rows, unit.path)
         fault_injection.maybe_pause_readback()
-        table = conform(read_unit(unit), self._plan.schema)
+        table = conform(unit_cache.read_back(unit, read_unit), self._plan.schema)
         scored, copied_batch = scored_rows(
             table, rec, self._schemas, self._scoring, copy_plans, self._plan.task_type, self._device
         )
@@ -122,11 +120,11 @@ class _WriteUnit(beam.DoFn):
         filtered = filtered_rows(table, rec, self._schemas) if self._keep_filtered else None
         if filtered is not None:
             files.append(self._name(filtered_file, unit_index))
-            storage.write_parquet(filtered, files[-1])
+            parquet_out.write_table(filtered, files[-1])
         rejected = rejected_rows(table, rec, self._schemas)
         if rejected is not None:
             files.append(self._name(rejected_file, unit_index))
-            storage.write_parquet(rejected, files[-1])
+            parquet_out.write_table(rejected, files[-1])
         return unit_index, files, scored.num_rows, unit_metrics(rec, copied_batch)
 
 

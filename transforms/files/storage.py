@@ -105,6 +105,11 @@ def write_parquet(table: pa.Table, path: str, *, use_dictionary: bool | list[str
         pq.write_table(table, f, use_dictionary=use_dictionary)
 
 
+def create(path: str):
+    """A binary file object writing `path` (not local: an object store's upload, visible on close)."""
+    return FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
 def write_text(path: str, text: str) -> None:
     if is_local(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

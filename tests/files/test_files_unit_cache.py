@@ -1,0 +1,146 @@
+"""files/unit_cache.py: the write step takes the table the first read decoded instead of reading
+the unit again, within a byte budget, only after the same fingerprint check a read makes; the
+output is the same with the cache on or off and with any --io-threads."""
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from data import SCHEMA_INT_TASK, random_rows, write_parquet
+
+from rescore.transforms.files import fingerprint as fingerprints
+from rescore.transforms.read import plan_input, read_unit
+from rescore.transforms.files import unit_cache
+from rescore.transforms.files.unit_cache import UnitCache
+
+LIGHT = ["batch", "task", "run", "step", "reward", "tokens", "prompt_length", "logprobs", "action_mask"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    """Each test starts with an empty process cache of the default size, and leaves one."""
+    unit_cache.reset()
+    yield
+    unit_cache.reset()
+
+
+def table_of(rows: int) -> pa.Table:
+    return pa.table({"x": pa.array(range(rows), pa.int64())})  # 8 bytes a row
+
+
+def test_offer_keeps_what_fits_and_take_hands_it_over_once():
+    cache = UnitCache(budget=8 * 100)
+    a, b, c = table_of(60), table_of(40), table_of(1)
+    assert cache.offer("a", a) and cache.offer("b", b)
+    assert cache.held == 800
+    assert not cache.offer("c", c)  # full: nothing is evicted for a later unit
+    assert cache.take("b") is b and cache.held == 480
+    assert cache.take("b") is None  # taken once
+    assert cache.offer("c", c) and cache.take("c") is c
+    assert cache.take("a") is a and cache.held == 0
+    assert (cache.stats.offered, cache.stats.kept, cache.stats.hits, cache.stats.misses) == (4, 3, 3, 1)
+
+
+def test_a_table_larger_than_the_budget_and_a_zero_budget_keep_nothing():
+    assert not UnitCache(budget=79).offer("a", table_of(10))
+    assert not UnitCache(budget=0).offer("a", table_of(1))
+    assert UnitCache(budget=80).offer("a", table_of(10))
+
+
+def test_default_budget_follows_the_environment(monkeypatch):
+    monkeypatch.setenv(unit_cache.BUDGET_ENV, "0")
+    assert unit_cache.default_budget() == 0
+    monkeypatch.setenv(unit_cache.BUDGET_ENV, "1.5")
+    assert unit_cache.default_budget() == 3 << 19
+    monkeypatch.delenv(unit_cache.BUDGET_ENV)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert unit_cache.default_budget() == int(min(unit_cache.DEFAULT_CAP, memory / 32))
+
+
+@pytest.fixture
+def unit(tmp_path):
+    glob = write_parquet(random_rows(seed=3), str(tmp_path / "in"), files=1, row_group_size=10)
+    plan = plan_input([glob])
+    return plan.units[0]
+
+
+def counting(calls):
+    def read(unit, columns=None):
+        calls.append(columns)
+        return read_unit(unit, columns)
+
+    return read
+
+
+def test_read_back_serves_the_first_read_and_reads_only_what_it_lacks(unit):
+    calls = []
+    full = read_unit(unit)
+    unit_cache.offer(unit, read_unit(unit))
+    back = unit_cache.read_back(unit, counting(calls))
+    assert calls == [] and back.equals(full)  # a hit: no read at all
+
+    unit_cache.offer(unit, read_unit(unit, LIGHT))  # the light read leaves out "note"
+    back = unit_cache.read_back(unit, counting(calls))
+    assert calls == [["note"]]
+    assert back.select(full.column_names).equals(full)
+
+    assert unit_cache.read_back(unit, counting(calls)).equals(full)  # taken: read again
+    assert calls[-1] is None
+    assert unit_cache.cache().stats.hits == 2 and unit_cache.cache().stats.misses == 1
+
+
+def test_a_unit_without_a_fingerprint_is_never_kept(unit):
+    from dataclasses import replace
+
+    bare = replace(unit, fingerprint=None)
+    unit_cache.offer(bare, read_unit(bare))
+    assert unit_cache.cache().held == 0
+
+
+def rewrite(path: str) -> None:
+    """Same rows, same row count, rewards reversed (as in tests/test_trust.py)."""
+    table = pq.read_table(path)
+    reward = pa.array(table["reward"].to_pylist()[::-1])
+    pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", reward), path, row_group_size=10)
+
+
+def test_a_file_rewritten_between_the_reads_fails_as_a_read_would(unit):
+    unit_cache.offer(unit, read_unit(unit, LIGHT))
+    rewrite(unit.path)
+    with pytest.raises(fingerprints.InputChanged) as hit:
+        unit_cache.read_back(unit, read_unit)
+    assert unit_cache.cache().stats.hits == 1  # it was the cached table that was refused
+    with pytest.raises(fingerprints.InputChanged) as read:
+        read_unit(unit)
+    assert str(hit.value) == str(read.value) and "changed while the run was reading it" in str(hit.value)
+
+
+def test_a_touched_file_is_refused_too(unit):
+    unit_cache.offer(unit, read_unit(unit))
+    os.utime(unit.path, ns=(1, 1))
+    with pytest.raises(fingerprints.InputChanged):
+        unit_cache.read_back(unit, read_unit)
+
+
+def scored_files(out: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.parquet"))}
+
+
+def test_output_is_byte_identical_with_the_cache_on_or_off_and_any_io_threads(tmp_path, rescore):
+    rows = random_rows(seed=8, batches=5)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=3, row_group_size=6, schema=SCHEMA_INT_TASK)
+    outputs = {}
+    for budget, threads in ((0, 1), (None, 1), (None, 2), (None, 4), (0, 4)):
+        cache = unit_cache.reset(budget)
+        _, out = rescore(glob, "--strategy", "grpo", "--io-threads", str(threads), "--shard-rows", "20",
+                         output=str(tmp_path / f"out-{budget}-{threads}"))
+        outputs[(budget, threads)] = scored_files(out)
+        if budget is None:
+            assert cache.stats.hits == cache.stats.kept > 3 and cache.held == 0  # every unit taken back
+        else:
+            assert cache.stats.hits == 0
+    first = outputs[(0, 1)]
+    assert len(first) > 3
+    assert all(files == first for files in outputs.values())

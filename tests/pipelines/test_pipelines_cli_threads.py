@@ -1,0 +1,33 @@
+"""The rescore command makes torch's idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) before
+torch is imported, unless the user chose a policy."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Stands in for rescore.pipelines.rescore: reports what the entry point had done when it got there.
+PROBE = """
+import os, sys, types
+fake = types.ModuleType("rescore.pipelines.rescore")
+fake.cli = lambda: print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+sys.modules["rescore.pipelines.rescore"] = fake
+from rescore.pipelines.cli import main
+main()
+"""
+
+
+def probe(**env) -> str:
+    environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    environ.update(env, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", PROBE], env=environ, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_idle_openmp_threads_sleep_and_torch_is_not_loaded_before():
+    assert probe() == "PASSIVE False"
+
+
+def test_the_users_choice_wins():
+    assert probe(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE False"
