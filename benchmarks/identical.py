@@ -1,6 +1,8 @@
 """Before/after: every output file byte-identical over a matrix of strategies and options.
 
-    .venv/bin/python benchmarks/identical.py                                  # 5be73bd vs the working tree
+    .venv/bin/python benchmarks/identical.py                                  # HEAD vs the working tree
+    .venv/bin/python benchmarks/identical.py --before 5be73bd --after 4d6d4b7 # issue 14's restructure
+    .venv/bin/python benchmarks/identical.py --before 4d6d4b7 --values        # same values, new encoder
     .venv/bin/python benchmarks/identical.py --before main --after HEAD --cases grpo,polaris_kept
     .venv/bin/python benchmarks/identical.py --list                           # the cases
 
@@ -43,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BEFORE = "5be73bd"
+BEFORE = "HEAD"
 
 POLARIS = "reward_variance,grpo,duplicate_informative"
 
@@ -268,11 +270,38 @@ def _drop(doc, dotted: str) -> None:
                 _drop(value, rest)
 
 
-def _same(a: str, b: str, ignore: list[str]) -> bool:
+def _nan_free(value):
+    """A decoded value with NaN turned into a marker, so that NaN equals NaN (rejected rows keep
+    the NaN reward they were rejected for)."""
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, list):
+        return [_nan_free(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _nan_free(v) for k, v in value.items()}
+    return value
+
+
+def _same_values(a: str, b: str) -> bool:
+    """Two Parquet files hold the same Arrow schema (field and file metadata included) and the
+    same values, whatever the encoder, codec or chunking."""
+    ta, tb = pq.read_table(a), pq.read_table(b)
+    if not ta.schema.equals(tb.schema, check_metadata=True) or ta.num_rows != tb.num_rows:
+        return False
+    for name in ta.column_names:
+        x, y = ta[name].combine_chunks(), tb[name].combine_chunks()
+        if not x.equals(y) and _nan_free(x.to_pylist()) != _nan_free(y.to_pylist()):
+            return False
+    return True
+
+
+def _same(a: str, b: str, ignore: list[str], values: bool = False) -> bool:
     with open(a, "rb") as fa, open(b, "rb") as fb:
         da, db = fa.read(), fb.read()
     if da == db:
         return True
+    if values and a.endswith(".parquet"):
+        return _same_values(a, b)
     if ignore and os.path.basename(a) == "metrics.json":
         ja, jb = json.loads(da), json.loads(db)
         for key in ignore:
@@ -289,7 +318,7 @@ def _error_line(stderr: str) -> str:
     return lines[-1] if lines else ""
 
 
-def compare(name: str, before_dir: str, after_dir: str, before: dict, after: dict, ignore: list[str]) -> tuple[int, str]:
+def compare(name: str, before_dir: str, after_dir: str, before: dict, after: dict, ignore: list[str], values: bool = False) -> tuple[int, str]:
     """(number of files, "" when identical else what differs first)."""
     a, b = os.path.join(before_dir, name), os.path.join(after_dir, name)
     fa, fb = (_files(a) if os.path.isdir(a) else []), (_files(b) if os.path.isdir(b) else [])
@@ -303,7 +332,7 @@ def compare(name: str, before_dir: str, after_dir: str, before: dict, after: dic
         only = sorted(set(fa) ^ set(fb))
         return len(fa), f"file sets differ: {only[0]}" + (f" (+{len(only) - 1})" if len(only) > 1 else "")
     for rel in fa:
-        if not _same(os.path.join(a, rel), os.path.join(b, rel), ignore):
+        if not _same(os.path.join(a, rel), os.path.join(b, rel), ignore, values):
             return len(fa), rel
     return len(fa), ""
 
@@ -324,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", action="store_true", help="a `python -m rescore` process per case")
     ap.add_argument("--ignore-key", action="append", default=[], metavar="DOTTED",
                     help="a metrics.json key not to compare (e.g. totals.some_timing); repeatable")
+    ap.add_argument("--values", action="store_true",
+                    help="Parquet files may differ in bytes if their Arrow schema (with metadata) and every "
+                         "value are the same: for a deliberate encoder or codec change (docs/output.md)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     args = ap.parse_args(argv)
@@ -368,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         diffs = 0
         for name in names:
             files, what = compare(name, os.path.join(tmp, "before"), os.path.join(tmp, "after"),
-                                  sides["before"][name], sides["after"][name], args.ignore_key)
+                                  sides["before"][name], sides["after"][name], args.ignore_key, args.values)
             code = sides["before"][name]["exit"]
             note = f" (exit {code} on both sides)" if code else ""
             print(f"{name:32} {files:5}  {'DIFF ' + what if what else 'identical' + note}")
