@@ -28,7 +28,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (
@@ -45,15 +45,13 @@ from rescore.pipelines.progress import Progress
 from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
-from rescore.transforms.copies import PlanCopies
 from rescore.transforms.files import lock as output_lock
 from rescore.transforms.files import ownership, storage
 from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
-from rescore.transforms.finalize import Finalize
-from rescore.transforms.read import InputPlan, ReadExperiences, plan_input
-from rescore.transforms.score import ScoreGroups
-from rescore.transforms.strategies import DUPLICATE, StrategyChain, build_chain
-from rescore.transforms.write import WriteScored
+from rescore.transforms.read import InputPlan, plan_input
+
+if TYPE_CHECKING:
+    from rescore.transforms.strategies import StrategyChain
 
 log = logging.getLogger("rescore")
 
@@ -66,6 +64,15 @@ USER_ERRORS = errors.USER_ERRORS
 
 def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict) -> None:
     """The whole job: read -> score -> plan copies -> write -> finalize."""
+    # The shells are imported here, not with this module: they load torch, which option
+    # parsing, --help and a bad command line never need.
+    from rescore.transforms.copies import PlanCopies
+    from rescore.transforms.finalize import Finalize
+    from rescore.transforms.read import ReadExperiences
+    from rescore.transforms.score import ScoreGroups
+    from rescore.transforms.strategies import DUPLICATE
+    from rescore.transforms.write import WriteScored
+
     units = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
@@ -131,6 +138,8 @@ def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
 
 def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:
     """Plan the input, prepare the output and build the pipeline (not run)."""
+    from rescore.transforms.strategies import build_chain
+
     scoring = build_chain(cfg.strategies, cfg.params)
     options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)

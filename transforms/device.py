@@ -7,16 +7,25 @@ asynchronously) and the results come back once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from rescore.errors import DeviceError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a device is resolved or used, not with this module: the launcher
+# (option parsing, --help, planning, job submission) never needs it.
 
 CHOICES = ("auto", "cpu", "cuda")
 LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
 
 
 def _no_cuda_reason() -> str:
+    import torch
+
     built = torch.version.cuda
     if built is None:
         return f"torch {torch.__version__} is a CPU-only build (install the CUDA build, see README: GPU)"
@@ -27,6 +36,8 @@ def resolve(choice: str) -> torch.device:
     """The device for `choice`; raises DeviceError for cuda without a visible GPU."""
     if choice not in CHOICES:
         raise ValueError(f"--device must be one of {', '.join(CHOICES)}, got {choice!r}")
+    import torch
+
     if choice == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
@@ -39,6 +50,8 @@ def resolve(choice: str) -> torch.device:
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A numpy array as a tensor on `device`: zero-copy on the CPU, one pinned-memory copy to a
     GPU."""
+    import torch
+
     if not array.flags.writeable:  # Arrow hands out read-only views; torch warns on those
         array = array.copy()
     tensor = torch.from_numpy(np.ascontiguousarray(array))

@@ -13,7 +13,7 @@ from rescore.schemas import (
     validate_file_schema,
 )
 from rescore.schemas.lists import flat_list
-from rescore.transforms.strategies.segments import flat_segment_sum as segment_sum
+from rescore.transforms.strategies.flat import flat_segment_sum as segment_sum
 
 BASE = pa.schema([("batch", pa.int64()), ("task", pa.int64()), ("run", pa.int64()), ("reward", pa.float64())])
 

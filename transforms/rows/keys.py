@@ -18,7 +18,7 @@ from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
 from rescore.transforms.strategies.hashing import mix64
-from rescore.transforms.strategies.segments import flat_segment_sum
+from rescore.transforms.strategies.flat import flat_segment_sum
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]

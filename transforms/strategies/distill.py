@@ -16,7 +16,8 @@ from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.catalog import OnPolicyDistillParams
-from rescore.transforms.strategies.segments import flat_segment_sum, group_stats
+from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.segments import group_stats
 
 
 def token_level_only(rows: GroupedRows) -> Scores:

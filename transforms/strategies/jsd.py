@@ -23,7 +23,7 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.catalog import JSDParams
 from rescore.transforms.strategies.distill import token_level_only
-from rescore.transforms.strategies.segments import flat_segment_sum
+from rescore.transforms.strategies.flat import flat_segment_sum
 
 
 def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, temperature: float) -> np.ndarray:

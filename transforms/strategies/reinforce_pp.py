@@ -33,7 +33,8 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
 from rescore.transforms.strategies.catalog import ReinforcePlusPlusParams
-from rescore.transforms.strategies.segments import flat_segment_sum, group_stats
+from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.segments import group_stats
 
 TRINITY, VERL = "trinity", "verl"
 

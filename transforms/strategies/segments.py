@@ -141,22 +141,6 @@ def std_of(values: Tensor) -> Tensor:
     return mean_and_std(values, offsets)[1][0]
 
 
-def flat_segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """(n,) sums of values[offsets[i]:offsets[i + 1]] of a flat token array, in order within a
-    row (numpy only; the row layer sums list columns with it too).
-
-    Each row's sum depends only on that row's values (not on its position), so equal rows get
-    bit-equal sums. Empty segments sum to 0.
-    """
-    n = len(offsets) - 1
-    out = np.zeros(n, dtype=np.float64 if values.dtype.kind == "f" else np.int64)
-    nonempty = offsets[1:] > offsets[:-1]
-    if len(values) == 0 or not nonempty.any():
-        return out
-    out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
-    return out
-
-
 def group_index(offsets: np.ndarray) -> np.ndarray:
     """(n,) int64 the group of each row, from numpy offsets (G + 1,)."""
     return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
