@@ -125,6 +125,10 @@ class ForkedRuns:
         self._pid = None
         return code, open(self._err, encoding="utf-8").read()
 
+    def stdout(self) -> str:
+        """What the last run wrote to its stdout."""
+        return open(self._err + ".stdout", encoding="utf-8").read()
+
     def run(self, argv: list[str], env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
         self.start(argv, env)
         return self.wait(timeout)

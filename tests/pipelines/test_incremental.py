@@ -576,28 +576,40 @@ def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
     assert not os.path.isdir(os.path.join(out, "_delta_log")) or not os.listdir(os.path.join(out, "_delta_log"))
 
 
-@pytest.mark.parametrize("extra", [
+MODEL_FLAGS = [
     ["--strategy", "grpo", "--reward-model", "models/reward"],
     ["--strategy", "on_policy_distill", "--teacher-model", "models/teacher"],
-])
-def test_model_flags_are_refused_with_incremental(tmp_path, extra):
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """The command lines refused before anything runs below, in one child process (batched.py;
+    each with its own stderr): {model flag, or "--run-name": (exit code, stderr, output path)}."""
+    base = tmp_path_factory.mktemp("refused")
+    write(experience(1, batches=1, max_tasks=2), str(base / "in" / "a.parquet"))
+    runs = {extra[2]: ["--input", str(base / "in"), "--output", str(base / f"t{i}"), "--incremental", RUNNER, *extra]
+            for i, extra in enumerate(MODEL_FLAGS)}
+    runs["--run-name"] = ["--input", str(base / "in"), "--output", str(base / "t"), RUNNER, *STRATEGY, "--run-name", "x"]
+    results = run_many(base / "stderr", list(runs.values()))
+    return {key: (code, err, argv[3]) for (key, argv), (code, err) in zip(runs.items(), results)}
+
+
+@pytest.mark.parametrize("extra", MODEL_FLAGS)
+def test_model_flags_are_refused_with_incremental(refused, extra):
     """The model stage does not run in incremental runs: exit 2, one line, before anything runs
     (no output directory, no lock left behind)."""
-    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
-    out = tmp_path / "t"
-    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), "--incremental", RUNNER, *extra])
+    code, err, out = refused[extra[2]]
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"rescore: error: {extra[2]} cannot be used with --incremental"), err
-    assert not out.exists()
+    assert not os.path.exists(out)
 
 
-def test_run_name_without_incremental_is_refused(tmp_path):
-    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
-    out = tmp_path / "t"
-    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), RUNNER, *STRATEGY, "--run-name", "x"])
+def test_run_name_without_incremental_is_refused(refused):
+    code, err, out = refused["--run-name"]
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("rescore: error: --run-name names an --incremental run"), err
-    assert not out.exists()
+    assert not os.path.exists(out)
 
 
 @pytest.mark.parametrize("name", ["my table", "t#1"])
@@ -613,12 +625,12 @@ def test_output_path_with_a_space_or_a_hash(tmp_path, name):
 
     assert main([*argv, "--quiet"]) == 0
     assert load_scored(out).num_rows == pq.read_table(str(tmp_path / "in" / "a.parquet")).num_rows
-    proc = subprocess.run([sys.executable, "-m", "rescore", "show", out], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert "incremental Delta Lake table, version 0" in proc.stdout
-    code, err = _cli(argv)
-    assert code == 0 and "nothing new to score" in err, err
+    with ForkedRuns(tmp_path / "runs-stderr", preload=("rescore.pipelines.incremental", "deltalake")) as runs:
+        code, err = runs.run(["show", out])
+        assert code == 0 and err == "", err
+        assert "incremental Delta Lake table, version 0" in runs.stdout()
+        code, err = runs.run(argv)
+        assert code == 0 and "nothing new to score" in err, err
 
 
 def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):
