@@ -20,16 +20,24 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_DRIVER = """
-import json, os, sys
-from rescore.pipelines.rescore import main
-codes = []
-for argv, env, err in json.loads(sys.argv[1]):
+_SET_ENV = """
+import os
+
+
+def set_env(env):
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+"""
+
+_DRIVER = _SET_ENV + """
+import json, sys
+from rescore.pipelines.rescore import main
+codes = []
+for argv, env, err in json.loads(sys.argv[1]):
+    set_env(env)
     sys.stderr.flush()
     fd, saved = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), os.dup(2)
     os.dup2(fd, 2)
@@ -62,8 +70,8 @@ def run_many(workdir, runs: list, *, cwd: str = ROOT, timeout: int = 600) -> lis
     return [(code, open(err, encoding="utf-8").read()) for code, (_, _, err) in zip(codes, jobs)]
 
 
-_FORK_DRIVER = """
-import importlib, json, os, sys
+_FORK_DRIVER = _SET_ENV + """
+import importlib, json, sys
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
 from rescore.pipelines import rescore
@@ -72,11 +80,7 @@ for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
         try:
-            for key, value in env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            set_env(env)
             out = os.open(err + ".stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(out, 1)
