@@ -79,6 +79,7 @@ for line in sys.stdin:
     argv, env, err = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        code = 70
         try:
             set_env(env)
             out = os.open(err + ".stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -87,8 +88,20 @@ for line in sys.stdin:
             os.dup2(fd, 2)
             sys.argv = ["rescore", *argv]
             rescore.cli()  # the console script's path; it ends with os._exit(code)
+        except SystemExit as e:  # --help and argparse's own errors, as the interpreter exits on them
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
         finally:
-            os._exit(70)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
     print(json.dumps({"pid": pid}), flush=True)
     print(json.dumps({"code": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}), flush=True)
 """
