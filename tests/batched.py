@@ -3,7 +3,8 @@ paid once instead of once per run, and every run still has a real process's stde
 
 Each run calls `rescore.pipelines.rescore.main(argv)` with file descriptor 2 sent to a file of
 its own, so what a user's terminal would show (our `rescore: error:` line, and anything Beam or a
-library writes to fd 2) is what the test reads; pytest's capture is not involved. Use it for
+library writes to fd 2) is what the test reads; pytest's capture is not involved (main(), not the
+console script's cli(), which drops what other processes wrote to fd 2 after a failure). Use it for
 runs that check an exit status and stderr; a test about signals, `os._exit` or the console script
 itself keeps its own process, or a forked one: `ForkedRuns` forks each run from a child that
 imported Rescore once, and runs the console script's `cli()` there (real pid, exit status and
