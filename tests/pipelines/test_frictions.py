@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from batched import ForkedRuns
 from conftest import RUNNER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,9 +27,22 @@ def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def bare():
+def forked(tmp_path_factory):
+    """`rescore` processes forked from one child that imported Rescore once (batched.py), each
+    with its own exit status, stdout and stderr; `_cli` where the process's start-up matters."""
+    with ForkedRuns(tmp_path_factory.mktemp("forked")) as runs:
+        yield runs
+
+
+def _forked(runs: ForkedRuns, *args: str) -> subprocess.CompletedProcess:
+    code, err = runs.run(list(args))
+    return subprocess.CompletedProcess(["rescore", *args], code, runs.stdout(), err)
+
+
+@pytest.fixture(scope="module")
+def bare(forked):
     """A bare `rescore`: the usage lines (one process for the tests that read them)."""
-    return _cli()
+    return _forked(forked)
 
 
 def test_bare_rescore_prints_usage_with_every_command(bare):
@@ -39,15 +53,15 @@ def test_bare_rescore_prints_usage_with_every_command(bare):
         assert command in p.stderr
 
 
-def test_help_mentions_sample_and_report():
-    p = _cli("--help")
+def test_help_mentions_sample_and_report(forked):
+    p = _forked(forked, "--help")
     assert p.returncode == 0
     assert "rescore sample --output DIR" in p.stdout and "rescore report OUTPUT_DIR" in p.stdout
     assert "--keep-filtered" in p.stdout and "--audit-columns" in p.stdout
 
 
-def test_set_typo_says_did_you_mean(tmp_path):
-    p = _cli("--input", str(tmp_path / "x.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo",
+def test_set_typo_says_did_you_mean(forked, tmp_path):
+    p = _forked(forked, "--input", str(tmp_path / "x.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo",
              "--set", "epsilonn=1")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
@@ -202,7 +216,7 @@ def test_report_draws_extra_reward_columns(tmp_path):
     assert "Columns: rm_score;" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
 
 
-def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
+def test_report_deletes_only_the_files_a_report_wrote(forked, sample_input, tmp_path):
     """Other report-*.png files (beside the data or in --to) and a foreign report.html stay."""
     from rescore.pipelines.rescore import main
 
@@ -219,7 +233,7 @@ def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
     assert open(os.path.join(out, "report-mine.png")).read() == "mine"
     assert os.path.getsize(docs / "report-reward.png") > 1000 and os.path.getsize(os.path.join(out, "report-reward.png")) > 1000
     (docs / "report.html").write_text("<html>my own page</html>")
-    p = _cli("report", out, "--to", str(docs))
+    p = _forked(forked, "report", out, "--to", str(docs))
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("rescore: error: ")
     assert "is not a Rescore report" in lines[0]
@@ -227,12 +241,12 @@ def test_report_deletes_only_the_files_a_report_wrote(sample_input, tmp_path):
     assert (docs / "report-q3-summary.png").read_text() == "x"
 
 
-def test_report_on_an_incremental_table_says_so(sample_input, tmp_path):
+def test_report_on_an_incremental_table_says_so(forked, sample_input, tmp_path):
     from rescore.pipelines.rescore import main
 
     table = str(tmp_path / "inc")
     assert main(["--input", sample_input, "--output", table, RUNNER, "--quiet", "--strategy", "grpo", "--incremental"]) == 0
-    p = _cli("report", table)
+    p = _forked(forked, "report", table)
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     assert lines[0].startswith("rescore: error: ") and "is an incremental table" in lines[0]
@@ -278,7 +292,7 @@ def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
             monkeypatch.undo()
 
 
-def test_report_on_filtered_files_rescore_did_not_write_is_one_line(sample_input, tmp_path):
+def test_report_on_filtered_files_rescore_did_not_write_is_one_line(forked, sample_input, tmp_path):
     from rescore.pipelines.rescore import main
 
     out = str(tmp_path / "out")
@@ -286,7 +300,7 @@ def test_report_on_filtered_files_rescore_did_not_write_is_one_line(sample_input
     import pyarrow as pa
 
     pq.write_table(pa.table({"batch": [0]}), os.path.join(out, "filtered-00000-of-00001.parquet"))  # no filter_reason
-    p = _cli("report", out)
+    p = _forked(forked, "report", out)
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         f"rescore: error: {out}: its filtered-*.parquet lack task, reward, filter_reason: not files Rescore wrote"

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from batched import run_many
+from batched import ForkedRuns, run_many
 from data import SCHEMA_INT_TASK, random_rows
 
 pytest.importorskip("deltalake", reason="incremental runs write a Delta Lake table (the [test] extra installs deltalake)")
@@ -285,7 +285,8 @@ def test_the_same_file_under_three_spellings_is_scored_once(tmp_path, days, caps
 
 def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     """A reader sees the previous version until the commit and the new one after it; every
-    rerun after a kill goes through (the kernel released the dead run's lock; its work is removed)."""
+    rerun after a kill goes through (the kernel released the dead run's lock; its work is removed).
+    Each run is a process of its own, forked from one that imported Rescore once (batched.py)."""
     inp, first, second = days
     out = str(tmp_path / "table")
     write(first, str(inp / "day1.parquet"))
@@ -293,40 +294,40 @@ def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     before = one_shot([str(inp / "day1.parquet")], str(tmp_path / "ref1"))
     write(second, str(inp / "day2.parquet"))
     after = one_shot([str(inp / "*.parquet")], str(tmp_path / "ref2"))
+    argv = ["--input", str(inp / "*.parquet"), "--output", out, "--incremental", RUNNER, *STRATEGY]
 
-    for step in ("locked", "planned", "before_commit"):
-        proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": f"kill_at:{step}"})
-        assert proc.wait(timeout=300) == -signal.SIGKILL, (step, proc.stderr.read())
+    with ForkedRuns(tmp_path / "runs-stderr", preload=("rescore.pipelines.incremental", "deltalake")) as runs:
+        for step in ("locked", "planned", "before_commit"):
+            code, err = runs.run(argv, {"RESCORE_TEST_INJECT_FAULT": f"kill_at:{step}"})
+            assert code == -signal.SIGKILL, (step, err)
+            assert_same_rows(current(out), before)
+
+        # Killed while the pipeline is writing its staged files.
+        pid = runs.start(argv, {"RESCORE_TEST_INJECT_FAULT": "slow_write:30"})
+        deadline = time.monotonic() + 240
+        runs_dir = os.path.join(out, "_rescore", "runs")
+        while time.monotonic() < deadline:
+            staged = [os.path.join(d, f) for d, _, fs in os.walk(runs_dir) for f in fs if "_staging" in d]
+            if staged:
+                break
+            time.sleep(0.2)
+        assert staged, "the pipeline never staged a file"
+        os.kill(pid, signal.SIGKILL)
+        runs.wait(timeout=60)
         assert_same_rows(current(out), before)
 
-    # Killed while the pipeline is writing its staged files.
-    proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": "slow_write:30"})
-    deadline = time.monotonic() + 240
-    runs = os.path.join(out, "_rescore", "runs")
-    while time.monotonic() < deadline:
-        staged = [os.path.join(d, f) for d, _, fs in os.walk(runs) for f in fs if "_staging" in d]
-        if staged:
-            break
-        time.sleep(0.2)
-    assert staged, "the pipeline never staged a file"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert_same_rows(current(out), before)
+        # Killed right after the commit: the new version is complete, the next run finds nothing new.
+        assert runs.run(argv, {"RESCORE_TEST_INJECT_FAULT": "kill_at:after_commit"})[0] == -signal.SIGKILL
+        assert_same_rows(current(out), after)
 
-    # Killed right after the commit: the new version is complete, the next run finds nothing new.
-    proc = subprocess_incremental([str(inp / "*.parquet")], out, env={"RESCORE_TEST_INJECT_FAULT": "kill_at:after_commit"})
-    assert proc.wait(timeout=300) == -signal.SIGKILL
-    assert_same_rows(current(out), after)
-
-    proc = subprocess_incremental([str(inp / "*.parquet")], out)
-    assert proc.wait(timeout=300) == 0
-    err = proc.stderr.read()
-    assert err.strip().startswith("rescore: nothing new to score"), err
+        code, err = runs.run(argv)
+        assert code == 0
+        assert err.strip().startswith("rescore: nothing new to score"), err
     assert_same_rows(current(out), after)
     # Work of the killed runs is gone; only committed runs keep their metrics.
     from rescore.pipelines.incremental import load_state
 
-    assert sorted(os.listdir(runs)) == sorted(r["run"] for r in load_state(out).runs)
+    assert sorted(os.listdir(runs_dir)) == sorted(r["run"] for r in load_state(out).runs)
 
 
 def test_orphan_files_of_a_killed_commit_are_invisible(tmp_path, days, capsys):
@@ -575,28 +576,40 @@ def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
     assert not os.path.isdir(os.path.join(out, "_delta_log")) or not os.listdir(os.path.join(out, "_delta_log"))
 
 
-@pytest.mark.parametrize("extra", [
+MODEL_FLAGS = [
     ["--strategy", "grpo", "--reward-model", "models/reward"],
     ["--strategy", "on_policy_distill", "--teacher-model", "models/teacher"],
-])
-def test_model_flags_are_refused_with_incremental(tmp_path, extra):
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """The command lines refused before anything runs below, in one child process (batched.py;
+    each with its own stderr): {model flag, or "--run-name": (exit code, stderr, output path)}."""
+    base = tmp_path_factory.mktemp("refused")
+    write(experience(1, batches=1, max_tasks=2), str(base / "in" / "a.parquet"))
+    runs = {extra[2]: ["--input", str(base / "in"), "--output", str(base / f"t{i}"), "--incremental", RUNNER, *extra]
+            for i, extra in enumerate(MODEL_FLAGS)}
+    runs["--run-name"] = ["--input", str(base / "in"), "--output", str(base / "t"), RUNNER, *STRATEGY, "--run-name", "x"]
+    results = run_many(base / "stderr", list(runs.values()))
+    return {key: (code, err, argv[3]) for (key, argv), (code, err) in zip(runs.items(), results)}
+
+
+@pytest.mark.parametrize("extra", MODEL_FLAGS)
+def test_model_flags_are_refused_with_incremental(refused, extra):
     """The model stage does not run in incremental runs: exit 2, one line, before anything runs
     (no output directory, no lock left behind)."""
-    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
-    out = tmp_path / "t"
-    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), "--incremental", RUNNER, *extra])
+    code, err, out = refused[extra[2]]
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"rescore: error: {extra[2]} cannot be used with --incremental"), err
-    assert not out.exists()
+    assert not os.path.exists(out)
 
 
-def test_run_name_without_incremental_is_refused(tmp_path):
-    write(experience(1, batches=1, max_tasks=2), str(tmp_path / "in" / "a.parquet"))
-    out = tmp_path / "t"
-    code, err = _cli(["--input", str(tmp_path / "in"), "--output", str(out), RUNNER, *STRATEGY, "--run-name", "x"])
+def test_run_name_without_incremental_is_refused(refused):
+    code, err, out = refused["--run-name"]
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("rescore: error: --run-name names an --incremental run"), err
-    assert not out.exists()
+    assert not os.path.exists(out)
 
 
 @pytest.mark.parametrize("name", ["my table", "t#1"])
@@ -612,12 +625,12 @@ def test_output_path_with_a_space_or_a_hash(tmp_path, name):
 
     assert main([*argv, "--quiet"]) == 0
     assert load_scored(out).num_rows == pq.read_table(str(tmp_path / "in" / "a.parquet")).num_rows
-    proc = subprocess.run([sys.executable, "-m", "rescore", "show", out], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert "incremental Delta Lake table, version 0" in proc.stdout
-    code, err = _cli(argv)
-    assert code == 0 and "nothing new to score" in err, err
+    with ForkedRuns(tmp_path / "runs-stderr", preload=("rescore.pipelines.incremental", "deltalake")) as runs:
+        code, err = runs.run(["show", out])
+        assert code == 0 and err == "", err
+        assert "incremental Delta Lake table, version 0" in runs.stdout()
+        code, err = runs.run(argv)
+        assert code == 0 and "nothing new to score" in err, err
 
 
 def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import reference
 import trinity_real
 from conftest import RUNNER
 from data import read_output
@@ -49,18 +50,6 @@ def _engine(url):
     return sql_buffer.engine(url)
 
 
-def _grpo(rows, eps=1e-6):
-    groups = {}
-    for r in rows:
-        groups.setdefault((r["batch"], r["task"]), []).append(r["reward"])
-    out = {}
-    for r in rows:
-        g = np.array(groups[(r["batch"], r["task"])])
-        std = 0.0 if np.all(g == g[0]) else g.std(ddof=1)
-        out[(r["batch"], r["task"], r["run"])] = (r["reward"] - g.mean()) / (std + eps)
-    return out
-
-
 def test_postgres_source_and_sink(pg, tmp_path):
     import sqlalchemy as sa
 
@@ -77,7 +66,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     doc = run([*args, "--output", str(tmp_path / "o1")])
     assert doc["source"]["id_ranges"] == 4 and doc["buffer"]["rows"] == table.num_rows == doc["totals"]["rows_written"]
     scored = read_output(str(tmp_path / "o1")).to_pylist()
-    expected = _grpo(scored)
+    expected = reference.rescore(scored, "grpo")["scored"]  # (batch, task, run, step) -> (score, advantages)
 
     eng = _engine(pg)
     meta, blob = sql_buffer.tables("rescored")
@@ -87,7 +76,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
         assert [r.id for r in rows] == list(range(1, table.num_rows + 1))
         for r in rows:
             ((item, t),) = trxp.decode(r.experience_bytes)
-            score = expected[(item["eid"]["batch"], r.task_id, r.run_id)]
+            score = expected[(item["eid"]["batch"], r.task_id, r.run_id, item["eid"]["step"])][0]
             want = np.float32(score) * t["action_mask"].numpy().astype(np.float32)
             np.testing.assert_allclose(t["advantages"].numpy(), want, atol=1e-5)
             assert t["tokens"].dtype == torch.int32

@@ -168,15 +168,16 @@ def test_duplication_invariants(tmp_path, rescore, strategy, params):
     assert t["strategies"][name]["duplicated_count"] == copies.num_rows
 
 
-def test_duplication_is_the_same_with_two_workers_and_shuffled_input(tmp_path, rescore):
+def test_duplication_is_the_same_with_shuffled_input(tmp_path, rescore):
+    """Other files, row groups, read units and buckets, rows in reverse: the same rows and copies.
+    (The same chain with two worker processes: tests/pipelines/test_runners.py, multi-process.)"""
     strategy, params = DUP_CASES[1]
     _, _, one = _run(tmp_path, rescore, strategy, params)
     rows = multi_step_rows(5)
     rows.reverse()
     glob = write_parquet(rows, str(tmp_path / "in2"), files=2, row_group_size=4, schema=SCHEMA_MULTI_STEP)
     sets = [f"--set={k}={json.dumps(v)}" for k, v in params.items()]
-    _, two = rescore(glob, "--strategy", strategy, *sets, "--buckets", "3", "--shard-rows", "7",
-                     "--direct_num_workers=2", "--direct_running_mode=multi_processing", output=str(tmp_path / "two"))
+    _, two = rescore(glob, "--strategy", strategy, *sets, "--buckets", "3", "--shard-rows", "7", output=str(tmp_path / "two"))
     a, b = _sorted(read_output(one)), _sorted(read_output(two))
     assert a.num_rows == b.num_rows and a.equals(b)
 

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import reference
 import torch
 
 from batched import run_many
@@ -78,20 +79,6 @@ def _cli(*args, cwd=None):
     env = {**os.environ, "PYTHONPATH": ROOT}
     return subprocess.run([sys.executable, "-m", "rescore", *args, RUNNER], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
-
-
-def _grpo(rows, eps=1e-6):
-    """Independent GRPO: unbiased std per (batch, task), a group of one has mean 0, std 1."""
-    groups = {}
-    for r in rows:
-        groups.setdefault((r["batch"], r["task"]), []).append(r["reward"])
-    out = {}
-    for r in rows:
-        g = np.array(groups[(r["batch"], r["task"])], dtype=np.float64)
-        mean, std = (g.mean(), g.std(ddof=1)) if len(g) > 1 else (0.0, 1.0)
-        std = 0.0 if np.all(g == g[0]) and len(g) > 1 else std
-        out[(r["batch"], r["task"], r["run"], r["step"])] = (r["reward"] - mean) / (std + eps)
-    return out
 
 
 # --- the TRXP format ---------------------------------------------------------------------------
@@ -159,9 +146,9 @@ def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore, monkeypat
     # every buffer row once, with the ids Trinity's reader gives it (task from task_id: a string)
     assert sorted(r["sql_id"] for r in scored) == list(range(1, 41))
     assert all(isinstance(r["task"], str) for r in scored)
-    expected = _grpo(scored)
+    expected = reference.rescore(scored, "grpo")["scored"]  # (batch, task, run, step) -> (score, advantages)
     for r in scored:
-        score = expected[(r["batch"], r["task"], r["run"], r["step"])]
+        score = expected[(r["batch"], r["task"], r["run"], r["step"])][0]
         assert r["score"] == pytest.approx(score, abs=1e-5)
         np.testing.assert_allclose(r["advantages"], np.float32(score) * np.asarray(r["action_mask"], np.float32), atol=1e-5)
         assert len(r["advantages"]) == len(r["tokens"]) - r["prompt_length"]

@@ -21,11 +21,13 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from batched import run_many
 from conftest import RUNNER
 from data import random_rows, read_output, write_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
+FAULT = "RESCORE_TEST_INJECT_FAULT"
 
 
 def _cmd(*args):
@@ -33,52 +35,27 @@ def _cmd(*args):
 
 
 def _env(fault=None):
-    env = {k: v for k, v in os.environ.items() if k != "RESCORE_TEST_INJECT_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k != FAULT}
     if fault:
-        env["RESCORE_TEST_INJECT_FAULT"] = fault
+        env[FAULT] = fault
     return env
 
 
-def cli(*args, fault=None, timeout=120):
-    """Run the CLI; (exit code, non-empty stderr lines)."""
-    proc = subprocess.run(_cmd(*args), cwd=ROOT, env=_env(fault), capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, [line for line in proc.stderr.splitlines() if line.strip()]
+def run_here(*args):
+    """A run in this process, where only its outcome matters (no stderr, exit status of a
+    process or signal to check): the exit code `rescore` would exit with."""
+    from rescore.pipelines.rescore import main
 
-
-_DRIVER = """
-import json, os, sys
-from rescore.pipelines.rescore import main
-codes = []
-for argv, fault, err in json.loads(sys.argv[1]):
-    os.environ.pop("RESCORE_TEST_INJECT_FAULT", None)
-    if fault:
-        os.environ["RESCORE_TEST_INJECT_FAULT"] = fault
-    sys.stderr.flush()
-    fd, saved = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), os.dup(2)
-    os.dup2(fd, 2)
-    try:
-        codes.append(main(argv))
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(fd)
-        os.close(saved)
-print(json.dumps(codes))
-"""
+    return main([*args, RUNNER])
 
 
 def cli_many(tmp_path, *runs, timeout=180):
-    """Several CLI runs in one subprocess (imports once), each with fd 2 redirected to a file:
-    [(exit code, non-empty stderr lines)]. A run is an argv list or (argv, fault)."""
-    jobs = []
-    for i, run in enumerate(runs):
-        argv, fault = (run, None) if isinstance(run, list) else run
-        jobs.append([[*argv, RUNNER], fault, str(tmp_path / f"stderr-{i}.txt")])
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(jobs)], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr
-    codes = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [(c, [line for line in open(err).read().splitlines() if line.strip()]) for c, (_, _, err) in zip(codes, jobs)]
+    """Several CLI runs in one subprocess (batched.py: imports once, each run with its own fd 2):
+    [(exit code, non-empty stderr lines)]. A run is an argv list or (argv, fault): the fault is
+    armed for that run only."""
+    jobs = [(run, None) if isinstance(run, list) else run for run in runs]
+    results = run_many(tmp_path, [([*argv, RUNNER], {FAULT: fault}) for argv, fault in jobs], cwd=ROOT, timeout=timeout)
+    return [(code, [line for line in err.splitlines() if line.strip()]) for code, err in results]
 
 
 def start(*args, fault=None):
@@ -127,9 +104,45 @@ def data(tmp_path_factory):
     rows = random_rows(seed=13, batches=4)
     glob = write_parquet(rows, str(base / "in"), files=3, row_group_size=6)
     clean = str(base / "clean")
-    code, lines = cli("--input", glob, "--output", clean, "--strategy", "grpo", "--quiet")
-    assert code == 0, lines
+    assert run_here("--input", glob, "--output", clean, "--strategy", "grpo", "--quiet") == 0
     return {"glob": glob, "rows": len(rows), "clean": clean, "base": base}
+
+
+@pytest.fixture(scope="module")
+def refused(data, tmp_path_factory):
+    """Runs refused before anything runs, each set up in a directory of its own, run in one child
+    process (batched.py; each with its own stderr): {name: (exit code, stderr lines, what the
+    test checks afterwards)}."""
+    base = tmp_path_factory.mktemp("refused")
+    setups, runs = {}, []
+
+    inp = base / "in"  # an output that is an input directory through a symlink
+    glob = write_parquet(random_rows(seed=5), str(inp), files=2)
+    link = base / "link"
+    link.symlink_to(inp, target_is_directory=True)
+    setups["symlink"] = {"input": inp, "before": snapshot(inp)}
+    runs.append(["--input", glob, "--output", str(link), "--strategy", "grpo"])
+
+    target = base / "report.txt"  # an output naming an existing file
+    target.write_text("keep me")
+    setups["file"] = {"target": target}
+    runs.append(["--input", data["glob"], "--output", str(target), "--strategy", "grpo"])
+
+    out = str(base / "foreign-filtered")  # a filtered-*.parquet Rescore did not write
+    shutil.copytree(data["clean"], out)
+    pq.write_table(pa.table({"x": [1]}), os.path.join(out, "filtered-00000-of-00002.parquet"))
+    setups["foreign_filtered"] = {"out": out, "before": snapshot(out)}
+    runs.append(["--input", data["glob"], "--output", out, "--strategy", "grpo", "--keep-filtered", "--overwrite"])
+
+    out = str(base / "string-false")  # overwrite: "false" in a config file
+    shutil.copytree(data["clean"], out)
+    config = base / "run.yaml"
+    config.write_text(f"input: {data['glob']}\noutput: {out}\nstrategy: opmd\noverwrite: \"false\"\n")
+    setups["string_false"] = {"out": out, "before": snapshot(out)}
+    runs.append(["--config", str(config)])
+
+    results = cli_many(base / "stderr", *runs)
+    return {name: (code, lines, setup) for (name, setup), (code, lines) in zip(setups.items(), results)}
 
 
 # --- item 3: one run at a time per output ------------------------------------------------------
@@ -189,8 +202,7 @@ def test_a_killed_runs_lock_and_leftovers_do_not_block_and_foreign_files_stay(da
     lock = out / "_rescore.lock"
     assert str(first.pid) in lock.read_text()  # left behind, naming a dead process
     assert not (out / "_SUCCESS").exists()
-    code, lines = cli("--input", data["glob"], "--output", str(out), "--strategy", "grpo", "--quiet")
-    assert code == 0, lines
+    assert run_here("--input", data["glob"], "--output", str(out), "--strategy", "grpo", "--quiet") == 0
     assert sorted_scored(str(out)).equals(sorted_scored(data["clean"]))
     assert not lock.exists() and not (out / "_staging").exists()
     assert (out / "notes.txt").read_text() == "mine"
@@ -251,23 +263,16 @@ def test_a_rewrite_that_keeps_size_and_mtime_is_caught_by_ctime(tmp_path):
 # --- item 5: never delete what is not ours; never lose the last good output -------------------
 
 
-def test_output_that_is_an_input_directory_through_a_symlink_is_refused(data, tmp_path):
-    inp = tmp_path / "in"
-    glob = write_parquet(random_rows(seed=5), str(inp), files=2)
-    link = tmp_path / "link"
-    link.symlink_to(inp, target_is_directory=True)
-    before = snapshot(inp)
-    code, lines = cli("--input", glob, "--output", str(link), "--strategy", "grpo")
+def test_output_that_is_an_input_directory_through_a_symlink_is_refused(refused):
+    code, lines, setup = refused["symlink"]
     assert code == 2 and "holds input file" in one_error(lines)
-    assert snapshot(inp) == before
+    assert snapshot(setup["input"]) == setup["before"]
 
 
-def test_output_naming_an_existing_file_fails_before_anything_runs(data, tmp_path):
-    target = tmp_path / "report.txt"
-    target.write_text("keep me")
-    code, lines = cli("--input", data["glob"], "--output", str(target), "--strategy", "grpo")
+def test_output_naming_an_existing_file_fails_before_anything_runs(refused):
+    code, lines, setup = refused["file"]
     assert code == 2 and "is a file, not a directory" in one_error(lines)
-    assert target.read_text() == "keep me"
+    assert setup["target"].read_text() == "keep me"
 
 
 def test_foreign_files_in_the_output_are_never_deleted(data, tmp_path):
@@ -276,14 +281,12 @@ def test_foreign_files_in_the_output_are_never_deleted(data, tmp_path):
     (out / "notes.txt").write_text("mine")
     pq.write_table(pa.table({"x": [1]}), out / "mine.parquet")
     before = snapshot(out)
-    code, lines = cli("--input", data["glob"], "--output", str(out), "--strategy", "grpo", "--quiet")
-    assert code == 0, lines
+    assert run_here("--input", data["glob"], "--output", str(out), "--strategy", "grpo", "--quiet") == 0
     after = snapshot(out)
     assert {k: after[k] for k in before} == before
     assert sorted_scored(str(out)).num_rows == data["rows"]
     # Replacing the run replaces only Rescore's files.
-    code, lines = cli("--input", data["glob"], "--output", str(out), "--strategy", "opmd", "--quiet", "--overwrite")
-    assert code == 0, lines
+    assert run_here("--input", data["glob"], "--output", str(out), "--strategy", "opmd", "--quiet", "--overwrite") == 0
     after = snapshot(out)
     assert {k: after[k] for k in before} == before
 
@@ -306,22 +309,17 @@ def test_foreign_files_in_the_output_are_never_deleted(data, tmp_path):
     assert snapshot(clash) == before and snapshot(out) == before_out
 
 
-def test_a_foreign_filtered_file_in_a_rescore_output_is_refused(data, tmp_path):
+def test_a_foreign_filtered_file_in_a_rescore_output_is_refused(refused):
     """A filtered-*.parquet Rescore did not write is a stray like a scored-*: refused, kept."""
-    out = str(tmp_path / "out")
-    shutil.copytree(data["clean"], out)
-    pq.write_table(pa.table({"x": [1]}), os.path.join(out, "filtered-00000-of-00002.parquet"))
-    before = snapshot(out)
-    code, lines = cli("--input", data["glob"], "--output", out, "--strategy", "grpo", "--keep-filtered", "--overwrite")
+    code, lines, setup = refused["foreign_filtered"]
     assert code == 2 and "holds 'filtered-00000-of-00002.parquet', which Rescore did not write" in one_error(lines)
-    assert snapshot(out) == before
+    assert snapshot(setup["out"]) == setup["before"]
 
 
 def test_a_one_shot_run_into_an_incremental_table_is_refused(data, tmp_path):
     """With or without --overwrite: replacing a Delta table by a one-shot run is not what it means."""
     table = str(tmp_path / "inc")
-    code, lines = cli("--input", data["glob"], "--output", table, "--strategy", "grpo", "--incremental", "--quiet")
-    assert code == 0, lines
+    assert run_here("--input", data["glob"], "--output", table, "--strategy", "grpo", "--incremental", "--quiet") == 0
     before = snapshot(table)
     results = cli_many(
         tmp_path,
@@ -338,14 +336,13 @@ def test_overwriting_an_output_from_before_the_ledger_removes_its_report_and_fil
     out = str(tmp_path / "leg")
     shutil.copytree(data["clean"], out)
     os.remove(os.path.join(out, "_rescore_files.json"))  # an output from before the ledger
-    report = subprocess.run([sys.executable, "-m", "rescore", "report", out], cwd=ROOT, env=_env(), capture_output=True,
-                            text=True, timeout=300)
-    assert report.returncode == 0, report.stderr
+    from rescore.pipelines.rescore import main
+
+    assert main(["report", out]) == 0
     assert os.path.exists(os.path.join(out, "report.html"))
     scored = sorted(n for n in os.listdir(out) if n.startswith("scored-"))[0]  # as a --keep-filtered run left it
     shutil.copy(os.path.join(out, scored), os.path.join(out, "filtered-00000-of-00001.parquet"))
-    code, lines = cli("--input", data["glob"], "--output", out, "--strategy", "rloo", "--overwrite", "--quiet")
-    assert code == 0, lines
+    assert run_here("--input", data["glob"], "--output", out, "--strategy", "rloo", "--overwrite", "--quiet") == 0
     left = sorted(os.listdir(out))
     assert not [n for n in left if n.startswith(("report", "filtered-"))], left  # nothing of the grpo run
     assert json.load(open(os.path.join(out, "metrics.json")))["strategy"] == "rloo"
@@ -372,9 +369,8 @@ def test_a_failing_overwrite_run_keeps_the_previous_output(data, tmp_path):
     assert sorted_scored(out).equals(sorted_scored(data["clean"]))
 
     # A later good run replaces it whole: nothing of the old run (another file layout) survives.
-    code, lines = cli("--input", data["glob"], "--output", out, "--strategy", "grpo", "--overwrite", "--quiet",
-                      "--shard-rows", "4")
-    assert code == 0, lines
+    assert run_here("--input", data["glob"], "--output", out, "--strategy", "grpo", "--overwrite", "--quiet",
+                    "--shard-rows", "4") == 0
     names = sorted(os.listdir(out))
     assert len([n for n in names if n.startswith("scored-")]) > 3
     assert "_failed" not in names and "_staging" not in names
@@ -418,8 +414,7 @@ def test_odd_files_in_a_glob_stop_the_run_or_are_skipped_and_never_block(data, t
     assert not os.path.exists(out)
     (inp / "dir.parquet").rmdir()
 
-    code, lines = cli("--input", glob, "--output", out, "--strategy", "grpo", "--skip-bad-files", "--quiet", timeout=60)
-    assert code == 0, lines
+    assert run_here("--input", glob, "--output", out, "--strategy", "grpo", "--skip-bad-files", "--quiet") == 0
     skipped = json.load(open(os.path.join(out, "metrics.json")))["skipped_files"]
     assert [s["path"] for s in skipped] == [str(inp / "gone.parquet"), str(inp / "pipe.parquet")]
     assert "FIFO" in skipped[1]["reason"]
@@ -470,16 +465,11 @@ def test_values_past_int64_or_float64_fail_naming_file_and_column(tmp_path):
 # --- item 8: typed config values ---------------------------------------------------------------
 
 
-def test_a_string_false_for_overwrite_is_refused_and_the_run_kept(data, tmp_path):
-    out = str(tmp_path / "out")
-    shutil.copytree(data["clean"], out)
-    before = snapshot(out)
-    config = tmp_path / "run.yaml"
-    config.write_text(f"input: {data['glob']}\noutput: {out}\nstrategy: opmd\noverwrite: \"false\"\n")
-    code, lines = cli("--config", str(config))
+def test_a_string_false_for_overwrite_is_refused_and_the_run_kept(refused):
+    code, lines, setup = refused["string_false"]
     line = one_error(lines)
     assert code == 2 and "'overwrite' must be true or false, got 'false' (a string)" in line
-    assert snapshot(out) == before
+    assert snapshot(setup["out"]) == setup["before"]
 
 
 @pytest.mark.parametrize("yaml_text, key", [
@@ -542,10 +532,11 @@ def test_a_pipeline_failure_is_one_line_and_debug_shows_the_traceback(data, tmp_
 
 
 def test_a_failure_in_worker_processes_is_one_line(data, tmp_path):
-    """Beam's worker processes write their tracebacks to the stderr they inherit."""
-    code, lines = cli("--input", data["glob"], "--output", str(tmp_path / "out"), "--strategy", "grpo",
-                      "--direct_running_mode=multi_processing", "--direct_num_workers=2",
-                      fault=f"fail_once:{tmp_path / 'marker'}")
+    """Beam's worker processes write their tracebacks to the stderr they inherit; the console
+    script (a process of its own: batched.py calls main(), not it) drops them after a failure."""
+    code, lines = finish(start("--input", data["glob"], "--output", str(tmp_path / "out"), "--strategy", "grpo",
+                               "--direct_running_mode=multi_processing", "--direct_num_workers=2",
+                               fault=f"fail_once:{tmp_path / 'marker'}"))
     assert code == 1 and "injected fault in ScoreGroups" in one_error(lines)
 
 

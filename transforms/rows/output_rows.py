@@ -93,7 +93,7 @@ def scored_rows(
     extra_columns += strategy_columns.output_columns(scoring, scored, schemas.extra[2 if copies else 0 :])
     if schemas.audit:
         at = pa.array(kept if not copies else kept[source])
-        extra_columns += [rec[f.name].combine_chunks().take(at).cast(f.type) for f in schemas.audit]
+        extra_columns += [_audit_column(rec, f).take(at) for f in schemas.audit]
     token_values = None
     if scoring.token_level:
         token_values, score = strategy_columns.token_values(scoring, scored, score, row_value)
@@ -101,6 +101,14 @@ def scored_rows(
         scored, row_value, score, None if valid.all() else valid, token_values, device
     )
     return pa.Table.from_arrays(columns + extra_columns, schema=schemas.scored), copied_batch
+
+
+def _audit_column(rec: pa.Table, field: pa.Field) -> pa.Array:
+    """(records,) the unit's `field` audit values: null on rejected rows, and all null where
+    every row of the unit was rejected (no record of it carries the column)."""
+    if field.name not in rec.column_names:
+        return pa.nulls(rec.num_rows, field.type)
+    return rec[field.name].combine_chunks().cast(field.type)
 
 
 def filtered_rows(table: pa.Table, rec: pa.Table, schemas: OutputSchemas) -> pa.Table | None:
