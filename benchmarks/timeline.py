@@ -21,6 +21,7 @@ from pathlib import Path
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the rescore command sets it (pipelines/cli.py)
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")  # likewise
 
 from rescore.pipelines import rescore  # noqa: E402
 
