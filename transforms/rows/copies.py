@@ -1,6 +1,6 @@
 """Duplication (POLARIS, `duplicate_informative`): the one owner of copies, from plan to rows.
 
-The strategy (strategies/selection.py) only says which groups are informative. Here:
+The strategy (strategies/variance.py) only says which groups are informative. Here:
 
 - copy_groups: one small metadata row per scored group (task, rows before and after
   filtering, informative), split by batch for the shuffle by batch;

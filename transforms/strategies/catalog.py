@@ -288,13 +288,13 @@ class GiGPOParams(StrategyParams):
     env_state_hash_key: Column = param("env_state_hash", none_message="must name the anchor-state column")
 
 
-# --- selection: variance filter, duplication, RAFT, constant (selection.py) -------------------
+# --- the variance filter and duplication (variance.py); RAFT and constant (weights.py) --------
 
 
 @register(
     "reward_variance",
     kind=FILTER,
-    implementation="selection:RewardVariance",
+    implementation="variance:RewardVariance",
     summary="drop groups with fewer than 2 rows or reward variance (ddof=0) <= variance_threshold",
 )
 @dataclass(frozen=True)
@@ -305,7 +305,7 @@ class RewardVarianceParams(StrategyParams):
 @register(
     "duplicate_informative",
     kind=DUPLICATE,
-    implementation="selection:DuplicateInformative",
+    implementation="variance:DuplicateInformative",
     summary="reward_variance, then copy kept groups until the batch has its rows again (POLARIS)",
 )
 @dataclass(frozen=True)
@@ -317,7 +317,7 @@ class DuplicateInformativeParams(StrategyParams):
 @register(
     "raft",
     kind=ADVANTAGE,
-    implementation="selection:RAFT",
+    implementation="weights:RAFT",
     summary="keep rows with the top reward of their group and reward > reward_threshold; score = weight",
 )
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ class RAFTParams(StrategyParams):
     weight: float = 1.0
 
 
-@register("constant", kind=ADVANTAGE, implementation="selection:Constant", summary="every row scores `weight` (SFT pass-through)")
+@register("constant", kind=ADVANTAGE, implementation="weights:Constant", summary="every row scores `weight` (SFT pass-through)")
 @dataclass(frozen=True)
 class ConstantParams(StrategyParams):
     weight: float = 1.0

@@ -1,0 +1,55 @@
+"""Fixed-weight advantages: RAFT and constant.
+
+    raft       keep the rows with the top reward of their group (and reward > reward_threshold);
+               score = weight (RAFT, arXiv 2304.06767)
+    constant   every row scores `weight` (the `sft` algorithm)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows
+from rescore.transforms.strategies.catalog import ConstantParams, RAFTParams
+from rescore.transforms.strategies.segments import group_stats, per_row, segment_max
+
+
+class _FixedWeight:
+    needs: tuple[str, ...] = ()
+    batch_level = False
+
+    def _stats(self, rows: GroupedRows):
+        return group_stats(rows.reward, rows.offsets)
+
+
+class RAFT(_FixedWeight, RAFTParams):
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward, offsets, g, _ = audit_rows(rows)
+        thr = self.reward_threshold
+        top = np.full(len(offsets) - 1, -np.inf)
+        np.maximum.at(top, g[reached], reward[reached])
+        reasons = []
+        for i in dropped:
+            if thr is not None and reward[i] <= thr:
+                reasons.append(f"{self.name}: reward {reward[i]:.6g} <= {float(thr):g}")
+            else:
+                reasons.append(f"{self.name}: reward {reward[i]:.6g} < the group's top {top[g[i]]:.6g}")
+        return reasons
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        if self.top_only:
+            keep &= rows.reward == per_row(segment_max(rows.reward, rows.offsets), rows.offsets)
+        if self.reward_threshold is not None:
+            keep &= rows.reward > self.reward_threshold
+        return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
+
+
+class Constant(_FixedWeight, ConstantParams):
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
+
+
