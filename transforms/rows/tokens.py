@@ -13,7 +13,7 @@ import torch
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.schemas.lists import flat_list
 from rescore.transforms.device import to_device
-from rescore.transforms.strategies.tokens import token_advantages
+from rescore.transforms.strategies.tokens import token_advantages, token_advantages_host
 
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
 
@@ -66,6 +66,8 @@ def score_columns(
         row_value = np.where(valid, row_value, 0.0)
     if token_values is not None:
         flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
+    elif device.type == "cpu":  # the same values, without torch's per-token index
+        flat = token_advantages_host(np.asarray(row_value, dtype=np.float64), np.asarray(lengths, dtype=np.int64), mask)
     else:
         flat = token_advantages(
             to_device(np.asarray(row_value, dtype=np.float64), device),

@@ -6,6 +6,7 @@ computed on flat token arrays with per-row lengths (never row by row).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,3 +23,17 @@ def token_advantages(row_value: Tensor, lengths: Tensor, mask: Tensor | None = N
         return values
     # + 0.0 turns the -0.0 of a negative value times a 0 mask into +0.0 (IEEE: -0 + +0 = +0).
     return (values * mask.to(torch.float32)).add_(0.0)
+
+
+def token_advantages_host(row_value: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """`token_advantages` on the host with numpy: the same float32 values bit for bit (the same
+    IEEE operations: float32(value), times float32(mask), plus +0.0), written into one (T,)
+    float32 buffer. torch's repeat_interleave builds an int64 index per token and three more
+    per-token arrays on the way; on a CPU worker that was ~20 bytes of fresh memory per token
+    for 4 bytes of result (benchmarks/README.md, issue 18)."""
+    values = np.repeat(np.asarray(row_value).astype(np.float32, copy=False), lengths)
+    if mask is None:
+        return values
+    np.multiply(values, mask, out=values, casting="unsafe")  # mask 0/1 of any dtype, cast per chunk
+    np.add(values, np.float32(0.0), out=values)
+    return values
