@@ -48,6 +48,18 @@ def _np(col) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def _integers_within(values, low: int, high: int) -> bool:
+    """Whether `values` are integers without nulls, all within [low, high]: one pass for their
+    range, no copy. False sends the caller to its value-by-value check (which also sees what a
+    null or a float turns into)."""
+    if not pa.types.is_integer(values.type) or values.null_count:
+        return False
+    if len(values) == 0:
+        return True
+    bounds = pc.min_max(values)
+    return low <= bounds["min"].as_py() and bounds["max"].as_py() <= high
+
+
 def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
     """Validate every row of `table` (whose schema already passed validate_file_schema).
 
@@ -121,8 +133,10 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
 
     if "action_mask" in lists:
         fl = lists["action_mask"]
-        values = _np(fl.values)
-        if values.dtype != np.bool_:
+        # One pass over the values for their range; the values are only copied out where one
+        # is out of range, to find its row.
+        if not pa.types.is_boolean(fl.values.type) and not _integers_within(fl.values, 0, 1):
+            values = _np(fl.values)
             bad_values = (values != 0) & (values != 1)
             if bad_values.any():
                 bad_rows = np.zeros(n, dtype=bool)

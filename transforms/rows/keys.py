@@ -61,10 +61,18 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         return pc.cast(valid[name], pa.int64()).combine_chunks()
 
     names = valid.column_names
-    mask = flat_list(valid["action_mask"]) if "action_mask" in names else None
-    mask_values = np.asarray(mask.values.to_numpy(zero_copy_only=False), dtype=np.float64) if mask else None
+    mask = None
+    if "action_mask" in names:  # the flat view validation made, where every row is kept
+        mask = check.lists.get("action_mask") if all_ok else None
+        mask = mask or flat_list(valid["action_mask"])
+    # Valid rows' mask values are 0 or 1: summed as integers, as float64 only where a need
+    # weighs values with them (one byte per token copied out, not eight).
+    mask_raw = mask.values.to_numpy(zero_copy_only=False) if mask else None
+    mask_values = None
+    if mask is not None and (with_logprobs or any(n.startswith(DISCOUNT_FEATURE) for n in needs)):
+        mask_values = np.asarray(mask_raw, dtype=np.float64)
     response_length = check.response_length[ok_rows]
-    action_tokens = flat_segment_sum(mask_values, mask.offsets).astype(np.int64) if mask else response_length
+    action_tokens = flat_segment_sum(mask_raw, mask.offsets) if mask else response_length
 
     columns = {
         "unit": pa.array(np.full(n, unit, dtype=np.int32)),
@@ -94,7 +102,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         ends = mask.offsets[1:]
         nonempty = ends > mask.offsets[:-1]
         last = np.zeros(n, dtype=bool)
-        last[nonempty] = mask_values[ends[nonempty] - 1] != 0
+        last[nonempty] = mask_raw[ends[nonempty] - 1] != 0
     else:
         last = response_length > 0
     columns["last_action"] = pa.array(last)

@@ -18,5 +18,7 @@ def flat_segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     nonempty = offsets[1:] > offsets[:-1]
     if len(values) == 0 or not nonempty.any():
         return out
-    out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty])
+    # Integers (and booleans) are summed as int64, whatever their width.
+    wide = {} if values.dtype.kind == "f" else {"dtype": np.int64}
+    out[nonempty] = np.add.reduceat(values, offsets[:-1][nonempty], **wide)
     return out
