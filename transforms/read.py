@@ -284,6 +284,7 @@ class _ReadLight(beam.DoFn):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
         self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
+        unit_cache.expect(self._units)
 
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""

@@ -144,3 +144,60 @@ def test_output_is_byte_identical_with_the_cache_on_or_off_and_any_io_threads(tm
     first = outputs[(0, 1)]
     assert len(first) > 3
     assert all(files == first for files in outputs.values())
+
+
+def unit_table(rows: int, seed: int = 0) -> pa.Table:
+    """A read unit's shape: scalars, an int8 mask and int32 tokens per row."""
+    return pa.table({
+        "tokens": pa.array([[seed + i] * 8 for i in range(rows)], pa.list_(pa.int32())),
+        "reward": pa.array([float(i) for i in range(rows)]),
+        "action_mask": pa.array([[1] * 8 for _ in range(rows)], pa.list_(pa.int8())),
+    })
+
+
+def test_columns_cheap_to_hold_are_kept_for_every_unit_whole_units_on_top():
+    tables = [unit_table(100, seed=k) for k in range(4)]
+    tier = tables[0].select(["reward", "action_mask"]).nbytes  # scalars, then the narrowest list values
+    whole = tables[0].nbytes
+    cache = UnitCache(budget=whole + 4 * tier)
+    cache.expect("run", 400)
+    kept = [cache.offer(k, t) for k, t in enumerate(tables)]
+    assert kept == [True] * 4
+    assert cache.take(0).column_names == tables[0].column_names  # the first unit whole
+    for k in (1, 2, 3):  # the rest as the columns that cost most to decode for their size
+        assert cache.take(k).column_names == ["reward", "action_mask"]
+    assert (cache.stats.partial, cache.held) == (3, 0)
+
+
+def test_the_reserve_keeps_room_for_later_units_and_a_new_plan_starts_afresh():
+    tables = [unit_table(100, seed=k) for k in range(4)]
+    tier = tables[0].select(["reward", "action_mask"]).nbytes
+    cache = UnitCache(budget=4 * tier)  # the cheap columns of every unit, no room for a whole one
+    assert tables[0].nbytes < 4 * tier  # a whole unit alone would fit: the reserve is what refuses it
+    for plan in ("run", "next run"):
+        cache.expect(plan, 400)
+        cache.expect(plan, 400)  # the same plan again (another DoFn instance): nothing changes
+        assert all(cache.offer((plan, k), t) for k, t in enumerate(tables))
+        assert [cache.take((plan, k)).column_names for k in range(4)] == [["reward", "action_mask"]] * 4
+    assert cache.stats.partial == 8 and cache.held == 0
+    # Without a plan the first unit decides the columns, and a unit is kept whole where it fits.
+    bare = UnitCache(budget=4 * tier)
+    assert bare.offer("a", tables[0]) and bare.take("a").column_names == tables[0].column_names
+
+
+def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, rescore):
+    rows = random_rows(seed=9, batches=5)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=6, schema=SCHEMA_INT_TASK)
+    plan = plan_input([glob], shard_rows=20)
+    first = read_unit(plan.units[0], LIGHT)
+    per_row = first.select(["batch", "task", "run", "step", "reward", "prompt_length", "action_mask"]).nbytes / first.num_rows
+    budget = first.nbytes + int(per_row * plan.num_rows) + 64  # first unit whole, the others in part
+    outputs = {}
+    for name, size in (("off", 0), ("part", budget)):
+        cache = unit_cache.reset(size)
+        _, out = rescore(glob, "--strategy", "grpo", "--io-threads", "1", "--shard-rows", "20", output=str(tmp_path / name))
+        outputs[name] = scored_files(out)
+        if size:
+            assert cache.stats.partial > 0 and cache.stats.kept > cache.stats.partial
+            assert cache.stats.hits == cache.stats.kept and cache.held == 0
+    assert len(plan.units) > 3 and len(outputs["off"]) > 3 and outputs["part"] == outputs["off"]

@@ -10,9 +10,14 @@ is only skipped, never changed:
   before anything is used), so a file rewritten between the passes fails the run as it always did;
 - a unit is taken once (the entry is dropped), and only a table with every column the second
   read needs is served; columns the first read left out are read from the file then;
-- the cache is bounded by bytes (`budget`); a unit that does not fit is not kept, and nothing is
-  evicted to make room for a later one: the units kept are the first ones read, which the
-  in-process runner also writes first, so their memory is handed back early in the write step.
+- the cache is bounded by bytes (`budget`) and nothing is evicted to make room for a later unit.
+  What it keeps is chosen by decode time saved per byte held: the columns that cost the most
+  to decode for their size (scalars, then lists by the width of their values: an int8 action
+  mask decodes through int32 and repetition levels, ~30 % of a unit's decode for ~10 % of its
+  bytes) are kept for every unit of the run where they fit in the budget all together (room for
+  the units still to come is reserved as units are offered); whole units are kept on top while
+  that reserve allows. The whole units kept are the first ones read, which the in-process runner
+  also writes first, so their memory is handed back early in the write step.
 
 Multi-process and remote runners simply miss (the second read runs in another process). Nothing
 here imports Beam.
@@ -53,12 +58,35 @@ def default_budget() -> int:
 class Stats:
     offered: int = 0
     kept: int = 0
+    partial: int = 0
+    """Of the kept, those held as some of their columns (the rest is read again)."""
     hits: int = 0
     misses: int = 0
 
 
+def _keep_order(field: pa.Field) -> tuple[int, int]:
+    """Which columns a partial entry keeps first: the most decode time saved per byte held.
+    Scalars (a few bytes per row), then lists by the width of their values (narrow values cost
+    as much to decode per value, in levels, as wide ones), then everything else."""
+    t = field.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_nested(t)):
+        return (0, 0)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and not pa.types.is_nested(t.value_type):
+        try:
+            return (1, t.value_type.bit_width)
+        except ValueError:  # strings, binary: no fixed width
+            pass
+    return (2, 0)
+
+
 class UnitCache:
-    """Tables of read units by key, at most `budget` bytes in all; thread-safe."""
+    """Tables of read units by key, at most `budget` bytes in all; thread-safe.
+
+    With `expect(plan, rows)` (the run's rows), the first unit offered decides the columns kept for
+    every unit (`tier`: as many as fit, for all the run's rows, in `_keep_order`); each unit is
+    then kept whole while the bytes held plus those columns' share of the units still to come fit,
+    else as those columns only. Without it, a unit is kept whole if it fits, else as the columns
+    of `tier` that fit."""
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -66,16 +94,63 @@ class UnitCache:
         self.stats = Stats()
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._plan = None
+        self._expected_rows = 0
+        self._offered_rows = 0
+        self._tier: tuple[str, ...] | None = None
+        self._tier_row_bytes = 0.0
 
-    def offer(self, key, table: pa.Table) -> bool:
-        """Keep `table` under `key` if it fits in what is left of the budget."""
+    def expect(self, plan, rows: int) -> None:
+        """The run of `plan` (any hashable naming the run's units) reads `rows` rows in all:
+        reserve room for the kept columns of every unit. A new plan starts the accounting
+        afresh (a process may run several jobs); the same plan again changes nothing."""
+        with self._lock:
+            if plan == self._plan:
+                return
+            self._plan = plan
+            self._expected_rows = int(rows)
+            self._offered_rows = 0
+            self._tier = None
+            self._tier_row_bytes = 0.0
+
+    def _choose_tier(self, table: pa.Table) -> None:
+        rows = max(self._expected_rows, table.num_rows, 1)
+        per_row = {f.name: table.column(f.name).nbytes / max(table.num_rows, 1) for f in table.schema}
+        chosen, total = [], 0.0
+        for field in sorted(table.schema, key=_keep_order):  # sorted() is stable: schema order within a rank
+            cost = per_row[field.name] * rows
+            if total + cost <= self.budget:
+                chosen.append(field.name)
+                total += cost
+        self._tier = tuple(chosen)
+        self._tier_row_bytes = total / rows
+
+    def offer(self, key, table: pa.Table, *, partial: bool = True) -> bool:
+        """Keep `table` (or, with `partial`, its tier columns) under `key` if it fits in what
+        is left of the budget after the reserve for the units still to come."""
         size = table.nbytes
         with self._lock:
             self.stats.offered += 1
-            if key in self._entries or self.held + size > self.budget:
+            if key in self._entries or self.budget <= 0:
                 return False
-            self._entries[key] = table
-            self.held += size
+            if self._tier is None and partial:
+                self._choose_tier(table)
+            self._offered_rows += table.num_rows
+            later = max(0, self._expected_rows - self._offered_rows)
+            reserve = self._tier_row_bytes * later if partial else 0.0
+            keep = None
+            if self.held + size + reserve <= self.budget:
+                keep = table
+            elif partial and self._tier:
+                names = [n for n in self._tier if n in table.column_names]
+                part = table.select(names) if names else None
+                if part is not None and self.held + part.nbytes + reserve <= self.budget:
+                    keep = part
+                    self.stats.partial += 1
+            if keep is None:
+                return False
+            self._entries[key] = keep
+            self.held += keep.nbytes
             self.stats.kept += 1
             return True
 
@@ -130,7 +205,16 @@ def offer(unit, table: pa.Table) -> None:
     file unchanged (read_unit has just checked it before and after the first read).
     """
     if unit.fingerprint is not None and cache().budget > 0:
-        cache().offer(_key(unit), table)
+        # A unit with a model stage's side file keeps all or nothing: a re-read of missing
+        # columns reads the input file alone.
+        cache().offer(_key(unit), table, partial=unit.model_file is None)
+
+
+def expect(units) -> None:
+    """The run reads these read units: the cache keeps room for the cheap columns of all of them."""
+    if cache().budget > 0:
+        units = tuple(units)
+        cache().expect(hash(tuple(_key(u) for u in units)), sum(u.num_rows for u in units))
 
 
 def read_back(unit, read: Callable[..., pa.Table]) -> pa.Table:
