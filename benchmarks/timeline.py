@@ -23,6 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the rescore command sets it (pipelines/cli.py)
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")  # likewise
 
+from rescore.pipelines.cli import keep_freed_pages  # noqa: E402
+
+keep_freed_pages()  # likewise
+
 from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0

@@ -38,3 +38,32 @@ def test_planning_and_the_read_shell_do_not_load_torch():
 def test_building_the_scoring_shells_loads_torch():
     # the check above must be able to fail: the shells that score do load torch
     assert _modules_after("import rescore.transforms.score")["torch"] is True
+
+
+def _command(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rescore", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT, **env}, timeout=120)
+
+
+def test_a_bad_arrow_decay_is_one_line_and_exit_2():
+    proc = _command({"RESCORE_ARROW_DECAY_MS": "3s"}, "--help")
+    assert proc.returncode == 2
+    assert proc.stderr == "rescore: error: RESCORE_ARROW_DECAY_MS must be a whole number of milliseconds (-1: never), got '3s'\n"
+
+
+def test_the_arrow_decay_is_set_on_jemalloc_only(monkeypatch):
+    import pyarrow as pa
+
+    from rescore.pipelines import cli
+
+    calls = []
+    monkeypatch.setattr(pa, "jemalloc_set_decay_ms", calls.append)
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    monkeypatch.delenv(cli.DECAY_ENV, raising=False)
+    cli.keep_freed_pages()
+    monkeypatch.setenv(cli.DECAY_ENV, "-1")
+    cli.keep_freed_pages()
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
+    cli.keep_freed_pages()  # another pool: left alone
+    assert calls == [cli.DEFAULT_DECAY_MS, -1]
+    assert _command({"RESCORE_ARROW_DECAY_MS": "-1"}, "--help").returncode == 0
