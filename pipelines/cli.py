@@ -45,6 +45,9 @@ def main() -> None:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     gc.disable()
     keep_freed_pages()
+    from rescore.pipelines.early import prefetch_from
+
+    prefetch_from(sys.argv[1:])  # the first read units decode while Beam and torch import
     from rescore.pipelines import rescore
 
     rescore.cli()

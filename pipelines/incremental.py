@@ -506,7 +506,7 @@ def _clean_work(output: str, state: State) -> None:
 def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
     """The plan with only the row groups that can hold a touched batch (files in `whole`, the
     new and changed ones, are read whole so that every rejected row of them is reported)."""
-    from rescore.transforms.read import ReadUnit, split_row_groups
+    from rescore.transforms.input_plan import ReadUnit, split_row_groups
 
     planned = {u.path: u.fingerprint for u in plan.units}  # taken when the run planned (plan_input)
     units: list = []
@@ -595,7 +595,7 @@ def run(cfg) -> dict[str, Any]:
     from rescore.pipelines import __version__
     from rescore.pipelines import rescore as rs
     from rescore.pipelines.progress import Progress
-    from rescore.transforms.read import plan_input
+    from rescore.transforms.input_plan import plan_input
     from rescore.errors import ConfigError
     from rescore.transforms.strategies import build_chain
     from rescore.transforms.files.layout import METRICS, SUCCESS

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (
+    DirectOptions,
     PipelineOptions,
     StandardOptions,
     TestOptions,
@@ -48,7 +49,8 @@ from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
 from rescore.transforms.files import ownership, storage
 from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
-from rescore.transforms.read import InputPlan, plan_input
+from rescore.transforms.input_plan import InputPlan, plan_input, start_prefetch, stop_prefetch
+from rescore.transforms.unit_threads import resolve_threads
 
 if TYPE_CHECKING:
     from rescore.transforms.strategies import StrategyChain
@@ -136,12 +138,26 @@ def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
             raise ConfigError(str(e)) from None
 
 
+def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
+    """The job runs in this process (the default local runner, in memory or on threads), on
+    files as they are (no model stage), and is not a dry run."""
+    runner = options.view_as(StandardOptions).runner or DEFAULT_RUNNER
+    return (
+        runner in devices.LOCAL_RUNNERS
+        and options.view_as(DirectOptions).direct_running_mode in ("in_memory", "multi_threading")
+        and not options.view_as(TestOptions).dry_run
+        and not cfg.models.enabled
+    )
+
+
 def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:
     """Plan the input, prepare the output and build the pipeline (not run)."""
-    from rescore.transforms.strategies import build_chain
+    options = PipelineOptions(cfg.beam_args)
+    if _in_process(cfg, options):  # the first units decode while torch loads
+        start_prefetch(cfg.inputs, shard_rows=cfg.shard_rows, threads=resolve_threads(cfg.io_threads))
+    from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)
-    options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files
     plan = plan_input(
@@ -214,7 +230,13 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    p, plan, run_info = build_job(cfg, extra_info)
+    try:
+        return _run_built(cfg, *build_job(cfg, extra_info))
+    finally:
+        stop_prefetch()  # whatever the read step did not take
+
+
+def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict[str, Any]) -> dict[str, Any]:
     if p.options.view_as(TestOptions).dry_run:
         return {**run_info, "dry_run": True, "job": getattr(p.run(), "job", None)}
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:

@@ -29,7 +29,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 from rescore.errors import ConfigError, InputError
 from rescore.pipelines.config import RunConfig
 from rescore.transforms.files import ownership, storage
-from rescore.transforms.strategies import build_chain
 from rescore.transforms.files.layout import SCORED_FILES, SOURCE_DIR, SOURCE_MARK, SUCCESS
 
 log = logging.getLogger("rescore")
@@ -199,6 +198,8 @@ def _withdraw_success(output: str) -> None:
 def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """Stage the input if it is not Parquet, run the job, write the buffer if asked."""
     _check(cfg)
+    from rescore.transforms.strategies import build_chain  # torch: only where a source is staged
+
     build_chain(cfg.strategies, cfg.params)  # a bad strategy or parameter: exit 2 before anything is staged
     if cfg.output_db:
         from rescore.transforms import sql_buffer

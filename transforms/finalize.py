@@ -10,7 +10,7 @@ import apache_beam as beam
 from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import ownership
-from rescore.transforms.read import InputPlan
+from rescore.transforms.input_plan import InputPlan
 from rescore.transforms.rows.metrics import check_accounting, reject_budget_failure, summarize
 from rescore.transforms.strategies import StrategyChain
 

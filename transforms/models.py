@@ -32,7 +32,7 @@ from rescore.transforms import device as devices
 from rescore.transforms import inference
 from rescore.transforms.files import storage
 from rescore.transforms.rows.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
-from rescore.transforms.read import InputPlan, read_unit
+from rescore.transforms.input_plan import InputPlan, read_unit
 
 MODEL_DIR = "model"
 """Under the output's _staging/: the side files."""

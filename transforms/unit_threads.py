@@ -20,8 +20,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from apache_beam.pvalue import TaggedOutput
-from apache_beam.utils.windowed_value import WindowedValue
 
 MAX_AUTO_THREADS = 4
 
@@ -38,6 +36,9 @@ def resolve_threads(choice: int) -> int:
 
 
 def _windowed(outputs: Iterable[Any], windows, timestamp) -> Iterator[Any]:
+    from apache_beam.pvalue import TaggedOutput  # (Beam-free at import: resolve_threads serves the launcher)
+    from apache_beam.utils.windowed_value import WindowedValue
+
     for out in outputs:
         if isinstance(out, TaggedOutput):
             yield TaggedOutput(out.tag, WindowedValue(out.value, timestamp, windows))

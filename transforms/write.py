@@ -19,7 +19,7 @@ from rescore.transforms import fault_injection
 from rescore.transforms.copies import CopyPlans
 from rescore.transforms.files import storage
 from rescore.transforms.files.layout import filtered_file, rejected_file, scored_file, staging_dir
-from rescore.transforms.read import InputPlan, conform, read_unit
+from rescore.transforms.input_plan import InputPlan, conform, read_unit
 from rescore.transforms.rows.output_rows import (
     filtered_rows,
     output_schemas,

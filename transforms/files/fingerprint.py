@@ -23,8 +23,6 @@ import os
 import struct
 from dataclasses import dataclass
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from rescore.errors import InputChanged
 from rescore.transforms.files import storage
@@ -42,7 +40,7 @@ def _stat(path: str) -> tuple:
     if storage.is_local(path):
         st = os.stat(path)
         return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    meta = FileSystems.match([path])[0].metadata_list
+    meta = storage._beam()[0].match([path])[0].metadata_list
     if not meta:
         raise FileNotFoundError(path)
     return (meta[0].size_in_bytes, meta[0].last_updated_in_seconds)
@@ -52,7 +50,11 @@ def footer_hash(path: str, size: int) -> str:
     """sha256 of the Parquet footer of the file at `path` of `size` bytes ('' when it has none)."""
     if size < 12:
         return ""
-    f = open(path, "rb") if storage.is_local(path) else FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if storage.is_local(path):
+        f = open(path, "rb")
+    else:
+        fs, codecs = storage._beam()
+        f = fs.open(path, compression_type=codecs.UNCOMPRESSED)
     with f:
         f.seek(size - 8)
         tail = f.read(8)

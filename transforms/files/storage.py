@@ -12,8 +12,16 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+
+
+def _beam():
+    """Beam's FileSystems and CompressionTypes, imported where a path is not local: local files
+    take the direct route, and the process may read them before Beam is imported at all (the
+    first read units decode while the launcher imports Beam and torch, pipelines/early.py)."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems, CompressionTypes
 
 
 def is_local(path: str) -> bool:
@@ -21,7 +29,7 @@ def is_local(path: str) -> bool:
 
 
 def join(base: str, *parts: str) -> str:
-    return FileSystems.join(base, *parts) if not is_local(base) else os.path.join(base, *parts)
+    return _beam()[0].join(base, *parts) if not is_local(base) else os.path.join(base, *parts)
 
 
 def match_stats(pattern: str) -> list[tuple[str, int, float]]:
@@ -30,7 +38,7 @@ def match_stats(pattern: str) -> list[tuple[str, int, float]]:
     if is_local(pattern) and os.path.isdir(pattern):
         pattern = os.path.join(pattern, "*.parquet")
     try:
-        result = FileSystems.match([pattern])[0]
+        result = _beam()[0].match([pattern])[0]
     except Exception:  # noqa: BLE001  (Beam raises BeamIOError for a pattern that matches nothing)
         return []
     found = [(m.path, m.size_in_bytes, float(m.last_updated_in_seconds or 0.0)) for m in result.metadata_list]
@@ -80,7 +88,8 @@ def match(pattern: str) -> list[tuple[str, int]]:
 def open_parquet(path: str) -> pq.ParquetFile:
     if is_local(path):
         return pq.ParquetFile(path, memory_map=False)
-    return pq.ParquetFile(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    fs, codecs = _beam()
+    return pq.ParquetFile(fs.open(path, compression_type=codecs.UNCOMPRESSED))
 
 
 def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:
@@ -101,13 +110,15 @@ def write_parquet(table: pa.Table, path: str, *, use_dictionary: bool | list[str
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         pq.write_table(table, path, use_dictionary=use_dictionary)
         return
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    fs, codecs = _beam()
+    with fs.create(path, compression_type=codecs.UNCOMPRESSED) as f:
         pq.write_table(table, f, use_dictionary=use_dictionary)
 
 
 def create(path: str):
     """A binary file object writing `path` (not local: an object store's upload, visible on close)."""
-    return FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    fs, codecs = _beam()
+    return fs.create(path, compression_type=codecs.UNCOMPRESSED)
 
 
 def write_text(path: str, text: str) -> None:
@@ -120,7 +131,8 @@ def write_text(path: str, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return
-    with FileSystems.create(path, mime_type="text/plain", compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    fs, codecs = _beam()
+    with fs.create(path, mime_type="text/plain", compression_type=codecs.UNCOMPRESSED) as f:
         f.write(text.encode("utf-8"))
 
 
@@ -128,19 +140,20 @@ def read_text(path: str) -> str:
     if is_local(path):
         with open(path, encoding="utf-8") as f:
             return f.read()
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    fs, codecs = _beam()
+    with fs.open(path, compression_type=codecs.UNCOMPRESSED) as f:
         return io.TextIOWrapper(f, encoding="utf-8").read()
 
 
 def exists(path: str) -> bool:
-    return os.path.exists(path) if is_local(path) else FileSystems.exists(path)
+    return os.path.exists(path) if is_local(path) else _beam()[0].exists(path)
 
 
 def rename(src: str, dst: str) -> None:
     if is_local(src):
         os.replace(src, dst)
     else:
-        FileSystems.rename([src], [dst])
+        _beam()[0].rename([src], [dst])
 
 
 def delete(paths: Iterable[str]) -> None:
@@ -154,7 +167,7 @@ def delete(paths: Iterable[str]) -> None:
             else:
                 os.remove(p)
     else:
-        FileSystems.delete(paths)
+        _beam()[0].delete(paths)
 
 
 def list_dir(directory: str, pattern: str = "*") -> list[str]:

@@ -192,7 +192,7 @@ def reset(budget: int | None = None) -> UnitCache:
         return _cache
 
 
-def _key(unit) -> tuple:
+def unit_key(unit) -> tuple:
     # The file as planned (path, fingerprint) and which of its rows: a unit of another plan, or
     # of a file that was replaced, never matches.
     return (unit.path, tuple(unit.row_groups), unit.num_rows, unit.fingerprint, unit.model_file)
@@ -207,14 +207,14 @@ def offer(unit, table: pa.Table) -> None:
     if unit.fingerprint is not None and cache().budget > 0:
         # A unit with a model stage's side file keeps all or nothing: a re-read of missing
         # columns reads the input file alone.
-        cache().offer(_key(unit), table, partial=unit.model_file is None)
+        cache().offer(unit_key(unit), table, partial=unit.model_file is None)
 
 
 def expect(units) -> None:
     """The run reads these read units: the cache keeps room for the cheap columns of all of them."""
     if cache().budget > 0:
         units = tuple(units)
-        cache().expect(hash(tuple(_key(u) for u in units)), sum(u.num_rows for u in units))
+        cache().expect(hash(tuple(unit_key(u) for u in units)), sum(u.num_rows for u in units))
 
 
 def read_back(unit, read: Callable[..., pa.Table]) -> pa.Table:
@@ -223,7 +223,7 @@ def read_back(unit, read: Callable[..., pa.Table]) -> pa.Table:
     `read(unit)` (transforms/read.read_unit)."""
     if unit.fingerprint is None:
         return read(unit)
-    table = cache().take(_key(unit))
+    table = cache().take(unit_key(unit))
     if table is None:
         return read(unit)
     fingerprints.verify(unit.path, unit.fingerprint)  # raises InputChanged, as read_unit does

@@ -1,0 +1,71 @@
+"""The first read units of a plain local run start decoding before the `rescore` command
+imports Beam and torch.
+
+Importing Beam and torch takes ~2 s of one core on every run, and nothing else can happen in
+that time but work that does not need the GIL: Parquet decoding. So before those imports, the
+command looks at its own command line; where it is a plain run on local Parquet files with the
+default in-process runner, it starts decoding the first read units of the first input file on
+threads (transforms/input_plan.py: Prefetch). The read step later takes those tables instead of
+decoding the units itself; whatever it does not take is dropped at the end of the run.
+
+Only a command line made of the options below qualifies: anything else (a --config file, a Beam
+option such as --runner, --incremental, the model stage, SQL buffers or verl dumps, --help) may
+change what is read or where, and is simply not prefetched. Nothing here can fail the command or
+change its output: a unit decoded here was read exactly as the read step reads it, and is taken
+only if its file still has the fingerprint it had then.
+"""
+
+from __future__ import annotations
+
+WITH_VALUE = frozenset({
+    "--input", "--output", "--strategy", "--algorithm", "--set", "--buckets", "--shard-rows", "--shard_rows",
+    "--max-reject-fraction", "--max_reject_fraction", "--max-group-rows", "--max_group_rows", "--io-threads",
+    "--io_threads", "--device", "--wait-for-lock", "--wait_for_lock", "--log-level", "--log_level",
+})
+FLAGS = frozenset({
+    "--overwrite", "--skip-bad-files", "--skip_bad_files", "--keep-filtered", "--keep_filtered", "--audit-columns",
+    "--audit_columns", "--quiet",
+})
+DEFAULT_SHARD_ROWS = 65536
+
+
+def plain_run(argv: list[str]) -> dict[str, list[str]] | None:
+    """The options of a plain run ({option: [values]}), or None where the command line has
+    anything else (or is not a run at all)."""
+    found: dict[str, list[str]] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in FLAGS and not eq:
+            found.setdefault(name, [])
+            i += 1
+            continue
+        if name not in WITH_VALUE:
+            return None
+        if not eq:
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+            i += 1
+        found.setdefault(name.replace("_", "-"), []).append(value)
+        i += 1
+    return found if found.get("--input") and found.get("--output") else None
+
+
+def prefetch_from(argv: list[str]) -> None:
+    """Start decoding the first read units where `argv` is a plain local run; never raises."""
+    try:
+        options = plain_run(argv)
+        if options is None:
+            return
+        shard_rows = int(options.get("--shard-rows", [DEFAULT_SHARD_ROWS])[-1])
+        threads = int(options.get("--io-threads", ["0"])[-1])
+        if shard_rows < 1 or threads < 0:
+            return
+        from rescore.transforms.input_plan import start_prefetch
+        from rescore.transforms.unit_threads import resolve_threads  # no Beam at import
+
+        start_prefetch(options["--input"], shard_rows=shard_rows, threads=resolve_threads(threads))
+    except Exception:  # noqa: BLE001  (the run itself reports any problem with its command line)
+        return

@@ -1,0 +1,131 @@
+"""The first read units decode before the command imports Beam and torch (pipelines/early.py,
+transforms/input_plan.py: Prefetch): only for a plain local run, never changing the output, and
+never taking a unit whose file changed after it was decoded."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from data import SCHEMA_INT_TASK, random_rows, write_parquet
+
+from rescore.pipelines.early import plain_run, prefetch_from
+from rescore.transforms import input_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def no_prefetch_left():
+    input_plan.stop_prefetch()
+    yield
+    input_plan.stop_prefetch()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--input", "in/*.parquet", "--output", "out"],
+        ["--input=in", "--output=out", "--strategy", "grpo", "--set", "epsilon=0.1", "--overwrite", "--quiet"],
+        ["--input", "a", "--input", "b", "--output", "out", "--io_threads", "2", "--shard-rows", "100"],
+    ],
+)
+def test_plain_runs_qualify(argv):
+    assert plain_run(argv)["--input"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--help"],
+        ["sample", "--output", "x"],
+        ["--input", "in", "--output", "out", "--config", "run.yaml"],  # a config may name other inputs
+        ["--input", "in", "--output", "out", "--runner", "DataflowRunner"],  # any Beam option
+        ["--input", "in", "--output", "out", "--direct_running_mode=multi_processing"],
+        ["--input", "in", "--output", "out", "--incremental"],
+        ["--input", "in", "--output", "out", "--teacher-model", "m"],
+        ["--input", "sqlite:///b.db", "--output", "out", "--input-table", "buffer"],
+        ["--input", "in", "--output"],  # a value missing
+        ["--output", "out"],
+    ],
+)
+def test_anything_else_is_not_prefetched(argv):
+    assert plain_run(argv) is None
+
+
+def test_nothing_is_started_for_remote_or_missing_input(tmp_path):
+    for pattern in ("gs://bucket/x/*.parquet", str(tmp_path / "none-*.parquet")):
+        prefetch_from(["--input", pattern, "--output", str(tmp_path / "out")])
+        assert input_plan._prefetch is None
+
+
+def _input(tmp_path) -> str:
+    rows = random_rows(seed=21, batches=6)
+    return write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=5, schema=SCHEMA_INT_TASK)
+
+
+def _scored(out: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.parquet"))}
+
+
+def _run(glob: str, out: str, *, prefetch: bool) -> dict[str, bytes]:
+    from rescore.pipelines.rescore import run
+
+    argv = ["--input", glob, "--output", out, "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
+    if prefetch:
+        prefetch_from(argv)
+        assert input_plan._prefetch is not None
+    run(argv)
+    return _scored(out)
+
+
+def test_the_read_step_takes_the_prefetched_units_and_the_output_is_the_same(tmp_path):
+    glob = _input(tmp_path)
+    plain = _run(glob, str(tmp_path / "plain"), prefetch=False)
+    early = _run(glob, str(tmp_path / "early"), prefetch=True)
+    first = sorted(Path(glob).parent.glob("*.parquet"))[0]
+    assert len(input_plan._file_units(str(first), 15)) >= 4
+    prefetched, taken = input_plan.last_prefetch
+    assert prefetched == 4 and taken >= 1  # two units per read thread; one not started is read by the step
+    assert len(plain) > 4 and early == plain
+
+
+def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
+    glob = _input(tmp_path)
+    argv = ["--input", glob, "--output", str(tmp_path / "out"), "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
+    prefetch_from(argv)
+    first = input_plan._prefetch
+    for future in first._futures.values():  # the first file's units are decoded as it was
+        future.result()
+    path = sorted(Path(glob).parent.glob("*.parquet"))[0]
+    table = pq.read_table(path)
+    reward = pa.array([-r for r in table["reward"].to_pylist()], table.schema.field("reward").type)
+    pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", reward), path, row_group_size=5)
+
+    from rescore.pipelines.rescore import run
+
+    run(argv)
+    assert input_plan.last_prefetch == (4, 0)  # the file's fingerprint changed: nothing taken
+    assert _scored(str(tmp_path / "out")) == _run(glob, str(tmp_path / "again"), prefetch=False)
+
+
+def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
+    glob = _input(tmp_path)
+    probe = (
+        "import json, sys\n"
+        "from rescore.pipelines.early import prefetch_from\n"
+        f"prefetch_from(['--input', {glob!r}, '--output', {str(tmp_path / 'o')!r}, '--shard-rows', '15', '--io-threads', '1'])\n"
+        "from rescore.transforms import input_plan\n"
+        "p = input_plan._prefetch\n"
+        "[f.result() for f in p._futures.values()]\n"
+        "print(json.dumps({'units': p.units, 'beam': 'apache_beam' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"units": 2, "beam": False, "torch": False}

@@ -1,0 +1,384 @@
+"""The input plan and the reads of read units, without Beam: matching the input, checking every
+file's footer and schema before the pipeline starts, splitting files into read units, reading a
+unit (with its fingerprint checks), and decoding the first units early (Prefetch).
+
+Nothing here imports Beam where the input is local, so the `rescore` command can start decoding
+the first read units before it imports Beam and torch (pipelines/early.py). The Beam step that
+reads units for their light rows is ReadExperiences (transforms/read.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rescore.errors import InputError
+from rescore.schemas import SchemaError, unify, validate_file_schema
+from rescore.transforms.files import fingerprint as fingerprints
+from rescore.transforms.files import storage
+from rescore.transforms.files import unit_cache
+from rescore.transforms.rows.keys import light_columns
+from rescore.transforms.rows.model_columns import join_model_columns
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    """Consecutive row groups of one file: read, scored back and written as one piece."""
+
+    index: int
+    path: str
+    row_groups: tuple[int, ...]
+    num_rows: int
+    model_file: str | None = None
+    """The model stage's side file of this unit (columns computed by a model), joined on read."""
+    fingerprint: fingerprints.Fingerprint | None = None
+    """The file as planned; every read checks it is still that file (transforms/files/fingerprint.py)."""
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    files: tuple[str, ...]
+    units: tuple[ReadUnit, ...]
+    schema: pa.Schema
+    """All input files' schemas unified: the columns every output row carries."""
+    task_type: pa.DataType
+    warnings: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(path, reason) of files left out by --skip-bad-files."""
+
+    @property
+    def num_rows(self) -> int:
+        return sum(u.num_rows for u in self.units)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _footer(path: str):
+    try:
+        pf = storage.open_parquet(path)
+        return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+    except Exception as e:  # pyarrow raises several types for truncated or foreign files
+        raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+
+
+RANGE_CHECKED_IDS = ("batch", "task", "run", "step", "prompt_length")
+MAX_EXACT_REWARD = 2**53
+"""Integers up to 2^53 in magnitude convert to float64 exactly; larger integer rewards do not."""
+
+
+def _column_range(pf, name: str) -> tuple[int, int] | None:
+    """(min, max) of a top-level integer column: the footer's row-group statistics where every
+    row group has them, else the column itself (read once). None for a column of nulls."""
+    meta = pf.metadata
+    index = next((i for i in range(meta.num_columns) if meta.schema.column(i).path == name), None)
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics if index is not None else None
+        if meta.row_group(g).num_rows == 0:
+            continue
+        if stats is None or not stats.has_min_max:
+            result = pc.min_max(pf.read(columns=[name])[name])
+            low, high = result["min"].as_py(), result["max"].as_py()
+            return None if low is None else (int(low), int(high))
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else None
+
+
+def check_value_ranges(path: str, pf) -> None:
+    """Values the footer admits but Rescore cannot hold exactly: uint64 ids >= 2^63 (ids are
+    int64 from here on) and integer rewards past 2^53 (rewards are float64). InputError (exit 2)
+    naming the file and column; a wrapped or rounded id or reward would score the wrong rows."""
+    schema = pf.schema_arrow
+    for name in RANGE_CHECKED_IDS:
+        if name in schema.names and schema.field(name).type == pa.uint64():
+            found = _column_range(pf, name)
+            if found and found[1] > np.iinfo(np.int64).max:
+                raise InputError(
+                    f"{path}: column {name!r} (uint64) holds {found[1]}, more than the largest int64 "
+                    f"({np.iinfo(np.int64).max}) that Rescore uses for ids"
+                )
+    if "reward" in schema.names and pa.types.is_integer(schema.field("reward").type):
+        if schema.field("reward").type.bit_width > 32:
+            found = _column_range(pf, "reward")
+            if found and max(abs(found[0]), abs(found[1])) > MAX_EXACT_REWARD:
+                value = found[1] if abs(found[1]) >= abs(found[0]) else found[0]
+                raise InputError(
+                    f"{path}: column 'reward' holds the integer {value}, which float64 cannot represent "
+                    f"exactly (integer rewards must be within +-2^53)"
+                )
+
+
+def _checked_footer(path: str, needs: tuple[str, ...]):
+    """(schema, row counts, warnings, fingerprint) of one file, or the InputError/SchemaError it
+    raises."""
+    try:
+        try:
+            planned = fingerprints.take(path)
+        except OSError as e:
+            raise InputError(f"{path}: cannot be read ({e.strerror or _first_line(e)})") from None
+        schema, counts = _footer(path)
+        warnings = validate_file_schema(path, schema, needs=needs)
+        if any(schema.field(n).type == pa.uint64() for n in (*RANGE_CHECKED_IDS, "reward") if n in schema.names) or (
+            "reward" in schema.names and schema.field("reward").type == pa.int64()
+        ):
+            try:
+                check_value_ranges(path, storage.open_parquet(path))
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001  (pyarrow raises several types for broken pages)
+                raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        try:
+            fingerprints.verify(path, planned)
+        except fingerprints.InputChanged:
+            raise InputError(f"{path} changed while the run was planning from it; rerun once the input is complete") from None
+        return schema, counts, warnings, planned
+    except (InputError, SchemaError) as e:
+        return e
+
+
+def plan_input(
+    patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536, skip_bad_files: bool = False
+) -> InputPlan:
+    """Match the input, read every file's footer and check its schema; split into read units.
+
+    Raises InputError or SchemaError with a one-line message naming the file and column. With
+    `skip_bad_files`, an unreadable file or one whose schema breaks the contract is left out
+    and listed in `skipped` instead (unless no file is left).
+    """
+    files: list[str] = []
+    odd: dict[str, str] = {}
+    for pattern in patterns:
+        found = storage.match(pattern)
+        strange = storage.odd_matches(pattern)
+        for path, kind in strange:  # never opened: a FIFO or a device would block or never end
+            if not skip_bad_files:
+                raise InputError(f"{path}: {kind}, not a Parquet file (matched by {pattern!r})")
+            odd[path] = f"{path}: {kind}, not a Parquet file"
+        if not found and not strange:
+            raise InputError(f"no input files match {pattern!r}")
+        files.extend(p for p, _ in found if p not in odd)
+    files = sorted(set(files))
+    if not files:
+        raise InputError(f"no readable input files: all {len(odd)} were skipped ({next(iter(odd.values()))})")
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        checked = list(pool.map(lambda path: _checked_footer(path, needs), files))
+    skipped: list[tuple[str, str]] = sorted(odd.items())
+    good: list[tuple[str, tuple]] = []
+    for path, result in zip(files, checked):
+        if isinstance(result, Exception):
+            if not skip_bad_files:
+                raise result
+            skipped.append((path, str(result)))
+        else:
+            good.append((path, result))
+    if not good:
+        raise InputError(f"no readable input files: all {len(files)} were skipped ({skipped[0][1]})")
+    files = [p for p, _ in good]
+    footers = [(schema, counts) for _, (schema, counts, _, _) in good]
+    planned = {path: fp for path, (_, _, _, fp) in good}
+    warnings: list[str] = [w for _, (_, _, ws, _) in good for w in ws]
+    warnings += [f"skipping {reason}" for _, reason in skipped]
+    schema = unify([(p, s) for p, (s, _) in zip(files, footers)])
+    schema = pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+    task_type = pa.int64() if pa.types.is_integer(schema.field("task").type) else pa.string()
+
+    units: list[ReadUnit] = []
+    for path, (_, row_counts) in zip(files, footers):
+        for groups in split_row_groups(row_counts, shard_rows):
+            units.append(ReadUnit(len(units), path, groups, sum(row_counts[g] for g in groups), fingerprint=planned[path]))
+        if not row_counts or sum(row_counts) == 0:
+            warnings.append(f"{path}: file holds no rows")
+    return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
+
+
+def split_row_groups(row_counts: list[int], shard_rows: int) -> list[tuple[int, ...]]:
+    """A file's non-empty row groups in consecutive runs of about equal rows, each at most
+    `shard_rows` (a single larger row group is a run of its own).
+
+    The file's rows are spread over ceil(rows / shard_rows) runs where row groups allow, so the
+    read units (and output files) of a file are about the same size: 13 row groups of 16,384
+    rows with shard_rows 65,536 give 4 + 3 + 3 + 3, not 4 + 4 + 4 + 1, and read units that are
+    processed side by side finish together.
+    """
+    groups = [(g, n) for g, n in enumerate(row_counts) if n > 0]
+    total = sum(n for _, n in groups)
+    if not total:
+        return []
+    target = total / -(-total // shard_rows)
+    runs: list[tuple[int, ...]] = []
+    run: list[int] = []
+    rows = done = 0
+    for g, n in groups:
+        # Close the run where the next group would pass the cap, or would end it further from
+        # the next even cut (done + target) than stopping here does.
+        if run and (rows + n > shard_rows or done + rows + n / 2 > (len(runs) + 1) * target):
+            runs.append(tuple(run))
+            done += rows
+            run, rows = [], 0
+        run.append(g)
+        rows += n
+    runs.append(tuple(run))
+    return runs
+
+
+def read_unit(unit: ReadUnit, columns: list[str] | None = None, *, use_threads: bool = True) -> pa.Table:
+    """The unit's rows in file order (columns=None: all of them).
+
+    A file whose footer read fine but whose data pages do not decode fails with a message
+    naming the file and row groups (the plan cannot see that without reading every page).
+    """
+    if unit.fingerprint is not None:
+        fingerprints.verify(unit.path, unit.fingerprint)
+    try:
+        pf = storage.open_parquet(unit.path)
+        if columns is not None:
+            present = set(pf.schema_arrow.names)
+            columns = [c for c in columns if c in present]
+        table = pf.read_row_groups(list(unit.row_groups), columns=columns, use_threads=use_threads)
+    except OSError as e:
+        raise OSError(f"{unit.path}: cannot read row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+    except (pa.ArrowException, ValueError) as e:
+        raise ValueError(f"{unit.path}: corrupt data in row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+    if unit.fingerprint is not None:  # a write during the read shows in stat()
+        fingerprints.same_stat(unit.path, unit.fingerprint)
+    if table.num_rows != unit.num_rows:
+        raise ValueError(f"{unit.path}: row groups {list(unit.row_groups)} hold {table.num_rows} rows, the footer says {unit.num_rows}")
+    if unit.model_file is not None:
+        table = join_model_columns(table, storage.open_parquet(unit.model_file).read())
+    return table
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns: missing ones null, narrower types widened."""
+    if table.schema.equals(schema, check_metadata=False):
+        return table
+    arrays = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table[field.name]
+            arrays.append(col if col.type == field.type else col.cast(field.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+class Prefetch:
+    """The first read units of a local in-process run, decoded on threads while the launcher
+    imports Beam and torch and builds the pipeline (GIL-bound work that leaves a core idle).
+
+    What is decoded is exactly what the read step would decode first: `read_unit` of the
+    contract's light columns, with its fingerprint checks; the read step takes a unit's table
+    instead of reading it (reading any column a strategy needs besides), or reads it as before
+    when the unit was not prefetched, not started yet, or failed (a read error is then raised by
+    the read step's own read, where it always was). Units are matched by file, fingerprint and
+    row groups, so a unit of a file changed after the prefetch is never taken: it is read.
+    """
+
+    def __init__(self, units: list[ReadUnit], columns: list[str]):
+        # One thread, decoding on itself alone and at a lower priority: the launcher's imports
+        # are the critical path and keep a core; the prefetch takes what is left.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="rescore-prefetch", initializer=_lower_priority)
+        self._futures = {unit_cache.unit_key(u): pool.submit(read_unit, u, columns, use_threads=False) for u in units}
+        pool.shutdown(wait=False)
+        self.units = len(units)
+        self.taken = 0
+
+    def take(self, unit: ReadUnit) -> pa.Table | None:
+        future = self._futures.pop(unit_cache.unit_key(unit), None)
+        if future is None or future.cancel():  # not prefetched, or not started: read it now
+            return None
+        try:
+            table = future.result()
+        except Exception:  # noqa: BLE001  (the read step reads the unit itself and reports)
+            return None
+        self.taken += 1
+        return table
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only (Linux)
+    except (AttributeError, OSError):  # pragma: no cover - elsewhere: normal priority
+        pass
+
+
+_prefetch: Prefetch | None = None
+PREFETCH_UNITS_PER_THREAD = 2
+last_prefetch: tuple[int, int] = (0, 0)
+"""(units prefetched, units the read step took) of the last run that prefetched (tests, timeline)."""
+
+
+def _local_files(pattern: str) -> list[str]:
+    """The regular files a local pattern matches (a directory: its *.parquet), without Beam."""
+    if os.path.isdir(pattern):
+        pattern = os.path.join(pattern, "*.parquet")
+    found = glob.glob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
+    return [p for p in found if os.path.isfile(p)]
+
+
+def _file_units(path: str, shard_rows: int) -> list[ReadUnit]:
+    """The read units of one file, as plan_input makes them (without the schema checks)."""
+    planned = fingerprints.take(path)
+    _, counts = _footer(path)
+    fingerprints.verify(path, planned)
+    return [ReadUnit(k, path, groups, sum(counts[g] for g in groups), fingerprint=planned)
+            for k, groups in enumerate(split_row_groups(counts, shard_rows))]
+
+
+def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int) -> None:
+    """Start decoding the first read units of the first local input file (two per read
+    thread, one at a time). Never raises: planning the run reports any problem with the
+    input. A prefetch already running (the command's, started before its imports) is kept."""
+    global _prefetch
+    if _prefetch is not None:
+        return
+    try:
+        if not patterns or not all(storage.is_local(p) for p in patterns):
+            return
+        files = [f for pattern in patterns for f in _local_files(pattern)]
+        if not files:
+            return
+        units = _file_units(min(files), shard_rows)[: max(1, threads) * PREFETCH_UNITS_PER_THREAD]
+    except Exception:  # noqa: BLE001
+        return
+    if units:
+        _prefetch = Prefetch(units, light_columns(()))
+
+
+def stop_prefetch() -> None:
+    """Drop what was prefetched and not taken (the end of a run)."""
+    global _prefetch, last_prefetch
+    if _prefetch is not None:
+        last_prefetch = (_prefetch.units, _prefetch.taken)
+        _prefetch.close()
+        _prefetch = None
+
+
+def _first_read(unit: ReadUnit, columns: list[str]) -> pa.Table:
+    """The read step's read of `unit`: the prefetched table (plus any column it lacks), else
+    read_unit."""
+    table = _prefetch.take(unit) if _prefetch is not None and unit.model_file is None else None
+    if table is None:
+        return read_unit(unit, columns)
+    missing = [c for c in columns if c not in table.column_names and c in storage.open_parquet(unit.path).schema_arrow.names]
+    if missing:
+        extra = read_unit(unit, missing)
+        for name in missing:
+            table = table.append_column(extra.schema.field(name), extra[name])
+    return table
