@@ -11,7 +11,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from rescore.schemas import check_rows
-from rescore.transforms import coders  # noqa: F401  (registers the Arrow table coder)
+from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms.files import unit_cache
 from rescore.transforms.input_plan import (  # noqa: F401  (the plan's names, as before)
     InputPlan,
@@ -108,4 +108,4 @@ class ReadExperiences(beam.PTransform):
         read = units | "ReadAndValidate" >> beam.ParDo(
             _ReadLight(self._plan, self._needs, self._buckets, self._threads)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
-        return ReadRows(read.light, read.rejected)
+        return ReadRows(read.light, unit_tables(read.rejected))

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from apache_beam.metrics import Metrics
 
-from rescore.transforms import coders, fault_injection  # noqa: F401  (coders registers the Arrow table coder)
+from rescore.transforms import fault_injection
+from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms import device as devices
 from rescore.transforms.device import to_device
 from rescore.transforms.rows.audit import AUDIT_FIELDS, audit_values, filter_reasons
@@ -27,7 +28,10 @@ from rescore.transforms.strategies.segments import segment_sum
 
 
 class _PrepareBucket(beam.DoFn):
-    DUPLICATES = "duplicates"
+    """(bucket, light parts) -> (bucket, light rows sorted by group, rows with a duplicate id or
+    None). The duplicates travel with the bucket to the score step, which emits their records
+    with the scored ones: one output, no Flatten (a Flatten is a stage of its own on the
+    in-process runner, re-reading every record)."""
 
     def __init__(self, max_group_rows: int):
         self._max_group_rows = max_group_rows
@@ -37,10 +41,8 @@ class _PrepareBucket(beam.DoFn):
         light, dups = prepare_bucket(list(parts), self._max_group_rows)
         if dups.num_rows:
             Metrics.counter("rescore", "rows_rejected").inc(dups.num_rows)
-            for item in duplicate_records(dups):
-                yield beam.pvalue.TaggedOutput(self.DUPLICATES, item)
-        if light.num_rows:
-            yield bucket, light
+        if light.num_rows or dups.num_rows:
+            yield bucket, light, dups if dups.num_rows else None
 
 
 class _BatchValues(beam.DoFn):
@@ -48,7 +50,9 @@ class _BatchValues(beam.DoFn):
         self._plan = plan
 
     def process(self, element):
-        _, light = element
+        _, light, _ = element
+        if not light.num_rows:
+            return
         rows = to_grouped_rows(light, torch.device("cpu"))
         batch, values, weights = self._plan.batch_values(rows)
         batch, values, weights = batch.numpy(), values.numpy(), weights.numpy()
@@ -89,7 +93,11 @@ class _ScoreBucket(beam.DoFn):
 
     def process(self, element, batch_stats=None):
         fault_injection.maybe_fail_once("ScoreGroups")
-        _, light = element
+        _, light, dups = element
+        if dups is not None:
+            yield from duplicate_records(dups)
+        if not light.num_rows:
+            return
         rows = to_grouped_rows(light, self._device)
         per_row_stats = None
         if batch_stats is not None:
@@ -153,16 +161,11 @@ class ScoreGroups(beam.PTransform):
         self._hints = {"accelerator": accelerator} if accelerator else {}
 
     def expand(self, keyed) -> ScoredGroups:
-        prepared = (
-            keyed
-            | "GroupByBucket" >> beam.GroupByKey()
-            | "SortAndDedupe"
-            >> beam.ParDo(_PrepareBucket(self._max_group_rows)).with_outputs(_PrepareBucket.DUPLICATES, main="rows")
-        )
+        prepared = keyed | "GroupByBucket" >> beam.GroupByKey() | "SortAndDedupe" >> beam.ParDo(_PrepareBucket(self._max_group_rows))
         side = {}
         if self._plan.batch_level:
             batch_stats = (
-                prepared.rows
+                prepared
                 | "BatchValues" >> beam.ParDo(_BatchValues(self._plan))
                 | "GroupByBatch" >> beam.GroupByKey()
                 | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
@@ -173,6 +176,5 @@ class ScoreGroups(beam.PTransform):
         )
         if self._hints:
             score = score.with_resource_hints(**self._hints)
-        scored = prepared.rows | "Score" >> score
-        outcomes = (scored.outcomes, prepared.duplicates) | "AllRecords" >> beam.Flatten()
-        return ScoredGroups(outcomes, scored.metrics, scored.copy_groups)
+        scored = prepared | "Score" >> score
+        return ScoredGroups(unit_tables(scored.outcomes), scored.metrics, scored.copy_groups)
