@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RUNNER = "FnApiRunner"
 DEFAULT_BUCKETS = 64
+LOCAL_BUCKET_ROWS = 131072
+"""In-process runs without --buckets: one bucket per this many rows, 8 to DEFAULT_BUCKETS. The
+score step runs its buckets one after another there, so more buckets only add per-bucket
+overhead (a 204,800-row run: 8 buckets ~6 % faster than 64); the scores do not depend on it."""
 DEFAULT_SHARD_ROWS = 65536
 DEFAULT_MAX_REJECT_FRACTION = 0.5
 DEFAULT_MAX_GROUP_ROWS = 1_000_000
@@ -71,6 +75,8 @@ class RunConfig:
     params: dict[str, Any]
     algorithm: str | None = None
     buckets: int = DEFAULT_BUCKETS
+    buckets_chosen: bool = False
+    """--buckets (or the config's `buckets`) was given: no local default replaces it."""
     shard_rows: int = DEFAULT_SHARD_ROWS
     overwrite: bool = False
     skip_bad_files: bool = False
@@ -135,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter, KEY or STRATEGY.KEY (JSON value)"
     )
     p.add_argument("--config", help="YAML run config (see run_configs/)")
-    p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS})")
+    p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS}; in-process: one per {LOCAL_BUCKET_ROWS:,} rows, 8 to {DEFAULT_BUCKETS})")
     p.add_argument("--shard-rows", "--shard_rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
     p.add_argument("--overwrite", action="store_true", default=None, help="replace a finished run in --output")
     p.add_argument(
@@ -440,6 +446,7 @@ def parse_args(argv: list[str]) -> RunConfig:
         params=params,
         algorithm=algorithm,
         buckets=buckets,
+        buckets_chosen=args.buckets is not None or config.get("buckets") is not None,
         shard_rows=shard_rows,
         overwrite=bool(args.overwrite if args.overwrite is not None else config.get("overwrite", False)),
         skip_bad_files=bool(args.skip_bad_files if args.skip_bad_files is not None else config.get("skip_bad_files", False)),
@@ -470,3 +477,8 @@ def parse_args(argv: list[str]) -> RunConfig:
     if cfg.run_name and not cfg.incremental:
         raise ConfigError("--run-name names an --incremental run; pass --incremental or drop --run-name")
     return cfg
+
+
+def local_buckets(rows: int) -> int:
+    """The default bucket count of an in-process run of `rows` rows."""
+    return min(DEFAULT_BUCKETS, max(8, -(-rows // LOCAL_BUCKET_ROWS)))

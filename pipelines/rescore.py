@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -41,7 +42,7 @@ from apache_beam.options.pipeline_options import (
 from rescore import errors
 from rescore.errors import ConfigError, RejectBudgetExceeded
 from rescore.pipelines import __version__, incremental
-from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, parse_args, usage
+from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, local_buckets, parse_args, usage
 from rescore.pipelines.progress import Progress
 from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
@@ -172,6 +173,8 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         models_info = {**{k: v for k, v in vars(cfg.models).items() if v is not None}, "columns": list(computed), "context": context}
     for warning in plan.warnings:
         log.warning(warning)
+    if not cfg.buckets_chosen and _in_process(cfg, options):
+        cfg = replace(cfg, buckets=local_buckets(plan.num_rows))
     if not options.view_as(TestOptions).dry_run:
         prepare_output(cfg.output, plan, cfg.overwrite)
     run_info = {
