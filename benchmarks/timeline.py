@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         _wrap(owner, name, label)
     code = rescore.main(argv)
     total = time.perf_counter() - T0
-    print(f"{'imports (Beam)':24s} {0.0:6.2f} - {IMPORTED:6.2f} s")
+    print(f"{'imports':24s} {0.0:6.2f} - {IMPORTED:6.2f} s")
     print(f"{'prefetched units taken':24s} {input_plan.last_prefetch[1]} of {input_plan.last_prefetch[0]}")
     spans: dict[str, list[float]] = {}
     for label, start, end in _events:
