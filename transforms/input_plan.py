@@ -376,9 +376,4 @@ def _first_read(unit: ReadUnit, columns: list[str]) -> pa.Table:
     table = _prefetch.take(unit) if _prefetch is not None and unit.model_file is None else None
     if table is None:
         return read_unit(unit, columns)
-    missing = [c for c in columns if c not in table.column_names and c in storage.open_parquet(unit.path).schema_arrow.names]
-    if missing:
-        extra = read_unit(unit, missing)
-        for name in missing:
-            table = table.append_column(extra.schema.field(name), extra[name])
-    return table
+    return unit_cache.with_columns(table, unit, columns, read_unit)

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from rescore.errors import InputError  # noqa: F401  (the old name rescore.transforms.read.InputError)
 from rescore.schemas import check_rows
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms.files import unit_cache

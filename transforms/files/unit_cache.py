@@ -227,8 +227,14 @@ def read_back(unit, read: Callable[..., pa.Table]) -> pa.Table:
     if table is None:
         return read(unit)
     fingerprints.verify(unit.path, unit.fingerprint)  # raises InputChanged, as read_unit does
+    return with_columns(table, unit, None, read)
+
+
+def with_columns(table: pa.Table, unit, columns: list[str] | None, read: Callable[..., pa.Table]) -> pa.Table:
+    """`table` (some of `unit`'s columns) with those of `columns` (None: all) that the unit's
+    file has and `table` lacks, read from the file with `read(unit, names)` and appended."""
     names = storage.open_parquet(unit.path).schema_arrow.names
-    missing = [n for n in names if n not in table.column_names]
+    missing = [n for n in (names if columns is None else columns) if n not in table.column_names and n in names]
     if missing:
         extra = read(replace(unit, model_file=None), missing)
         for name in missing:
