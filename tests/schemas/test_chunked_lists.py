@@ -117,3 +117,23 @@ def test_segment_sum_of_narrow_integers_does_not_wrap():
     offsets = np.array([0, 0, 300, 1000])
     assert flat_segment_sum(values, offsets).tolist() == [0, 300, 700]
     assert flat_segment_sum(values.astype(bool), offsets).tolist() == [0, 300, 700]
+
+
+@pytest.mark.parametrize("window", [1, 3, 17, 1 << 20])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, bool])
+def test_segment_sum_windows_give_each_rows_exact_sum(monkeypatch, window, dtype):
+    """Narrow integers are widened a window of rows at a time: every window size (smaller than
+    one row, splitting rows anywhere) gives each row's exact sum, empty rows 0, and the offsets
+    may start past 0 (a slice of a longer flat array)."""
+    monkeypatch.setattr("rescore.transforms.strategies.flat.SUM_WINDOW", window)
+    rng = np.random.default_rng(window)
+    lengths = rng.integers(0, 12, 400) * (rng.random(400) < 0.7)
+    lengths[7] = 260  # one row longer than every small window
+    offsets = np.concatenate([[5], 5 + np.cumsum(lengths)])
+    values = rng.integers(-120, 120, int(offsets[-1]) + 3)
+    values = (values > 0) if dtype is bool else values.astype(dtype)
+    expected = [int(values[a:b].astype(np.int64).sum()) for a, b in zip(offsets[:-1], offsets[1:])]
+    got = flat_segment_sum(values, offsets)
+    assert got.dtype == np.int64
+    assert got.tolist() == expected
+    assert got[7] == int(values[offsets[7] : offsets[8]].astype(np.int64).sum())
