@@ -259,24 +259,44 @@ def read_unit(unit: ReadUnit, columns: list[str] | None = None, *, use_threads: 
     return table
 
 
-READ_BATCH_ROWS = 4096
-"""Rows per decoded batch of a read unit (the unit's table holds one chunk per batch)."""
+READ_BATCH_VALUES = 1 << 20
+"""Values (list elements) per column per decoded batch of a read unit."""
+
+
+def _batch_rows(pf, row_groups: list[int], columns: list[str] | None) -> int:
+    """Rows per decoded batch: about READ_BATCH_VALUES values in the widest column read (64 to
+    65,536 rows), from the footer's value counts."""
+    meta = pf.metadata
+    per_row = 1.0
+    for g in row_groups:
+        group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
+        for k in range(group.num_columns):
+            chunk = group.column(k)
+            if columns is None or chunk.path_in_schema.split(".", 1)[0] in columns:
+                per_row = max(per_row, chunk.num_values / group.num_rows)
+    return int(min(1 << 16, max(64, READ_BATCH_VALUES // per_row)))
 
 
 def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: bool) -> pa.Table:
-    """The row groups' rows, decoded READ_BATCH_ROWS rows at a time.
+    """The row groups' rows: the same table as `read_row_groups` (values, types, schema
+    metadata, one chunk per column), decoded in batches of about READ_BATCH_VALUES values.
 
-    The same table as `read_row_groups` (values, types, schema metadata), in chunks. Parquet's
-    list reader reserves room for one value per row and grows its value and level buffers by
-    reallocation as it decodes: reading a whole unit at once copied each token column about
-    once more into fresh pages (204,800 rows: ~630k page faults, 1.2 s of kernel time for the
-    reads). Small batches grow small buffers that the allocator hands back to the next batch:
-    ~180k faults, 0.4 s, a lower peak (benchmarks/README.md, issue 18).
+    Parquet's list reader reserves room for one value per row and grows its value and level
+    buffers by reallocation as it decodes: reading a whole unit at once copied each token column
+    about once more, into fresh pages each time (204,800 rows of 256 tokens: ~630k page faults,
+    1.2 s of kernel time for the reads). Batches grow small buffers that the allocator hands
+    back to the next batch, and one exact-size copy joins them: ~300k faults, ~0.6 s
+    (benchmarks/README.md, issue 18). The joined columns let the output writer take them
+    without a copy of its own.
     """
-    batches = list(pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=row_groups, columns=columns, use_threads=use_threads))
+    batch_rows = _batch_rows(pf, row_groups, columns)
+    batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=columns, use_threads=use_threads))
     if not batches:  # no rows: the schema as the file gives it
         return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
-    return pa.Table.from_batches(batches)
+    table = pa.Table.from_batches(batches)
+    return table.combine_chunks() if len(batches) > 1 else table
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -1,0 +1,56 @@
+"""input_plan.read_unit decodes a unit in batches of about READ_BATCH_VALUES list values (the
+Parquet list reader otherwise grows whole-unit buffers by reallocation) and joins them: the
+table must be exactly what pyarrow's `read_row_groups` gives, whatever the batch size."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rescore.transforms import input_plan
+from rescore.transforms.input_plan import ReadUnit, read_unit
+
+
+def _file(path, rows: int, row_group: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, rows)
+    lengths[3] = 300  # one row longer than a small batch's share
+    table = pa.table({
+        "batch": pa.array(rng.integers(0, 3, rows), pa.int64()),
+        "task": pa.array([f"t{k % 7}" for k in range(rows)]),
+        "reward": pa.array([None if k == 5 else float(k) for k in range(rows)], pa.float64()),
+        "tokens": pa.array([list(range(n)) for n in lengths], pa.list_(pa.int32())),
+        "action_mask": pa.array([None if k == 9 else [1] * int(n) for k, n in enumerate(lengths)], pa.list_(pa.int8())),
+    }).replace_schema_metadata({"origin": "test"})
+    pq.write_table(table, path, row_group_size=row_group)
+    return path
+
+
+@pytest.mark.parametrize("batch_values", [1, 64, 1000, 1 << 20])
+@pytest.mark.parametrize("columns", [None, ["reward", "tokens"], ["task"]])
+def test_batched_read_equals_whole_read(tmp_path, monkeypatch, batch_values, columns):
+    monkeypatch.setattr(input_plan, "READ_BATCH_VALUES", batch_values)
+    path = _file(str(tmp_path / "x.parquet"), rows=500, row_group=120)
+    groups = (1, 2, 3)
+    unit = ReadUnit(0, path, groups, sum(pq.ParquetFile(path).metadata.row_group(g).num_rows for g in groups))
+    expected = pq.ParquetFile(path).read_row_groups(list(groups), columns=columns)
+    got = read_unit(unit, columns)
+    assert got.equals(expected)
+    assert got.schema.equals(expected.schema, check_metadata=True)  # the file's metadata too
+    assert all(c.num_chunks == 1 for c in got.columns)  # joined: the writer takes it as it is
+
+
+def test_batch_rows_follow_the_widest_column_read(tmp_path):
+    path = _file(str(tmp_path / "x.parquet"), rows=500, row_group=500)
+    pf = pq.ParquetFile(path)
+    per_row = pf.metadata.row_group(0).column(3).num_values / 500  # tokens: ~20 values a row
+    assert input_plan._batch_rows(pf, [0], None) == int(input_plan.READ_BATCH_VALUES // per_row)
+    assert input_plan._batch_rows(pf, [0], ["batch", "reward"]) == 1 << 16  # scalars: capped
+
+
+def test_empty_unit_keeps_the_schema(tmp_path):
+    path = str(tmp_path / "empty.parquet")
+    pq.write_table(pa.table({"x": pa.array([], pa.int64()), "l": pa.array([], pa.list_(pa.int32()))}), path)
+    groups = tuple(range(pq.ParquetFile(path).num_row_groups))
+    got = read_unit(ReadUnit(0, path, groups, 0))
+    assert got.num_rows == 0 and got.schema.names == ["x", "l"]
