@@ -1,5 +1,6 @@
 """The rescore command makes torch's idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) before
-torch is imported, unless the user chose a policy."""
+torch is imported, and gives numpy's OpenBLAS one thread (OPENBLAS_NUM_THREADS=1: no numpy linear
+algebra runs) before numpy is imported, unless the user chose otherwise."""
 
 import os
 import subprocess
@@ -11,23 +12,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROBE = """
 import os, sys, types
 fake = types.ModuleType("rescore.pipelines.rescore")
-fake.cli = lambda: print(os.environ.get("OMP_WAIT_POLICY"), "torch" in sys.modules)
+fake.cli = lambda: print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("OPENBLAS_NUM_THREADS"), "torch" in sys.modules)
 sys.modules["rescore.pipelines.rescore"] = fake
-from rescore.pipelines.cli import main
-main()
+from rescore.pipelines import cli
+assert "numpy" not in sys.modules, "numpy imported before the entry point ran"
+cli.main()
 """
 
 
 def probe(**env) -> str:
-    environ = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")}
     environ.update(env, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, "-c", PROBE], env=environ, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
 
 def test_idle_openmp_threads_sleep_and_torch_is_not_loaded_before():
-    assert probe() == "PASSIVE False"
+    assert probe() == "PASSIVE 1 False"
 
 
 def test_the_users_choice_wins():
-    assert probe(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE False"
+    assert probe(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE 1 False"
+    assert probe(OPENBLAS_NUM_THREADS="4") == "PASSIVE 4 False"
