@@ -56,7 +56,8 @@ def test_default_budget_follows_the_environment(monkeypatch):
     assert unit_cache.default_budget() == 3 << 19
     monkeypatch.delenv(unit_cache.BUDGET_ENV)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert unit_cache.default_budget() == int(min(unit_cache.DEFAULT_CAP, memory / 32))
+    assert unit_cache.default_budget() == int(min(unit_cache.DEFAULT_CAP, memory / 16))
+    assert unit_cache.DEFAULT_CAP == 3 << 29  # 1.5 GiB: docs/runners.md says so
 
 
 @pytest.fixture

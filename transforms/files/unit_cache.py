@@ -38,12 +38,12 @@ from rescore.transforms.files import storage
 
 BUDGET_ENV = "RESCORE_UNIT_CACHE_MB"
 """Cache size in MB (0 turns it off); default: DEFAULT_FRACTION of physical memory, at most DEFAULT_CAP."""
-DEFAULT_FRACTION = 1 / 32
-DEFAULT_CAP = 1 << 30
+DEFAULT_FRACTION = 1 / 16
+DEFAULT_CAP = 3 << 29  # 1.5 GiB
 
 
 def default_budget() -> int:
-    """Bytes the cache may hold: RESCORE_UNIT_CACHE_MB, else 1/32 of physical memory (at most 1 GiB)."""
+    """Bytes the cache may hold: RESCORE_UNIT_CACHE_MB, else 1/16 of physical memory (at most 1.5 GiB)."""
     chosen = os.environ.get(BUDGET_ENV, "").strip()
     if chosen:
         return max(0, int(float(chosen) * (1 << 20)))
