@@ -83,7 +83,9 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
         units = p | "ComputeModelColumns" >> ComputeModelColumns(
             plan, cfg.models, staging_dir(cfg.output), device=cfg.device, context=run_info["models"]["context"]
         )
-    read = units | "ReadExperiences" >> ReadExperiences(plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads)
+    read = units | "ReadExperiences" >> ReadExperiences(
+        plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads, keep_units=_one_process(p.options)
+    )
     scored = read.light | "ScoreGroups" >> ScoreGroups(
         scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator,
         keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
@@ -139,16 +141,16 @@ def _check_local_device(cfg: RunConfig, options: PipelineOptions) -> None:
             raise ConfigError(str(e)) from None
 
 
-def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
-    """The job runs in this process (the default local runner, in memory or on threads), on
-    files as they are (no model stage), and is not a dry run."""
+def _one_process(options: PipelineOptions) -> bool:
+    """Every step runs in this process: the default local runner, in memory or on threads."""
     runner = options.view_as(StandardOptions).runner or DEFAULT_RUNNER
-    return (
-        runner in devices.LOCAL_RUNNERS
-        and options.view_as(DirectOptions).direct_running_mode in ("in_memory", "multi_threading")
-        and not options.view_as(TestOptions).dry_run
-        and not cfg.models.enabled
-    )
+    return runner in devices.LOCAL_RUNNERS and options.view_as(DirectOptions).direct_running_mode in ("in_memory", "multi_threading")
+
+
+def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
+    """The job runs in this process (_one_process), on files as they are (no model stage), and
+    is not a dry run."""
+    return _one_process(options) and not options.view_as(TestOptions).dry_run and not cfg.models.enabled
 
 
 def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:

@@ -267,16 +267,27 @@ def _batch_rows(pf, row_groups: list[int], columns: list[str] | None) -> int:
     """Rows per decoded batch: about READ_BATCH_VALUES values in the widest column read (64 to
     65,536 rows), from the footer's value counts."""
     meta = pf.metadata
+    owner = [field.name for field in pf.schema_arrow for _ in range(_leaves(field.type))]  # leaf -> column
     per_row = 1.0
     for g in row_groups:
         group = meta.row_group(g)
-        if group.num_rows == 0:
+        if group.num_rows == 0 or group.num_columns != len(owner):
             continue
         for k in range(group.num_columns):
-            chunk = group.column(k)
-            if columns is None or chunk.path_in_schema.split(".", 1)[0] in columns:
-                per_row = max(per_row, chunk.num_values / group.num_rows)
+            if columns is None or owner[k] in columns:
+                per_row = max(per_row, group.column(k).num_values / group.num_rows)
     return int(min(1 << 16, max(64, READ_BATCH_VALUES // per_row)))
+
+
+def _leaves(t: pa.DataType) -> int:
+    """Parquet leaf columns of an Arrow type (a column's leaves are consecutive in the footer)."""
+    if pa.types.is_struct(t):
+        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaves(t.key_type) + _leaves(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaves(t.value_type)
+    return 1
 
 
 def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: bool) -> pa.Table:

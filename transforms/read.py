@@ -34,24 +34,27 @@ from rescore.transforms.unit_threads import Overlap, resolve_threads
 class _ReadLight(beam.DoFn):
     REJECTED = "rejected"
 
-    def __init__(self, plan: InputPlan, needs: tuple[str, ...], buckets: int, threads: int = 0):
+    def __init__(self, plan: InputPlan, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False):
         self._units = plan.units
         self._task_type = plan.task_type
         self._needs = tuple(needs)
         self._buckets = buckets
         self._threads = threads
+        self._keep_units = keep_units
 
     def setup(self):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
         self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
-        unit_cache.expect(self._units)
+        if self._keep_units:
+            unit_cache.expect(self._units)
 
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
         table = _first_read(unit, light_columns(self._needs))
-        unit_cache.offer(unit, table)  # the write step takes it instead of reading the unit again
+        if self._keep_units:  # the write step, in this process, takes it instead of reading the unit again
+            unit_cache.offer(unit, table)
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None
@@ -92,12 +95,17 @@ class ReadExperiences(beam.PTransform):
     """Read every unit of the plan and validate its rows -> ReadRows (light rows by bucket,
     rejected rows by unit)."""
 
-    def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0):
+    def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False):
+        """keep_units: offer each decoded unit to this process's unit cache for the write step.
+        Only where one process runs every step (the in-process runner): elsewhere the write
+        step of a unit usually runs in another process, and what a worker kept would never be
+        taken, only held."""
         super().__init__()
         self._plan = plan
         self._needs = tuple(needs)
         self._buckets = buckets
         self._threads = threads
+        self._keep_units = keep_units
 
     def expand(self, pbegin) -> ReadRows:
         # Applied to the pipeline, it reads every unit; applied to a PCollection of unit
@@ -107,6 +115,6 @@ class ReadExperiences(beam.PTransform):
         else:
             units = pbegin
         read = units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._needs, self._buckets, self._threads)
+            _ReadLight(self._plan, self._needs, self._buckets, self._threads, self._keep_units)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
         return ReadRows(read.light, unit_tables(read.rejected))

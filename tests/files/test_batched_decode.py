@@ -26,12 +26,12 @@ def _file(path, rows: int, row_group: int, seed: int = 0):
     return path
 
 
-@pytest.mark.parametrize("batch_values", [1, 64, 1000, 1 << 20])
+@pytest.mark.parametrize("batch_values", [1, 2000, 8000, 1 << 20])  # 64, ~100, ~400 rows, whole groups
 @pytest.mark.parametrize("columns", [None, ["reward", "tokens"], ["task"]])
 def test_batched_read_equals_whole_read(tmp_path, monkeypatch, batch_values, columns):
     monkeypatch.setattr(input_plan, "READ_BATCH_VALUES", batch_values)
     path = _file(str(tmp_path / "x.parquet"), rows=500, row_group=120)
-    groups = (1, 2, 3)
+    groups = (0, 1, 3)  # row 3 (300 values), the null reward and the null mask are in group 0
     unit = ReadUnit(0, path, groups, sum(pq.ParquetFile(path).metadata.row_group(g).num_rows for g in groups))
     expected = pq.ParquetFile(path).read_row_groups(list(groups), columns=columns)
     got = read_unit(unit, columns)
@@ -54,3 +54,20 @@ def test_empty_unit_keeps_the_schema(tmp_path):
     groups = tuple(range(pq.ParquetFile(path).num_row_groups))
     got = read_unit(ReadUnit(0, path, groups, 0))
     assert got.num_rows == 0 and got.schema.names == ["x", "l"]
+
+
+def test_batch_rows_count_each_columns_own_leaves(tmp_path):
+    """A column named "x.y" is not a part of a column "x": the footer's leaves are matched to
+    columns by the schema, not by splitting dotted paths."""
+    path = str(tmp_path / "dotted.parquet")
+    table = pa.table({
+        "x": pa.array([[1] * 50] * 100, pa.list_(pa.int32())),
+        "x.y": pa.array(range(100), pa.int64()),
+        "s": pa.array([{"a": k, "b": [k] * 100} for k in range(100)]),
+    })
+    pq.write_table(table, path)
+    pf = pq.ParquetFile(path)
+    assert input_plan._batch_rows(pf, [0], ["x.y"]) == 1 << 16
+    assert input_plan._batch_rows(pf, [0], ["x"]) == int(input_plan.READ_BATCH_VALUES // 50)
+    assert input_plan._batch_rows(pf, [0], ["s"]) == int(input_plan.READ_BATCH_VALUES // 100)
+    assert read_unit(ReadUnit(0, path, (0,), 100), ["s", "x.y"]).equals(pf.read_row_groups([0], columns=["s", "x.y"]))

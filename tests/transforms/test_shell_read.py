@@ -36,3 +36,32 @@ def test_read_experiences_keys_valid_rows_by_bucket_and_rejects_bad_ones(tmp_pat
             label="CheckRejected",
         )
 
+
+
+def test_units_are_kept_for_the_write_step_only_when_asked(tmp_path):
+    """keep_units (the in-process runner) offers each decoded unit to this process's cache;
+    without it (distributed runners, where the write of a unit runs elsewhere) nothing is kept,
+    so no worker holds tables nobody takes."""
+    from rescore.transforms.files import unit_cache
+
+    plan = plan_input([write_experience(tmp_path)], shard_rows=4)
+    try:
+        for keep, offered in ((False, 0), (True, len(plan.units))):
+            cache = unit_cache.reset(1 << 20)
+            with pipeline() as p:
+                p | ReadExperiences(plan, needs=(), buckets=8, keep_units=keep)
+            assert cache.stats.offered == offered
+            assert (cache.held > 0) is keep
+    finally:
+        unit_cache.reset()
+
+
+def test_the_command_keeps_units_only_where_one_process_runs_every_step():
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from rescore.pipelines.rescore import _one_process
+
+    assert _one_process(PipelineOptions([]))
+    assert _one_process(PipelineOptions(["--direct_running_mode=multi_threading"]))
+    assert not _one_process(PipelineOptions(["--direct_running_mode=multi_processing"]))
+    assert not _one_process(PipelineOptions(["--runner=DataflowRunner"]))
