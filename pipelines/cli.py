@@ -2,6 +2,7 @@
 
 import gc
 import os
+import platform
 import sys
 
 
@@ -39,10 +40,12 @@ def main() -> None:
     # took the cores the I/O threads decode and encode on (a 200k-row run: ~3 CPU-s, and scoring
     # 13 s instead of 0.1 s on a loaded machine). The thread count, hence every result, is unchanged.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # Before numpy loads its OpenBLAS: Rescore does no numpy linear algebra (torch has its own
-    # BLAS), and OpenBLAS's worker threads spin ~0.1 CPU-s after numpy's import, on the core the
-    # prefetch decodes on during the imports. Values are unchanged.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # Before numpy loads its OpenBLAS: Rescore does no numpy linear algebra, and OpenBLAS's
+    # worker threads spin ~0.1 CPU-s after numpy's import, on the core the prefetch decodes on
+    # during the imports. Values are unchanged. x86-64 only, where torch's BLAS is MKL: on ARM
+    # torch may use OpenBLAS itself, and the model stage's matrix products need its threads.
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # Before pyarrow makes its default memory pool: jemalloc hands freed decode buffers back to
     # the next read instead of fresh pages the kernel must zero (a 204,800-row run: ~0.9 CPU-s,
     # ~5 % wall, lower peak memory than pyarrow's default mimalloc). Values are unchanged.
