@@ -54,7 +54,7 @@ class _ReadLight(beam.DoFn):
         unit = self._units[unit_index]
         table = _first_read(unit, light_columns(self._needs))
         if self._keep_units:  # the write step, in this process, takes it instead of reading the unit again
-            unit_cache.offer(unit, table)
+            unit_cache.offer(unit, table, read_unit)
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None

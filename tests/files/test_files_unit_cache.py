@@ -3,6 +3,8 @@ the unit again, within a byte budget, only after the same fingerprint check a re
 output is the same with the cache on or off and with any --io-threads."""
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -194,11 +196,127 @@ def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(t
     per_row = first.select(["batch", "task", "run", "step", "reward", "prompt_length", "action_mask"]).nbytes / first.num_rows
     budget = first.nbytes + int(per_row * plan.num_rows) + 64  # first unit whole, the others in part
     outputs = {}
-    for name, size in (("off", 0), ("part", budget)):
-        cache = unit_cache.reset(size)
-        _, out = rescore(glob, "--strategy", "grpo", "--io-threads", "1", "--shard-rows", "20", output=str(tmp_path / name))
+    for name, size, ahead in (("off", 0, "0"), ("part", budget, "0"), ("ahead", budget, "1000")):
+        os.environ[unit_cache.AHEAD_ENV] = ahead
+        try:
+            cache = unit_cache.reset(size)
+            _, out = rescore(glob, "--strategy", "grpo", "--io-threads", "1", "--shard-rows", "20", output=str(tmp_path / name))
+        finally:
+            del os.environ[unit_cache.AHEAD_ENV]
         outputs[name] = scored_files(out)
         if size:
             assert cache.stats.partial > 0 and cache.stats.kept > cache.stats.partial
             assert cache.stats.hits == cache.stats.kept and cache.held == 0
-    assert len(plan.units) > 3 and len(outputs["off"]) > 3 and outputs["part"] == outputs["off"]
+            # Read ahead: every partial entry completed before the write step began (or none).
+            assert cache.stats.ahead == (cache.stats.partial if name == "ahead" else 0)
+    assert len(plan.units) > 3 and len(outputs["off"]) > 3
+    assert outputs["part"] == outputs["off"] and outputs["ahead"] == outputs["off"]
+
+
+def completing(calls, tables, gate=None, fail=()):
+    """A `complete` for entry k: the whole table k (what with_columns would build), counted;
+    waits for `gate` first where given, and raises for the entries in `fail`."""
+    def complete_for(k):
+        def complete(part):
+            calls.append(k)
+            if gate is not None:
+                gate.wait(10)
+            if k in fail:
+                raise OSError(f"unit {k}: the disk went away")
+            assert part.column_names == ["reward", "action_mask"]
+            return tables[k]
+        return complete
+    return complete_for
+
+
+def partial_cache(tables, ahead, **kw):
+    """A cache that keeps every unit in part (no room for a whole one), read-ahead `ahead`."""
+    tier = tables[0].select(["reward", "action_mask"]).nbytes
+    cache = UnitCache(budget=len(tables) * tier, ahead=ahead)
+    cache.expect("run", sum(t.num_rows for t in tables))
+    return cache
+
+
+def test_read_ahead_completes_partial_entries_in_unit_order_once_every_unit_is_offered():
+    tables = [unit_table(100, seed=k) for k in range(4)]
+    lacks = tables[0].nbytes - tables[0].select(["reward", "action_mask"]).nbytes
+    cache = partial_cache(tables, ahead=2 * lacks)  # room over the budget for two completions
+    calls = []
+    complete_for = completing(calls, tables)
+    for k in (2, 0, 3, 1):  # offered out of order, as read threads finish
+        assert cache.offer(k, tables[k], order=k, complete=complete_for(k))
+        if k != 1:
+            assert calls == []  # not before the last unit is offered: the read step is not over
+    cache.join_ahead(10)
+    assert calls == [0, 1]  # in unit order, as far as budget + ahead allows
+    assert cache.held == sum(t.nbytes for t in tables[:2]) + 2 * tables[0].select(["reward", "action_mask"]).nbytes
+    assert cache.held <= cache.budget + cache.ahead
+    assert [cache.take(k).equals(tables[k]) for k in (0, 1)] == [True, True]  # whole, no read
+    assert [cache.take(k).column_names for k in (2, 3)] == [["reward", "action_mask"]] * 2  # the rest as kept
+    assert (cache.stats.ahead, cache.stats.waits, cache.held) == (2, 0, 0)
+
+
+def test_read_ahead_stops_at_the_first_take_and_a_take_waits_for_the_read_in_flight():
+    tables = [unit_table(100, seed=k) for k in range(4)]
+    cache = partial_cache(tables, ahead=10 * tables[0].nbytes)  # room for all of them
+    calls, gate = [], threading.Event()
+    complete_for = completing(calls, tables, gate=gate)
+    for k in range(4):
+        cache.offer(k, tables[k], order=k, complete=complete_for(k))
+    deadline = time.monotonic() + 10
+    while calls != [0] and time.monotonic() < deadline:  # the first completion is in flight
+        time.sleep(0.01)
+    taken = []
+    writer = threading.Thread(target=lambda: taken.append(cache.take(0)))
+    writer.start()
+    time.sleep(0.2)
+    assert taken == []  # waits for the read in flight instead of reading the unit itself
+    gate.set()
+    writer.join(10)
+    cache.join_ahead(10)
+    assert taken[0].equals(tables[0]) and cache.stats.waits == 1
+    assert calls == [0]  # the write step began: nothing more is read ahead
+    assert cache.take(1).column_names == ["reward", "action_mask"] and cache.stats.ahead == 1
+
+
+def test_a_failed_read_ahead_leaves_the_entry_as_it_was_and_zero_turns_it_off():
+    tables = [unit_table(100, seed=k) for k in range(3)]
+    cache = partial_cache(tables, ahead=10 * tables[0].nbytes)
+    calls = []
+    complete_for = completing(calls, tables, fail=(0,))
+    for k in range(3):
+        cache.offer(k, tables[k], order=k, complete=complete_for(k))
+    cache.join_ahead(10)
+    assert calls == [0, 1, 2] and cache.stats.ahead == 2
+    assert cache.take(0).column_names == ["reward", "action_mask"]  # the write step reads it itself
+    assert cache.take(1).equals(tables[1]) and cache.take(2).equals(tables[2])
+
+    off = partial_cache(tables, ahead=0)
+    calls.clear()
+    for k in range(3):
+        off.offer(k, tables[k], order=k, complete=complete_for(k))
+    off.join_ahead(10)
+    assert calls == [] and off.stats.ahead == 0
+
+
+def test_default_read_ahead_follows_the_environment(monkeypatch):
+    monkeypatch.delenv(unit_cache.AHEAD_ENV, raising=False)
+    assert UnitCache(budget=6 << 28).ahead == 1 << 28  # a sixth of the budget: docs/runners.md says so
+    monkeypatch.setenv(unit_cache.AHEAD_ENV, "0")
+    assert UnitCache(budget=1 << 30).ahead == 0
+    monkeypatch.setenv(unit_cache.AHEAD_ENV, "2")
+    assert UnitCache(budget=1 << 30).ahead == 2 << 20
+
+
+def test_read_back_of_a_unit_read_ahead_checks_the_file_as_a_read_would(unit):
+    part = read_unit(unit, LIGHT)
+    cache = UnitCache(budget=1, ahead=1 << 30)  # nothing fits: force a partial entry by hand
+    cache.budget = part.nbytes
+    cache.expect("run", unit.num_rows)
+    unit_cache._cache = cache
+    unit_cache.offer(unit, read_unit(unit), read_unit)
+    cache.join_ahead(10)
+    assert cache.stats.partial == 1 and cache.stats.ahead == 1  # completed with the "note" column
+    rewrite(unit.path)
+    with pytest.raises(fingerprints.InputChanged):
+        unit_cache.read_back(unit, read_unit)

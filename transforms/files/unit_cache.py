@@ -19,12 +19,23 @@ is only skipped, never changed:
   that reserve allows. The whole units kept are the first ones read, which the in-process runner
   also writes first, so their memory is handed back early in the write step.
 
+Read-ahead: once every unit of the run has been offered (the read step is over), a thread reads
+the columns the partial entries lack, in unit order (the order the in-process write step takes
+them), while the shuffle and the scoring keep one core busy and leave the other idle. It stops
+at the write step's first take (from then on both cores are busy writing, and it would only
+compete with them) and holds at most `ahead` bytes over the budget (RESCORE_READ_AHEAD_MB,
+default a sixth of the budget). A completed entry is served like a whole one; a write that
+comes for a unit being completed waits for that read instead of starting its own. A read-ahead
+that fails leaves the entry as it was: the write step's own read then fails or succeeds as it
+always did, and the fingerprint check at `read_back` covers what was read ahead too.
+
 Multi-process and remote runners simply miss (the second read runs in another process). Nothing
 here imports Beam.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -40,6 +51,9 @@ BUDGET_ENV = "RESCORE_UNIT_CACHE_MB"
 """Cache size in MB (0 turns it off); default: DEFAULT_FRACTION of physical memory, at most DEFAULT_CAP."""
 DEFAULT_FRACTION = 1 / 16
 DEFAULT_CAP = 3 << 29  # 1.5 GiB
+AHEAD_ENV = "RESCORE_READ_AHEAD_MB"
+"""Bytes (MB) the read-ahead may hold over the budget (0 turns it off); default AHEAD_FRACTION of the budget."""
+AHEAD_FRACTION = 1 / 6
 
 
 def default_budget() -> int:
@@ -54,6 +68,14 @@ def default_budget() -> int:
     return int(min(DEFAULT_CAP, memory * DEFAULT_FRACTION))
 
 
+def default_ahead(budget: int) -> int:
+    """Bytes the read-ahead may hold over `budget`: RESCORE_READ_AHEAD_MB, else AHEAD_FRACTION of it."""
+    chosen = os.environ.get(AHEAD_ENV, "").strip()
+    if chosen:
+        return max(0, int(float(chosen) * (1 << 20)))
+    return int(budget * AHEAD_FRACTION)
+
+
 @dataclass
 class Stats:
     offered: int = 0
@@ -62,6 +84,10 @@ class Stats:
     """Of the kept, those held as some of their columns (the rest is read again)."""
     hits: int = 0
     misses: int = 0
+    ahead: int = 0
+    """Of the partial, those completed by the read-ahead before the write step took them."""
+    waits: int = 0
+    """Takes that waited for a read-ahead in flight."""
 
 
 def _keep_order(field: pa.Field) -> tuple[int, int]:
@@ -80,25 +106,40 @@ def _keep_order(field: pa.Field) -> tuple[int, int]:
 
 
 class UnitCache:
-    """Tables of read units by key, at most `budget` bytes in all; thread-safe.
+    """Tables of read units by key, at most `budget` bytes in all (plus `ahead` for the
+    read-ahead); thread-safe.
 
     With `expect(plan, rows)` (the run's rows), the first unit offered decides the columns kept for
     every unit (`tier`: as many as fit, for all the run's rows, in `_keep_order`); each unit is
     then kept whole while the bytes held plus those columns' share of the units still to come fit,
     else as those columns only. Without it, a unit is kept whole if it fits, else as the columns
-    of `tier` that fit."""
+    of `tier` that fit.
 
-    def __init__(self, budget: int):
+    An offer with `complete` (a function from the part kept to the whole table) may be completed
+    ahead: when the offered rows reach the expected rows, a thread completes partial entries in
+    the order of `order` while what is held stays within budget + ahead, until the first take."""
+
+    def __init__(self, budget: int, ahead: int | None = None):
         self.budget = budget
+        self.ahead = default_ahead(budget) if ahead is None else ahead
         self.held = 0
         self.stats = Stats()
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._plan = None
         self._expected_rows = 0
         self._offered_rows = 0
         self._tier: tuple[str, ...] | None = None
         self._tier_row_bytes = 0.0
+        self._pending: dict = {}
+        """key -> (order, bytes the entry lacks, complete): partial entries the read-ahead may complete."""
+        self._inflight: set = set()
+        self._ahead_started = False
+        self._ahead_thread: threading.Thread | None = None
+        self._caught_up = False
+        self._generation = 0
+        """Bumped by a new plan and by clear(): a read-ahead of an older one stops."""
 
     def expect(self, plan, rows: int) -> None:
         """The run of `plan` (any hashable naming the run's units) reads `rows` rows in all:
@@ -112,6 +153,11 @@ class UnitCache:
             self._offered_rows = 0
             self._tier = None
             self._tier_row_bytes = 0.0
+            self._pending.clear()
+            self._ahead_started = False
+            self._caught_up = False
+            self._generation += 1
+            self._changed.notify_all()
 
     def _choose_tier(self, table: pa.Table) -> None:
         rows = max(self._expected_rows, table.num_rows, 1)
@@ -125,9 +171,11 @@ class UnitCache:
         self._tier = tuple(chosen)
         self._tier_row_bytes = total / rows
 
-    def offer(self, key, table: pa.Table, *, partial: bool = True) -> bool:
+    def offer(self, key, table: pa.Table, *, partial: bool = True, order=0,
+              complete: Callable[[pa.Table], pa.Table] | None = None) -> bool:
         """Keep `table` (or, with `partial`, its tier columns) under `key` if it fits in what
-        is left of the budget after the reserve for the units still to come."""
+        is left of the budget after the reserve for the units still to come. `complete` and
+        `order`: how and when the read-ahead may complete a partial entry (class docstring)."""
         size = table.nbytes
         with self._lock:
             self.stats.offered += 1
@@ -147,28 +195,82 @@ class UnitCache:
                 if part is not None and self.held + part.nbytes + reserve <= self.budget:
                     keep = part
                     self.stats.partial += 1
-            if keep is None:
-                return False
-            self._entries[key] = keep
-            self.held += keep.nbytes
-            self.stats.kept += 1
-            return True
+                    if complete is not None and self.ahead > 0:
+                        self._pending[key] = (order, size - part.nbytes, complete)
+            if keep is not None:
+                self._entries[key] = keep
+                self.held += keep.nbytes
+                self.stats.kept += 1
+            if self._pending and not self._ahead_started and 0 < self._expected_rows <= self._offered_rows:
+                self._ahead_started = True  # every unit offered: the read step is over
+                self._ahead_thread = threading.Thread(
+                    target=self._read_ahead, args=(self._generation,), name="rescore-read-ahead", daemon=True
+                )
+                self._ahead_thread.start()
+            return keep is not None
+
+    def _next_ahead(self, generation: int):
+        """Under the lock: the next pending entry in order, if its completion fits in budget +
+        ahead and the write step has not begun (nor the plan changed); else None."""
+        if generation != self._generation or self._caught_up or not self._pending:
+            return None
+        key = min(self._pending, key=lambda k: self._pending[k][0])
+        return key if self.held + self._pending[key][1] <= self.budget + self.ahead else None
+
+    def _read_ahead(self, generation: int) -> None:
+        """The read-ahead thread: complete pending entries in order (class docstring)."""
+        while True:
+            with self._lock:
+                key = self._next_ahead(generation)
+                if key is None:
+                    return
+                _, _, complete = self._pending.pop(key)
+                part = self._entries[key]
+                self._inflight.add(key)
+            try:
+                whole = complete(part)
+            except Exception:  # the write step's own read reports it, or succeeds
+                whole = None
+            with self._lock:
+                self._inflight.discard(key)
+                if whole is not None and self._entries.get(key) is part:
+                    self._entries[key] = whole
+                    self.held += whole.nbytes - part.nbytes
+                    self.stats.ahead += 1
+                self._changed.notify_all()
 
     def take(self, key) -> pa.Table | None:
-        """The table kept under `key`, removed from the cache; None when it is not held."""
+        """The table kept under `key`, removed from the cache; None when it is not held. Waits
+        while the read-ahead completes it."""
         with self._lock:
+            self._caught_up = True  # the write step has begun: from now on a read-ahead would compete with it
+            if key in self._inflight:
+                self.stats.waits += 1
+                while key in self._inflight:
+                    self._changed.wait()
+            self._pending.pop(key, None)
             table = self._entries.pop(key, None)
             if table is None:
                 self.stats.misses += 1
                 return None
             self.held -= table.nbytes
             self.stats.hits += 1
+            self._changed.notify_all()
             return table
+
+    def join_ahead(self, timeout: float | None = None) -> None:
+        """Wait for the read-ahead thread, if one was started, to finish (tests, benchmarks)."""
+        thread = self._ahead_thread
+        if thread is not None:
+            thread.join(timeout)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._pending.clear()
             self.held = 0
+            self._generation += 1
+            self._changed.notify_all()
 
 
 _cache: UnitCache | None = None
@@ -198,8 +300,9 @@ def unit_key(unit) -> tuple:
     return (unit.path, tuple(unit.row_groups), unit.num_rows, unit.fingerprint, unit.model_file)
 
 
-def offer(unit, table: pa.Table) -> None:
-    """After the first read of `unit`: keep its decoded table for the second read, if it fits.
+def offer(unit, table: pa.Table, read: Callable[..., pa.Table] | None = None) -> None:
+    """After the first read of `unit`: keep its decoded table for the second read, if it fits;
+    with `read` (transforms/input_plan.read_unit), what a partial entry lacks may be read ahead.
 
     Only units with a planned fingerprint are kept: the second read must be able to prove the
     file unchanged (read_unit has just checked it before and after the first read).
@@ -207,7 +310,8 @@ def offer(unit, table: pa.Table) -> None:
     if unit.fingerprint is not None and cache().budget > 0:
         # A unit with a model stage's side file keeps all or nothing: a re-read of missing
         # columns reads the input file alone.
-        cache().offer(unit_key(unit), table, partial=unit.model_file is None)
+        complete = None if read is None else functools.partial(with_columns, unit=unit, columns=None, read=read)
+        cache().offer(unit_key(unit), table, partial=unit.model_file is None, order=unit.index, complete=complete)
 
 
 def expect(units) -> None:
