@@ -69,66 +69,83 @@ def row_metrics(batch: pa.Array, status: np.ndarray, category: list) -> pa.Table
     return counted.rename_columns({"rows_sum": "rows"}).select(ROW_METRICS.names).cast(ROW_METRICS)
 
 
-def _stage_summary(groups: pa.Table, stages: Sequence[tuple[str, str, dict, str | None]]) -> dict[str, dict[str, int]]:
-    size = groups["size"].to_numpy()
+def _per_key(n: int, key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(n,) int64 sums of `values` by `key` (0..n-1)."""
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, key, values.astype(np.int64, copy=False))
+    return out
+
+
+def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarray, pa.Table],
+               copies: tuple[np.ndarray, pa.Table], stages) -> list[dict[str, Any]]:
+    """The summary of each of `n` keys at once: each table comes with the key (0..n-1) of each
+    of its rows. Sums are per key with numpy; the reward means and stds of a key's groups are
+    summed with math.fsum (exactly rounded: any order gives the same float)."""
+    g_key, g = groups
+    r_key, r = rows
+    c_key, c = copies
+    status = r["status"].to_numpy()
+    count = r["rows"].to_numpy()
+
+    def total(code: int) -> np.ndarray:
+        chosen = status == code
+        return _per_key(n, r_key[chosen], count[chosen])
+
+    written, duplicated, filtered, rejected = total(SCORED), total(DUPLICATED), total(FILTERED), total(REJECTED)
+    size = g["size"].to_numpy()
+    dropped_by_kind = {k: g[f"{k}_rows"].to_numpy() for k in STAGE_KINDS}
+    dropped = sum(dropped_by_kind.values()) if g.num_rows else np.zeros(0, dtype=np.int64)
+    n_groups = np.bincount(g_key, minlength=n)
+    groups_filtered = np.bincount(g_key[dropped == size], minlength=n)
+    zero_std = np.bincount(g_key[g["reward_std"].to_numpy() == 0], minlength=n)
+    groups_duplicated = _per_key(n, c_key, c["groups_duplicated"].fill_null(0).to_numpy())
+    order = np.argsort(g_key, kind="stable")
+    bounds = np.searchsorted(g_key[order], np.arange(n + 1))
+    means = g["reward_mean"].take(pa.array(order)).to_pylist()
+    stds = g["reward_std"].take(pa.array(order)).to_pylist()
+    reasons: list[dict[str, int]] = [{} for _ in range(n)]
+    categories = r["category"]
+    for i in np.flatnonzero(categories.is_valid().to_numpy(zero_copy_only=False)).tolist():
+        found = reasons[r_key[i]]
+        category = categories[i].as_py()
+        found[category] = found.get(category, 0) + int(count[i])
+    stage_sums = []  # per stage: (filtered rows, whole groups dropped) per key
     gone = np.zeros(len(size), dtype=np.int64)
-    out = {}
-    for kind, name, params, dropped_groups_metric in stages:
-        dropped = groups[f"{kind}_rows"].to_numpy()
-        gone = gone + dropped
-        whole = int(((dropped > 0) & (gone == size)).sum())
-        entry = {"filtered_count": int(dropped.sum()), "filtered_groups": whole}
-        if dropped_groups_metric:
-            entry[dropped_groups_metric] = whole
-        out[name] = entry
+    for kind, _name, _params, _metric in stages:
+        d = dropped_by_kind[kind]
+        gone = gone + d
+        stage_sums.append((_per_key(n, g_key, d), np.bincount(g_key[(d > 0) & (gone == size)], minlength=n)))
+    out = []
+    for k in range(n):
+        lo, hi, groups_k = int(bounds[k]), int(bounds[k + 1]), int(n_groups[k])
+        summary = {
+            "rows_read": int(written[k] + filtered[k] + rejected[k]),
+            "rows_written": int(written[k] + duplicated[k]),
+            "rows_written_original": int(written[k]),
+            "rows_duplicated": int(duplicated[k]),
+            "rows_filtered": int(filtered[k]),
+            "rows_rejected": int(rejected[k]),
+            "groups": groups_k,
+            "groups_filtered": int(groups_filtered[k]),
+            "groups_duplicated": int(groups_duplicated[k]),
+            "groups_zero_std": int(zero_std[k]),
+            MEAN_KEY: math.fsum(means[lo:hi]) / groups_k if groups_k else None,
+            STD_KEY: math.fsum(stds[lo:hi]) / groups_k if groups_k else None,
+            "reject_reasons": dict(sorted(reasons[k].items())),
+        }
+        strategies: dict[str, dict[str, int]] = {}
+        for (kind, name, _params, metric), (rows_dropped, whole) in zip(stages, stage_sums):
+            entry = {"filtered_count": int(rows_dropped[k]), "filtered_groups": int(whole[k])}
+            if metric:
+                entry[metric] = int(whole[k])
+            strategies[name] = entry
+        for kind, name, *_ in stages:
+            if kind == "duplicate":
+                strategies[name]["duplicated_count"] = summary["rows_duplicated"]
+                strategies[name]["duplicated_groups"] = summary["groups_duplicated"]
+        summary["strategies"] = strategies
+        out.append(summary)
     return out
-
-
-def _batch_summary(groups: pa.Table, rows: pa.Table, copies: pa.Table, stages) -> dict[str, Any]:
-    status = rows["status"].to_numpy()
-    count = rows["rows"].to_numpy()
-
-    def total(code: int) -> int:
-        return int(count[status == code].sum())
-
-    written, duplicated = total(SCORED), total(DUPLICATED)
-    size = groups["size"].to_numpy()
-    dropped = sum(groups[f"{k}_rows"].to_numpy() for k in STAGE_KINDS) if groups.num_rows else np.zeros(0)
-    out = {
-        "rows_read": written + total(FILTERED) + total(REJECTED),
-        "rows_written": written + duplicated,
-        "rows_written_original": written,
-        "rows_duplicated": duplicated,
-        "rows_filtered": total(FILTERED),
-        "rows_rejected": total(REJECTED),
-        "groups": groups.num_rows,
-        "groups_filtered": int((dropped == size).sum()) if groups.num_rows else 0,
-        "groups_duplicated": int(pc.sum(copies["groups_duplicated"]).as_py() or 0),
-        "groups_zero_std": int((groups["reward_std"].to_numpy() == 0).sum()) if groups.num_rows else 0,
-    }
-    n = groups.num_rows
-    out[MEAN_KEY] = math.fsum(groups["reward_mean"].to_pylist()) / n if n else None
-    out[STD_KEY] = math.fsum(groups["reward_std"].to_pylist()) / n if n else None
-    reasons: dict[str, int] = {}
-    for category, c in zip(rows["category"].to_pylist(), count.tolist()):
-        if category is not None:
-            reasons[category] = reasons.get(category, 0) + c
-    out["reject_reasons"] = dict(sorted(reasons.items()))
-    stage_summary = _stage_summary(groups, stages)
-    for kind, name, *_ in stages:
-        if kind == "duplicate":
-            stage_summary[name]["duplicated_count"] = duplicated
-            stage_summary[name]["duplicated_groups"] = out["groups_duplicated"]
-    out["strategies"] = stage_summary
-    return out
-
-
-def _by_batch(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """Rows with a known batch, sorted by batch, and their sorted batch ids."""
-    known = table.filter(table["batch"].is_valid())
-    batch = known["batch"].to_numpy()
-    order = np.argsort(batch, kind="stable")
-    return known.take(pa.array(order)), batch[order]
 
 
 def summarize(
@@ -140,27 +157,37 @@ def summarize(
     """{"totals": {...}, "batches": [{"batch": id, ...}, ...]} for metrics.json.
 
     `stages`: (kind, name, params, dropped-groups counter or None) of each stage of the run, in
-    order (StrategyChain.stage_metrics).
+    order (StrategyChain.stage_metrics). Batches in increasing order, then (batch null) the rows
+    whose batch could not be read; copies of a batch with no group or row are in the totals only.
     """
     tables = {
         "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables]),
         "rows": pa.concat_tables([ROW_METRICS.empty_table(), *row_tables]),
         "copies": pa.concat_tables([COPY_METRICS.empty_table(), *copy_tables]),
     }
-    by_batch = {k: _by_batch(t) for k, t in tables.items()}
-    per_batch = []
-    for b in np.union1d(by_batch["groups"][1], by_batch["rows"][1]).tolist():
-        parts = {}
-        for k, (table, batch) in by_batch.items():
-            lo, hi = np.searchsorted(batch, [b, b + 1])
-            parts[k] = table.slice(lo, hi - lo)
-        per_batch.append({"batch": int(b), **_batch_summary(parts["groups"], parts["rows"], parts["copies"], stages)})
+    known = {k: t.filter(t["batch"].is_valid()) for k, t in tables.items()}
+    ids = np.union1d(known["groups"]["batch"].to_numpy(), known["rows"]["batch"].to_numpy())
+    keyed = {}  # each table's rows of a batch in `ids`, with the batch's position there
+    for k, t in known.items():
+        batch = t["batch"].to_numpy()
+        at = np.searchsorted(ids, batch)
+        present = np.zeros(len(batch), dtype=bool)
+        inside = at < len(ids)
+        present[inside] = ids[at[inside]] == batch[inside]
+        keyed[k] = (at[present].astype(np.int64), t.filter(pa.array(present)))
+    per_batch = [
+        {"batch": int(b), **summary}
+        for b, summary in zip(ids.tolist(), _summaries(len(ids), keyed["groups"], keyed["rows"], keyed["copies"], stages))
+    ]
     rows = tables["rows"]
     unknown = rows.filter(rows["batch"].is_null())
     if unknown.num_rows:
-        empty = {k: t.slice(0, 0) for k, t in tables.items()}
-        per_batch.append({"batch": None, **_batch_summary(empty["groups"], unknown, empty["copies"], stages)})
-    return {"totals": _batch_summary(tables["groups"], rows, tables["copies"], stages), "batches": per_batch}
+        empty = {k: (np.zeros(0, np.int64), t.slice(0, 0)) for k, t in tables.items()}
+        (summary,) = _summaries(1, empty["groups"], (np.zeros(unknown.num_rows, np.int64), unknown), empty["copies"], stages)
+        per_batch.append({"batch": None, **summary})
+    everything = {k: (np.zeros(t.num_rows, np.int64), t) for k, t in tables.items()}
+    (totals,) = _summaries(1, everything["groups"], everything["rows"], everything["copies"], stages)
+    return {"totals": totals, "batches": per_batch}
 
 
 def check_accounting(totals: dict, units_written: list[int], units: int, rows_read: int, copy_tables: Iterable[pa.Table]) -> None:
