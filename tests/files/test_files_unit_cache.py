@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from data import SCHEMA_INT_TASK, random_rows, write_parquet
 
+from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.read import plan_input, read_unit
 from rescore.transforms.files import unit_cache
@@ -188,7 +189,14 @@ def test_the_reserve_keeps_room_for_later_units_and_a_new_plan_starts_afresh():
     assert bare.offer("a", tables[0]) and bare.take("a").column_names == tables[0].column_names
 
 
-def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, rescore):
+def resume_after_read_ahead(pause, cache) -> None:
+    """Once the write step has paused before its first read back, let the read-ahead finish, then resume."""
+    until(lambda: (pause / "paused").exists(), timeout=60)
+    cache.join_ahead(10)
+    (pause / "resume").touch()
+
+
+def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, rescore, monkeypatch):
     rows = random_rows(seed=9, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=6, schema=SCHEMA_INT_TASK)
     plan = plan_input([glob], shard_rows=20)
@@ -197,12 +205,19 @@ def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(t
     budget = first.nbytes + int(per_row * plan.num_rows) + 64  # first unit whole, the others in part
     outputs = {}
     for name, size, ahead in (("off", 0, "0"), ("part", budget, "0"), ("ahead", budget, "1000")):
-        os.environ[unit_cache.AHEAD_ENV] = ahead
-        try:
-            cache = unit_cache.reset(size)
-            _, out = rescore(glob, "--strategy", "grpo", "--io-threads", "1", "--shard-rows", "20", output=str(tmp_path / name))
-        finally:
-            del os.environ[unit_cache.AHEAD_ENV]
+        monkeypatch.setenv(unit_cache.AHEAD_ENV, ahead)
+        cache = unit_cache.reset(size)
+        if name == "ahead":  # the write step waits until the read-ahead is done: no race to the first take
+            pause = tmp_path / "pause"
+            pause.mkdir()
+            monkeypatch.setenv(fault_injection.ENV, f"pause_readback:{pause}")
+            release = threading.Thread(target=resume_after_read_ahead, args=(pause, cache))
+            release.start()
+        _, out = rescore(glob, "--strategy", "grpo", "--io-threads", "1", "--shard-rows", "20", output=str(tmp_path / name))
+        if name == "ahead":
+            release.join(10)
+            monkeypatch.delenv(fault_injection.ENV)
+            fault_injection.refresh()  # disarmed for whatever runs next in this process
         outputs[name] = scored_files(out)
         if size:
             assert cache.stats.partial > 0 and cache.stats.kept > cache.stats.partial
@@ -256,6 +271,13 @@ def test_read_ahead_completes_partial_entries_in_unit_order_once_every_unit_is_o
     assert (cache.stats.ahead, cache.stats.waits, cache.held) == (2, 0, 0)
 
 
+def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def test_read_ahead_stops_at_the_first_take_and_a_take_waits_for_the_read_in_flight():
     tables = [unit_table(100, seed=k) for k in range(4)]
     cache = partial_cache(tables, ahead=10 * tables[0].nbytes)  # room for all of them
@@ -263,14 +285,12 @@ def test_read_ahead_stops_at_the_first_take_and_a_take_waits_for_the_read_in_fli
     complete_for = completing(calls, tables, gate=gate)
     for k in range(4):
         cache.offer(k, tables[k], order=k, complete=complete_for(k))
-    deadline = time.monotonic() + 10
-    while calls != [0] and time.monotonic() < deadline:  # the first completion is in flight
-        time.sleep(0.01)
+    until(lambda: calls == [0])  # the first completion is in flight
     taken = []
     writer = threading.Thread(target=lambda: taken.append(cache.take(0)))
     writer.start()
-    time.sleep(0.2)
-    assert taken == []  # waits for the read in flight instead of reading the unit itself
+    until(lambda: cache.stats.waits == 1)  # the take waits for the read in flight...
+    assert taken == []  # ...instead of reading the unit itself
     gate.set()
     writer.join(10)
     cache.join_ahead(10)
@@ -308,15 +328,44 @@ def test_default_read_ahead_follows_the_environment(monkeypatch):
     assert UnitCache(budget=1 << 30).ahead == 2 << 20
 
 
-def test_read_back_of_a_unit_read_ahead_checks_the_file_as_a_read_would(unit):
-    part = read_unit(unit, LIGHT)
-    cache = UnitCache(budget=1, ahead=1 << 30)  # nothing fits: force a partial entry by hand
-    cache.budget = part.nbytes
+def light_unit_cache(unit, ahead: int) -> UnitCache:
+    """The process cache, with room for the first read of `unit` in part only (its scalars)."""
+    first = read_unit(unit, LIGHT)
+    scalars = first.select(["batch", "task", "run", "step", "reward", "prompt_length"]).nbytes
+    cache = unit_cache._cache = UnitCache(budget=scalars + 8, ahead=ahead)
     cache.expect("run", unit.num_rows)
-    unit_cache._cache = cache
-    unit_cache.offer(unit, read_unit(unit), read_unit)
+    return cache
+
+
+def test_read_ahead_reads_what_the_first_read_had_and_the_write_step_the_rest(unit):
+    cache = light_unit_cache(unit, ahead=1 << 30)
+    first = read_unit(unit, LIGHT)  # the first read leaves out the "note" column
+    unit_cache.offer(unit, first, read_unit)
     cache.join_ahead(10)
-    assert cache.stats.partial == 1 and cache.stats.ahead == 1  # completed with the "note" column
+    assert cache.stats.partial == 1 and cache.stats.ahead == 1
+    held = cache._entries[unit_cache.unit_key(unit)]
+    assert sorted(held.column_names) == sorted(first.column_names)  # no more than it had
+    assert cache.held == held.nbytes <= cache.budget + cache.ahead
+    calls = []
+    back = unit_cache.read_back(unit, counting(calls))
+    assert calls == [["note"]]  # the write step reads only what the first read left out
+    full = read_unit(unit)
+    assert back.select(full.column_names).equals(full)
+
+
+def test_read_ahead_stays_within_budget_and_ahead(unit):
+    first = read_unit(unit, LIGHT)
+    cache = light_unit_cache(unit, ahead=1)  # too little room for any completion
+    unit_cache.offer(unit, first, read_unit)
+    cache.join_ahead(10)
+    assert cache.stats.partial == 1 and cache.stats.ahead == 0 and cache.held <= cache.budget
+
+
+def test_read_back_of_a_unit_read_ahead_checks_the_file_as_a_read_would(unit):
+    cache = light_unit_cache(unit, ahead=1 << 30)
+    unit_cache.offer(unit, read_unit(unit, LIGHT), read_unit)
+    cache.join_ahead(10)
+    assert cache.stats.partial == 1 and cache.stats.ahead == 1
     rewrite(unit.path)
     with pytest.raises(fingerprints.InputChanged):
         unit_cache.read_back(unit, read_unit)

@@ -20,7 +20,7 @@ is only skipped, never changed:
   also writes first, so their memory is handed back early in the write step.
 
 Read-ahead: once every unit of the run has been offered (the read step is over), a thread reads
-the columns the partial entries lack, in unit order (the order the in-process write step takes
+the columns of the first read that the partial entries lack, in unit order (the order the in-process write step takes
 them), while the shuffle and the scoring keep one core busy and leave the other idle. It stops
 at the write step's first take (from then on both cores are busy writing, and it would only
 compete with them) and holds at most `ahead` bytes over the budget (RESCORE_READ_AHEAD_MB,
@@ -115,7 +115,7 @@ class UnitCache:
     else as those columns only. Without it, a unit is kept whole if it fits, else as the columns
     of `tier` that fit.
 
-    An offer with `complete` (a function from the part kept to the whole table) may be completed
+    An offer with `complete` (a function from the part kept to the offered table) may be completed
     ahead: when the offered rows reach the expected rows, a thread completes partial entries in
     the order of `order` while what is held stays within budget + ahead, until the first take."""
 
@@ -227,17 +227,19 @@ class UnitCache:
                 _, _, complete = self._pending.pop(key)
                 part = self._entries[key]
                 self._inflight.add(key)
+            whole = None
             try:
                 whole = complete(part)
             except Exception:  # the write step's own read reports it, or succeeds
-                whole = None
-            with self._lock:
-                self._inflight.discard(key)
-                if whole is not None and self._entries.get(key) is part:
-                    self._entries[key] = whole
-                    self.held += whole.nbytes - part.nbytes
-                    self.stats.ahead += 1
-                self._changed.notify_all()
+                pass
+            finally:  # a take waiting for this key is woken whatever happened
+                with self._lock:
+                    self._inflight.discard(key)
+                    if whole is not None and self._entries.get(key) is part:
+                        self._entries[key] = whole
+                        self.held += whole.nbytes - part.nbytes
+                        self.stats.ahead += 1
+                    self._changed.notify_all()
 
     def take(self, key) -> pa.Table | None:
         """The table kept under `key`, removed from the cache; None when it is not held. Waits
@@ -269,6 +271,8 @@ class UnitCache:
             self._entries.clear()
             self._pending.clear()
             self.held = 0
+            self._ahead_started = False
+            self._caught_up = False
             self._generation += 1
             self._changed.notify_all()
 
@@ -310,7 +314,10 @@ def offer(unit, table: pa.Table, read: Callable[..., pa.Table] | None = None) ->
     if unit.fingerprint is not None and cache().budget > 0:
         # A unit with a model stage's side file keeps all or nothing: a re-read of missing
         # columns reads the input file alone.
-        complete = None if read is None else functools.partial(with_columns, unit=unit, columns=None, read=read)
+        # The read-ahead completes the columns of `table` that a partial entry lacks, no more:
+        # what it adds to the bytes held is known before it reads (columns the first read left
+        # out are read by the write step itself, as for a unit kept whole).
+        complete = None if read is None else functools.partial(with_columns, unit=unit, columns=table.column_names, read=read)
         cache().offer(unit_key(unit), table, partial=unit.model_file is None, order=unit.index, complete=complete)
 
 

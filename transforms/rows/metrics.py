@@ -160,10 +160,10 @@ def summarize(
     order (StrategyChain.stage_metrics). Batches in increasing order, then (batch null) the rows
     whose batch could not be read; copies of a batch with no group or row are in the totals only.
     """
-    tables = {
-        "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables]),
-        "rows": pa.concat_tables([ROW_METRICS.empty_table(), *row_tables]),
-        "copies": pa.concat_tables([COPY_METRICS.empty_table(), *copy_tables]),
+    tables = {  # one chunk per column: a table per read unit or bucket makes thousands of chunks
+        "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables]).combine_chunks(),
+        "rows": pa.concat_tables([ROW_METRICS.empty_table(), *row_tables]).combine_chunks(),
+        "copies": pa.concat_tables([COPY_METRICS.empty_table(), *copy_tables]).combine_chunks(),
     }
     known = {k: t.filter(t["batch"].is_valid()) for k, t in tables.items()}
     ids = np.union1d(known["groups"]["batch"].to_numpy(), known["rows"]["batch"].to_numpy())
