@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from rescore.transforms.rows.metrics import COPY_METRICS, GROUP_METRICS, MEAN_KEY, ROW_METRICS, STD_KEY, STAGE_KINDS, summarize
@@ -100,7 +101,7 @@ def test_every_batch_and_the_totals_match_the_definition(seed):
     known = sorted(set(groups["batch"].to_pylist()) | {b for b in rows["batch"].to_pylist() if b is not None})
 
     def of(table, b):
-        return table.filter(pa.compute.equal(table["batch"], b)) if b is not None else table.filter(table["batch"].is_null())
+        return table.filter(pc.equal(table["batch"], b)) if b is not None else table.filter(table["batch"].is_null())
 
     expected = [{"batch": b, **one_summary(of(groups, b), of(rows, b), of(copies, b), STAGES)} for b in known]
     if rows["batch"].null_count:

@@ -20,8 +20,9 @@ is only skipped, never changed:
   also writes first, so their memory is handed back early in the write step.
 
 Read-ahead: once every unit of the run has been offered (the read step is over), a thread reads
-the columns of the first read that the partial entries lack, in unit order (the order the in-process write step takes
-them), while the shuffle and the scoring keep one core busy and leave the other idle. It stops
+the columns of the first read that the partial entries lack, in unit order (the order the
+in-process write step takes them), while the shuffle and the scoring keep one core busy and
+leave the other idle. It stops
 at the write step's first take (from then on both cores are busy writing, and it would only
 compete with them) and holds at most `ahead` bytes over the budget (RESCORE_READ_AHEAD_MB,
 default a sixth of the budget). A completed entry is served like a whole one; a write that

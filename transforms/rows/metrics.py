@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
 
@@ -94,7 +93,7 @@ def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarr
     written, duplicated, filtered, rejected = total(SCORED), total(DUPLICATED), total(FILTERED), total(REJECTED)
     size = g["size"].to_numpy()
     dropped_by_kind = {k: g[f"{k}_rows"].to_numpy() for k in STAGE_KINDS}
-    dropped = sum(dropped_by_kind.values()) if g.num_rows else np.zeros(0, dtype=np.int64)
+    dropped = sum(dropped_by_kind.values())
     n_groups = np.bincount(g_key, minlength=n)
     groups_filtered = np.bincount(g_key[dropped == size], minlength=n)
     zero_std = np.bincount(g_key[g["reward_std"].to_numpy() == 0], minlength=n)
