@@ -89,9 +89,11 @@ def test_the_read_step_takes_the_prefetched_units_and_the_output_is_the_same(tmp
     plain = _run(glob, str(tmp_path / "plain"), prefetch=False)
     early = _run(glob, str(tmp_path / "early"), prefetch=True)
     first = sorted(Path(glob).parent.glob("*.parquet"))[0]
-    assert len(input_plan._file_units(str(first), 15)) >= 4
+    units = len(input_plan._file_units(str(first), 15))
+    assert units >= 4
     prefetched, taken = input_plan.last_prefetch
-    assert prefetched == 4 and taken >= 1  # two units per read thread; one not started is read by the step
+    # up to PREFETCH_UNITS_PER_THREAD per read thread; one not started is read by the step
+    assert prefetched == min(units, 2 * input_plan.PREFETCH_UNITS_PER_THREAD) and taken >= 1
     assert len(plain) > 4 and early == plain
 
 
@@ -100,6 +102,8 @@ def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     argv = ["--input", glob, "--output", str(tmp_path / "out"), "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
     prefetch_from(argv)
     first = input_plan._prefetch
+    queued = len(first._futures)
+    assert queued == first.units >= 4
     for future in first._futures.values():  # the first file's units are decoded as it was
         future.result()
     path = sorted(Path(glob).parent.glob("*.parquet"))[0]
@@ -110,7 +114,7 @@ def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     from rescore.pipelines.rescore import run
 
     run(argv)
-    assert input_plan.last_prefetch == (4, 0)  # the file's fingerprint changed: nothing taken
+    assert input_plan.last_prefetch == (queued, 0)  # the file's fingerprint changed: nothing taken
     assert _scored(str(tmp_path / "out")) == _run(glob, str(tmp_path / "again"), prefetch=False)
 
 
@@ -128,4 +132,7 @@ def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"units": 2, "beam": False, "torch": False}
+    first = sorted(Path(glob).parent.glob("*.parquet"))[0]
+    queued = min(len(input_plan._file_units(str(first), 15)), input_plan.PREFETCH_UNITS_PER_THREAD)  # one read thread
+    assert queued == 4
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"units": queued, "beam": False, "torch": False}
