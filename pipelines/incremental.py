@@ -506,7 +506,7 @@ def _clean_work(output: str, state: State) -> None:
 def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
     """The plan with only the row groups that can hold a touched batch (files in `whole`, the
     new and changed ones, are read whole so that every rejected row of them is reported)."""
-    from rescore.transforms.input_plan import ReadUnit, split_row_groups
+    from rescore.transforms.input_plan import file_units
 
     planned = {u.path: u.fingerprint for u in plan.units}  # taken when the run planned (plan_input)
     units: list = []
@@ -515,9 +515,7 @@ def restrict(plan, touched: set[int], shard_rows: int, whole: set[str]):
         if counts is None:
             pf = storage.open_parquet(path)
             counts = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
-        for groups in split_row_groups(counts, shard_rows):
-            units.append(ReadUnit(len(units), path, groups, sum(counts[g] for g in groups),
-                                  fingerprint=planned.get(path)))
+        units += file_units(path, counts, shard_rows, first=len(units), fingerprint=planned.get(path))
     return replace(plan, units=tuple(units))
 
 

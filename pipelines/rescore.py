@@ -48,7 +48,7 @@ from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
-from rescore.transforms.files import ownership, storage
+from rescore.transforms.files import ownership, row_group_slices, storage
 from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
 from rescore.transforms.input_plan import InputPlan, plan_input, start_prefetch, stop_prefetch
 from rescore.transforms.unit_threads import resolve_threads
@@ -260,6 +260,7 @@ def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[
         return _run_built(cfg, *build_job(cfg, extra_info))
     finally:
         stop_prefetch()  # whatever the read step did not take
+        row_group_slices.clear()  # decoders of sliced row groups this run left open
 
 
 def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict[str, Any]) -> dict[str, Any]:

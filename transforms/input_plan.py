@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 from rescore.errors import InputError
 from rescore.schemas import SchemaError, unify, validate_file_schema
 from rescore.transforms.files import fingerprint as fingerprints
-from rescore.transforms.files import storage
-from rescore.transforms.files import unit_cache
+from rescore.transforms.files import row_group_slices, storage, unit_cache
+from rescore.transforms.files.layout import part_bounds
 from rescore.transforms.rows.keys import light_columns
 from rescore.transforms.rows.model_columns import join_model_columns
 
@@ -40,6 +40,15 @@ class ReadUnit:
     """The model stage's side file of this unit (columns computed by a model), joined on read."""
     fingerprint: fingerprints.Fingerprint | None = None
     """The file as planned; every read checks it is still that file (transforms/files/fingerprint.py)."""
+    rows: tuple[int, int] | None = None
+    """Rows [start, stop) of its one row group, where that row group holds more than --shard-rows
+    rows and is read as several units (file_units; transforms/files/row_group_slices.py)."""
+
+    def where(self) -> str:
+        """The unit's rows, for messages: "row groups [0, 1]" or "rows 0-65535 of row group 0"."""
+        if self.rows is None:
+            return f"row groups {list(self.row_groups)}"
+        return f"rows {self.rows[0]}-{self.rows[1] - 1} of row group {self.row_groups[0]}"
 
 
 @dataclass(frozen=True)
@@ -195,8 +204,7 @@ def plan_input(
 
     units: list[ReadUnit] = []
     for path, (_, row_counts) in zip(files, footers):
-        for groups in split_row_groups(row_counts, shard_rows):
-            units.append(ReadUnit(len(units), path, groups, sum(row_counts[g] for g in groups), fingerprint=planned[path]))
+        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path])
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
     return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
@@ -232,6 +240,24 @@ def split_row_groups(row_counts: list[int], shard_rows: int) -> list[tuple[int, 
     return runs
 
 
+def file_units(
+    path: str, row_counts: list[int], shard_rows: int, *, first: int = 0, fingerprint: fingerprints.Fingerprint | None = None
+) -> list[ReadUnit]:
+    """The read units of one file, numbered from `first`: runs of its row groups
+    (split_row_groups), and a row group of more than `shard_rows` rows cut into slices of about
+    equal rows (part_bounds), each a unit of its own."""
+    units: list[ReadUnit] = []
+    for groups in split_row_groups(row_counts, shard_rows):
+        rows = sum(row_counts[g] for g in groups)
+        if len(groups) == 1 and rows > shard_rows:
+            bounds = part_bounds(rows, shard_rows)
+            for start, stop in zip(bounds[:-1], bounds[1:]):
+                units.append(ReadUnit(first + len(units), path, groups, stop - start, fingerprint=fingerprint, rows=(start, stop)))
+        else:
+            units.append(ReadUnit(first + len(units), path, groups, rows, fingerprint=fingerprint))
+    return units
+
+
 def read_unit(unit: ReadUnit, columns: list[str] | None = None, *, use_threads: bool = True) -> pa.Table:
     """The unit's rows in file order (columns=None: all of them).
 
@@ -245,15 +271,18 @@ def read_unit(unit: ReadUnit, columns: list[str] | None = None, *, use_threads: 
         if columns is not None:
             present = set(pf.schema_arrow.names)
             columns = [c for c in columns if c in present]
-        table = _decode(pf, list(unit.row_groups), columns, use_threads)
+        if unit.rows is None:
+            table = _decode(pf, list(unit.row_groups), columns, use_threads)
+        else:
+            table = _decode_slice(pf, unit, pf.schema_arrow.names if columns is None else columns)
     except OSError as e:
-        raise OSError(f"{unit.path}: cannot read row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+        raise OSError(f"{unit.path}: cannot read {unit.where()}: {_first_line(e)}") from e
     except (pa.ArrowException, ValueError) as e:
-        raise ValueError(f"{unit.path}: corrupt data in row groups {list(unit.row_groups)}: {_first_line(e)}") from e
+        raise ValueError(f"{unit.path}: corrupt data in {unit.where()}: {_first_line(e)}") from e
     if unit.fingerprint is not None:  # a write during the read shows in stat()
         fingerprints.same_stat(unit.path, unit.fingerprint)
     if table.num_rows != unit.num_rows:
-        raise ValueError(f"{unit.path}: row groups {list(unit.row_groups)} hold {table.num_rows} rows, the footer says {unit.num_rows}")
+        raise ValueError(f"{unit.path}: {unit.where()} hold {table.num_rows} rows, the footer says {unit.num_rows}")
     if unit.model_file is not None:
         table = join_model_columns(table, storage.open_parquet(unit.model_file).read())
     return table
@@ -308,6 +337,22 @@ def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: b
         return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
     table = pa.Table.from_batches(batches)
     return table.combine_chunks() if len(batches) > 1 else table
+
+
+def _decode_slice(pf, unit: ReadUnit, columns: list[str]) -> pa.Table:
+    """Rows unit.rows of the unit's row group, each column from its decoder in this process
+    (transforms/files/row_group_slices.py): the same table as `_decode` of the whole row group,
+    sliced."""
+    group = unit.row_groups[0]
+
+    def open_column(name: str):
+        # A reader of its own (decoders run on several threads) that reads the column chunk as
+        # it decodes it: pre-buffered, a large row group's chunk would be held for all its slices.
+        own = storage.open_parquet(unit.path, streaming=True)
+        return own.iter_batches(batch_size=_batch_rows(own, [group], [name]), row_groups=[group], columns=[name], use_threads=False)
+
+    key = (unit.path, unit.fingerprint, group)
+    return row_group_slices.read(key, pf.metadata.row_group(group).num_rows, *unit.rows, columns, open_column)
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -393,8 +438,7 @@ def _file_units(path: str, shard_rows: int) -> list[ReadUnit]:
     planned = fingerprints.take(path)
     _, counts = _footer(path)
     fingerprints.verify(path, planned)
-    return [ReadUnit(k, path, groups, sum(counts[g] for g in groups), fingerprint=planned)
-            for k, groups in enumerate(split_row_groups(counts, shard_rows))]
+    return file_units(path, counts, shard_rows, fingerprint=planned)
 
 
 def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int) -> None:

@@ -28,7 +28,7 @@ from rescore.transforms.rows.output_rows import (
     unit_metrics,
     unit_outcomes,
 )
-from rescore.transforms.rows.tokens import part_bounds
+from rescore.transforms.files.layout import part_bounds
 from rescore.transforms.files import parquet_out, unit_cache
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.unit_threads import Overlap, resolve_threads

@@ -153,24 +153,32 @@ def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
     assert {meta.column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
 
 
-def test_a_unit_larger_than_shard_rows_is_written_in_parts(tmp_path, rescore):
-    """One row group past --shard-rows: its rows go to consecutive parts of at most shard-rows,
-    in input order, and the rows are those of a run that writes it whole."""
+def test_a_row_group_larger_than_shard_rows_is_read_in_slices(tmp_path, rescore):
+    """One row group past --shard-rows: read units of consecutive slices of at most shard-rows
+    rows, one file each, in input order, holding the rows a run that reads it whole writes."""
+    from rescore.transforms.files import row_group_slices
+
     rows = multi_step_rows(6)
     glob = write_parquet(rows, str(tmp_path / "in"), files=1, row_group_size=len(rows), schema=SCHEMA_MULTI_STEP)
     _, whole = rescore(glob, "--strategy", "grpo", "--shard-rows", str(len(rows)), output=str(tmp_path / "whole"))
-    _, parts = rescore(glob, "--strategy", "grpo", "--shard-rows", "40", output=str(tmp_path / "parts"))
-    names = sorted(p.name for p in Path(parts).glob("scored-*.parquet"))
+    before = row_group_slices.stats.decoded_rows
+    metrics, sliced = rescore(glob, "--strategy", "grpo", "--shard-rows", "40", output=str(tmp_path / "sliced"))
     n = -(-len(rows) // 40)
-    assert names == [f"scored-00000-of-00001-part-{k:03d}.parquet" for k in range(n)]
-    sizes = [pq.read_metadata(Path(parts) / name).num_rows for name in names]
+    names = sorted(p.name for p in Path(sliced).glob("scored-*.parquet"))
+    assert names == [f"scored-{k:05d}-of-{n:05d}.parquet" for k in range(n)]
+    sizes = [pq.read_metadata(Path(sliced) / name).num_rows for name in names]
     assert max(sizes) <= 40 and max(sizes) - min(sizes) <= 1 and sum(sizes) == len(rows)
-    joined = pa.concat_tables([pq.read_table(Path(parts) / name) for name in names])
+    joined = pa.concat_tables([pq.read_table(Path(sliced) / name) for name in names])
     assert joined.equals(pq.read_table(next(Path(whole).glob("scored-*.parquet"))))
+    assert metrics["totals"]["rows_read"] == len(rows) and metrics["totals"]["rows_written_original"] == len(rows)
+    # The in-process run decodes each column of the row group once per read pass (read, then
+    # read back): no slice decoded the rows before it again.
+    columns = len(SCHEMA_MULTI_STEP.names)
+    assert 0 < row_group_slices.stats.decoded_rows - before <= 2 * columns * len(rows)
 
 
 def test_part_bounds():
-    from rescore.transforms.rows.tokens import part_bounds
+    from rescore.transforms.files.layout import part_bounds
 
     assert part_bounds(10, 4) == [0, 3, 6, 10]
     assert part_bounds(8, 4) == [0, 4, 8]

@@ -74,3 +74,11 @@ def staging_dir(output: str) -> str:
     from rescore.transforms.files import storage  # storage imports Beam; the names above do not
 
     return storage.join(output, STAGING)
+
+
+def part_bounds(rows: int, shard_rows: int) -> list[int]:
+    """Row boundaries of ceil(rows / shard_rows) consecutive parts of about equal size
+    ([0, rows] for a single part): the output parts of a read unit, and the read units (slices) of
+    a row group larger than --shard-rows (transforms/input_plan.file_units)."""
+    parts = max(1, -(-rows // shard_rows))
+    return [rows * k // parts for k in range(parts + 1)]

@@ -85,11 +85,20 @@ def match(pattern: str) -> list[tuple[str, int]]:
     return [(p, size) for p, size, _ in match_stats(pattern)]
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
+STREAM_BUFFER = 1 << 22
+"""Bytes read at a time from a column chunk by a streaming ParquetFile."""
+
+
+def open_parquet(path: str, *, streaming: bool = False) -> pq.ParquetFile:
+    """`path` as a ParquetFile. streaming: column chunks are read in pieces of STREAM_BUFFER
+    bytes as they are decoded, instead of a row group's chunks whole before the first value
+    (pyarrow's pre-buffering): a reader that decodes a large row group a slice at a time holds
+    one piece per column, not the row group."""
+    options = {"buffer_size": STREAM_BUFFER, "pre_buffer": False} if streaming else {}
     if is_local(path):
-        return pq.ParquetFile(path, memory_map=False)
+        return pq.ParquetFile(path, memory_map=False, **options)
     fs, codecs = _beam()
-    return pq.ParquetFile(fs.open(path, compression_type=codecs.UNCOMPRESSED))
+    return pq.ParquetFile(fs.open(path, compression_type=codecs.UNCOMPRESSED), **options)
 
 
 def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:

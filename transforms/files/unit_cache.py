@@ -302,7 +302,7 @@ def reset(budget: int | None = None) -> UnitCache:
 def unit_key(unit) -> tuple:
     # The file as planned (path, fingerprint) and which of its rows: a unit of another plan, or
     # of a file that was replaced, never matches.
-    return (unit.path, tuple(unit.row_groups), unit.num_rows, unit.fingerprint, unit.model_file)
+    return (unit.path, tuple(unit.row_groups), unit.rows, unit.num_rows, unit.fingerprint, unit.model_file)
 
 
 def offer(unit, table: pa.Table, read: Callable[..., pa.Table] | None = None) -> None:

@@ -1,6 +1,5 @@
 """Token columns of the scored output: per-row values broadcast over each response's tokens
-(`advantages`, `returns`, `score`), in chunks that int32 list offsets can hold, and the split
-of a read unit's scored rows into parts of at most --shard-rows rows."""
+(`advantages`, `returns`, `score`), in chunks that int32 list offsets can hold."""
 
 from __future__ import annotations
 
@@ -86,10 +85,3 @@ def score_columns(
     advantages = pa.chunked_array(chunks, type=SCORE_FIELDS[0].type)
     score32 = pa.array(score.astype(np.float32), mask=None if valid is None else ~valid)
     return [advantages, advantages, pa.chunked_array([score32])]
-
-
-def part_bounds(rows: int, shard_rows: int) -> list[int]:
-    """Row boundaries of ceil(rows / shard_rows) consecutive parts of about equal size
-    ([0, rows] for a single part)."""
-    parts = max(1, -(-rows // shard_rows))
-    return [rows * k // parts for k in range(parts + 1)]
