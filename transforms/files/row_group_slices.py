@@ -4,7 +4,8 @@ A row group larger than --shard-rows is planned as several read units, each a sl
 (transforms/input_plan.file_units): no unit holds more than --shard-rows rows, and the slices are
 read, scored and written side by side like the units of smaller row groups. A file written with
 pyarrow's defaults holds up to 1,048,576 rows in one row group; read as one unit, 1,024,000 rows
-of the benchmark took 46.7 s and 8.2 GB, against the polars script's 22.0 s and 4.3 GB.
+of the benchmark took 46.7 s and 8.2 GB against the polars script's 22.0 s and 4.3 GB, and 16.9 s
+and 3.3 GB read in slices (benchmarks/README.md).
 
 Parquet cannot start reading inside a row group (pages are decoded from the column chunk's
 first), so a slice read from scratch decodes every row before it. Here each column of a sliced
@@ -34,7 +35,8 @@ import pyarrow as pa
 KEEP_SLICES = 2
 """Rows passed on the way to a slice are kept while they are at most this many times its rows."""
 MAX_DECODERS = 64
-"""Open column decoders per process (each holds an open file and at most one decoded batch)."""
+"""Open column decoders per process (each holds an open file, its read buffer and the rows it
+decoded that no read has taken yet)."""
 
 
 @dataclass
@@ -48,6 +50,13 @@ class Stats:
 
 
 stats = Stats()
+_stats_lock = threading.Lock()
+
+
+def _count(**added: int) -> None:
+    with _stats_lock:  # decoders of different columns count on several threads
+        for name, value in added.items():
+            setattr(stats, name, getattr(stats, name) + value)
 
 
 class _Column:
@@ -71,7 +80,7 @@ class _Column:
         """(field, schema metadata, the arrays of rows [start, stop) in order)."""
         if not self._covered(start, min(stop, self._next)):
             if self._batches is not None:
-                stats.restarts += 1
+                _count(restarts=1)
             self.reset()
         if stop > self._next:
             held = sum(len(a) for _, a in self._held)
@@ -118,12 +127,12 @@ class _Column:
                 raise ValueError(f"the row group ended after {self._next} rows, the footer says {self.rows}")
             if self._field is None:
                 self._field, self._metadata = batch.schema.field(0), batch.schema.metadata
-            stats.decoded_rows += batch.num_rows
+            _count(decoded_rows=batch.num_rows)
             first, array = self._next, batch.column(0)
             self._next += batch.num_rows
             if drop_before is not None and first < drop_before:
                 cut = min(drop_before - first, len(array))
-                stats.dropped_rows += cut
+                _count(dropped_rows=cut)
                 first, array = first + cut, array.slice(cut)
             if len(array):
                 self._held.append((first, array))
