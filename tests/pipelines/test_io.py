@@ -84,9 +84,11 @@ def test_resolve_threads():
     assert 1 <= resolve_threads(0) <= MAX_AUTO_THREADS
 
 
-def test_io_threads_do_not_change_the_output(tmp_path, rescore):
-    """Every output file is identical whether units are read and written one or three at a time."""
-    glob = write_parquet(multi_step_rows(3), str(tmp_path / "in"), files=3, row_group_size=9, schema=SCHEMA_MULTI_STEP)
+@pytest.mark.parametrize("row_group_size", [9, 10_000], ids=["small-row-groups", "row-groups-read-in-slices"])
+def test_io_threads_do_not_change_the_output(tmp_path, rescore, row_group_size):
+    """Every output file is identical whether units are read and written one or three at a time,
+    also where each file's one row group is read in slices of at most --shard-rows rows."""
+    glob = write_parquet(multi_step_rows(3), str(tmp_path / "in"), files=3, row_group_size=row_group_size, schema=SCHEMA_MULTI_STEP)
     outs = []
     for threads in (1, 3):
         _, out = rescore(glob, "--strategy", "grpo,duplicate_informative", "--shard-rows", "20", "--io-threads", str(threads),
