@@ -69,8 +69,9 @@ class _WriteUnit(beam.DoFn):
         return storage.join(self._staging, file_name(unit, len(self._plan.units), *part))
 
     def _write_scored(self, table: pa.Table, unit_index: int) -> list[str]:
-        """Stage the unit's scored rows: one file, or (a row group larger than --shard-rows, or
-        copies past it) consecutive parts of at most shard_rows rows, written side by side."""
+        """Stage the unit's scored rows: one file, or (copies past --shard-rows; a unit itself
+        holds at most shard_rows rows) consecutive parts of at most shard_rows rows, written side
+        by side."""
         bounds = part_bounds(table.num_rows, self._shard_rows)
         if len(bounds) == 2:
             names = [self._name(scored_file, unit_index)]
