@@ -113,7 +113,9 @@ COMMANDS = """commands:
                                           write sample experience to try it on
   rescore report OUTPUT_DIR [--to DIR] [--solved-at X]
                                           report.html and charts of a finished run
-  rescore show PATH [--batches]           what an output or an incremental table holds"""
+  rescore show PATH [--batches]           what an output or an incremental table holds
+  rescore task-stats --input SOURCE --output DIR [--threshold X] [--k 1,4,8]
+                                          per-task pass rates, pass@k, Beta posterior (docs/curating.md)"""
 
 
 def usage() -> str:

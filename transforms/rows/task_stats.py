@@ -1,0 +1,204 @@
+"""Task difficulty statistics (`rescore task-stats`): exact, order-free summaries of every
+(batch, task) group and of every task across batches. No Beam (transforms/task_stats.py is the
+shell), Arrow only to read a table's id and reward columns.
+
+Exactness. A group's reward sum and sum of squares are kept as Python integers in units of
+2**-1074 (2**-2148 for squares): every finite float64 is an integer multiple of 2**-1074, so
+the sums are exact whatever the order in which rows, files or workers' partial results are
+added, and the mean and variance are rounded once at the end. pass@k is computed from integer
+binomials as a Fraction. So a task's statistics do not depend on the number of workers, on how
+the input is split into files, or on the order in which pieces arrive (docs/output.md, "Task
+statistics", gives every formula).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SCALE = 1074
+"""Every finite float64 is an integer times 2**-SCALE (the smallest subnormal)."""
+
+DEFAULT_KS = (1, 4, 8)
+DEFAULT_THRESHOLD = 1.0
+DEFAULT_LAMB = 0.2
+"""Trinity-RFT 0.6.0's DifficultyBasedSelector default `lamb` (the discount of the history)."""
+ID_COLUMNS = ("batch", "task", "run", "reward")
+
+
+def scaled(x: float) -> int:
+    """x * 2**SCALE, exactly (x finite)."""
+    num, den = float(x).as_integer_ratio()
+    return num << (SCALE - (den.bit_length() - 1))
+
+
+def scaled_square(x: float) -> int:
+    """x**2 * 2**(2 * SCALE), exactly."""
+    num, den = float(x).as_integer_ratio()
+    return (num * num) << (2 * SCALE - 2 * (den.bit_length() - 1))
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """One (batch, task) group, or a part of one: everything the statistics need, merged
+    exactly by `merge` in any order."""
+
+    rows: int
+    runs: frozenset
+    passes: int
+    reward_sum: int  # scaled by 2**SCALE
+    reward_squares: int  # scaled by 2**(2 * SCALE)
+
+    def merge(self, other: "GroupSummary") -> "GroupSummary":
+        return GroupSummary(
+            self.rows + other.rows,
+            self.runs | other.runs,
+            self.passes + other.passes,
+            self.reward_sum + other.reward_sum,
+            self.reward_squares + other.reward_squares,
+        )
+
+
+EMPTY = GroupSummary(0, frozenset(), 0, 0, 0)
+
+
+def merge_all(parts: Iterable[GroupSummary]) -> GroupSummary:
+    out = EMPTY
+    for p in parts:
+        out = out.merge(p)
+    return out
+
+
+def usable_rows(table: pa.Table) -> tuple[pa.Table, int]:
+    """The rows with a batch, task, run and a finite reward, and how many were left out."""
+    reward = pc.cast(table["reward"], pa.float64())
+    ok = pc.and_(pc.is_finite(reward), pc.is_valid(reward))
+    for name in ("batch", "task", "run"):
+        ok = pc.and_(ok, pc.is_valid(table[name]))
+    ok = pc.fill_null(ok, False)
+    kept = table.filter(ok)
+    return kept.set_column(kept.schema.get_field_index("reward"), "reward", pc.cast(kept["reward"], pa.float64())), (
+        table.num_rows - kept.num_rows
+    )
+
+
+def summarize(table: pa.Table, threshold: float) -> dict[tuple[Any, int], GroupSummary]:
+    """{(task, batch): GroupSummary} of a table's usable rows (see `usable_rows`). A row passes
+    where reward >= threshold."""
+    if table.num_rows == 0:
+        return {}
+    by_value = table.group_by(["task", "batch", "reward"]).aggregate([("run", "count")])
+    runs = table.group_by(["task", "batch"]).aggregate([("run", "distinct")])
+    out: dict[tuple[Any, int], GroupSummary] = {}
+    for task, batch, reward, count in zip(
+        by_value["task"].to_pylist(), by_value["batch"].to_pylist(), by_value["reward"].to_pylist(),
+        by_value["run_count"].to_pylist(),
+    ):
+        part = GroupSummary(count, frozenset(), count if reward >= threshold else 0,
+                            count * scaled(reward), count * scaled_square(reward))
+        key = (task, batch)
+        out[key] = out[key].merge(part) if key in out else part
+    for task, batch, distinct in zip(runs["task"].to_pylist(), runs["batch"].to_pylist(), runs["run_distinct"].to_pylist()):
+        g = out[(task, batch)]
+        out[(task, batch)] = GroupSummary(g.rows, frozenset(distinct), g.passes, g.reward_sum, g.reward_squares)
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> Fraction | None:
+    """The unbiased pass@k of a group of n samples with c passing: 1 - C(n-c, k) / C(n, k),
+    exactly (integer binomials); None where n < k (undefined)."""
+    if n < k:
+        return None
+    return 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+
+
+def mean_std(rows: int, reward_sum: int, reward_squares: int) -> tuple[float, float | None]:
+    """The mean and the sample standard deviation (ddof 1; None for one row), each rounded once
+    from exact sums."""
+    mean = Fraction(reward_sum, rows << SCALE)
+    if rows < 2:
+        return float(mean), None
+    # sum((x - mean)^2) = Q - S^2 / n, exact in rationals
+    ss = Fraction(reward_squares, 1 << (2 * SCALE)) - Fraction(reward_sum * reward_sum, rows << (2 * SCALE))
+    var = ss / (rows - 1)
+    return float(mean), math.sqrt(float(var)) if var > 0 else 0.0
+
+
+def group_row(task: Any, batch: int, g: GroupSummary, ks: tuple[int, ...]) -> dict[str, Any]:
+    """One row of task_batch_stats.parquet."""
+    mean, std = mean_std(g.rows, g.reward_sum, g.reward_squares)
+    row = {
+        "task": task, "batch": batch, "rows": g.rows, "runs": len(g.runs), "passes": g.passes,
+        "pass_rate": g.passes / g.rows, "reward_mean": mean, "reward_std": std,
+    }
+    for k in ks:
+        p = pass_at_k(g.rows, g.passes, k)
+        row[f"pass_at_{k}"] = None if p is None else float(p)
+    return row
+
+
+def beta_posterior(groups: list[tuple[int, GroupSummary]], lamb: float, m: float | None) -> tuple[float, float]:
+    """Trinity-RFT 0.6.0's Beta(alpha, beta) pass-rate estimate (BaseBetaPREstimator), updated
+    once per batch that saw the task, in batch order, from alpha = beta = 1:
+        alpha <- (1 - lamb) * alpha + lamb + p * m
+        beta  <- (1 - lamb) * beta  + lamb + (1 - p) * m
+    with p the group's mean reward (Trinity's PassRateCalculator) and m the group's rows (or a
+    fixed m, Trinity's `m`). For a seen task Trinity's rho-weighted mix of (1 - rho) * s_bar and
+    rho * p_tilde * m is exactly p * m, since it sets p_tilde to the observed pass rate."""
+    alpha = beta = 1.0
+    for _, g in sorted(groups, key=lambda bg: bg[0]):
+        p = float(Fraction(g.reward_sum, g.rows << SCALE))
+        weight = float(g.rows) if m is None else m
+        alpha = (1 - lamb) * alpha + lamb + p * weight
+        beta = (1 - lamb) * beta + lamb + (1 - p) * weight
+    return alpha, beta
+
+
+def task_row(task: Any, groups: dict[int, GroupSummary], ks: tuple[int, ...], lamb: float = DEFAULT_LAMB,
+             beta_m: float | None = None) -> dict[str, Any]:
+    """One row of task_stats.parquet from the task's complete (batch -> group) summaries."""
+    batches = sorted(groups)
+    total = merge_all(groups[b] for b in batches)
+    mean, std = mean_std(total.rows, total.reward_sum, total.reward_squares)
+    row = {
+        "task": task, "rows": total.rows, "runs": sum(len(groups[b].runs) for b in batches),
+        "batches": len(batches), "first_batch": batches[0], "last_batch": batches[-1],
+        "passes": total.passes, "pass_rate": total.passes / total.rows, "reward_mean": mean, "reward_std": std,
+    }
+    for k in ks:
+        values = [p for p in (pass_at_k(groups[b].rows, groups[b].passes, k) for b in batches) if p is not None]
+        row[f"pass_at_{k}"] = float(sum(values, Fraction(0)) / len(values)) if values else None
+        row[f"pass_at_{k}_groups"] = len(values)
+    alpha, beta = beta_posterior(list(groups.items()), lamb, beta_m)
+    row.update(beta_alpha=alpha, beta_beta=beta, beta_mean=alpha / (alpha + beta))
+    return row
+
+
+def task_schema(task_type: pa.DataType, ks: tuple[int, ...]) -> pa.Schema:
+    fields = [
+        ("task", task_type), ("rows", pa.int64()), ("runs", pa.int64()), ("batches", pa.int64()),
+        ("first_batch", pa.int64()), ("last_batch", pa.int64()), ("passes", pa.int64()), ("pass_rate", pa.float64()),
+        ("reward_mean", pa.float64()), ("reward_std", pa.float64()),
+    ]
+    for k in ks:
+        fields += [(f"pass_at_{k}", pa.float64()), (f"pass_at_{k}_groups", pa.int64())]
+    fields += [("beta_alpha", pa.float64()), ("beta_beta", pa.float64()), ("beta_mean", pa.float64())]
+    return pa.schema(fields)
+
+
+def group_schema(task_type: pa.DataType, ks: tuple[int, ...]) -> pa.Schema:
+    fields = [
+        ("task", task_type), ("batch", pa.int64()), ("rows", pa.int64()), ("runs", pa.int64()), ("passes", pa.int64()),
+        ("pass_rate", pa.float64()), ("reward_mean", pa.float64()), ("reward_std", pa.float64()),
+    ]
+    fields += [(f"pass_at_{k}", pa.float64()) for k in ks]
+    return pa.schema(fields)
+
+
+def sort_key(row: dict[str, Any]) -> tuple:
+    return (str(type(row["task"])), row["task"], row.get("batch", 0))
