@@ -2,7 +2,7 @@
 
     rescore task-stats --input SOURCE [--input SOURCE ...] --output DIR
                        [--threshold 1.0] [--k 1,4,8] [--lamb 0.2] [--beta-m M] [--overwrite]
-                       [beam options...]
+                       [--band LO,HI --prompt-list FILE] [beam options...]
 
 SOURCE is experience Parquet (a file, a directory of *.parquet, or a glob), or a finished
 Rescore output (a one-shot directory or an incremental Delta table: its current scored rows).
@@ -11,6 +11,10 @@ DIR receives, published together with _SUCCESS last:
     task_stats.parquet         one row per task (docs/output.md, "Task statistics")
     task_batch_stats.parquet   one row per (task, batch) group
     task_stats.json            the parameters, the inputs, row counts
+
+With --band LO,HI and --prompt-list FILE, the ids of the tasks whose pass rate p over their
+whole history has LO < p < HI are also written to FILE, one per line in task order (the next
+run's prompt list; the same band as the `pass_rate_band` filter with `task_stats`).
 
 A subcommand rather than a flag of the scoring run: the statistics are wanted over ALL logged
 experience (every run's input, or several outputs), not only over one run's input, and over the
@@ -61,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--beta-m", "--beta_m", type=float, default=None,
                    help="Trinity's m (samples per update); default: each group's rows")
     p.add_argument("--overwrite", action="store_true", help="replace finished task statistics in --output")
+    p.add_argument("--band", help="LO,HI: with --prompt-list, the tasks with LO < pass rate < HI")
+    p.add_argument("--prompt-list", "--prompt_list", help="write the ids of the tasks inside --band here, one per line")
     p.add_argument("--quiet", action="store_true", help="no summary line")
     return p
 
@@ -144,6 +150,7 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"{out} already holds finished task statistics; pass --overwrite to replace them")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"--output {out} is a file")
+    band = _band(args.band, args.prompt_list)
     files = resolve_inputs(args.input)
     task_type = _task_type(files)
 
@@ -180,7 +187,38 @@ def run(argv: list[str]) -> dict:
     with open(os.path.join(staging, STATS_JSON), "w") as f:
         json.dump(doc, f, indent=2, sort_keys=True)
     publish(staging, out, [TASK_STATS_FILE, GROUP_STATS_FILE, STATS_JSON])
+    if band is not None:
+        doc["prompt_list"] = {"path": args.prompt_list, "tasks": write_prompt_list(
+            os.path.join(out, TASK_STATS_FILE), args.prompt_list, *band)}
     return doc
+
+
+def _band(text: str | None, prompt_list: str | None) -> tuple[float, float] | None:
+    if (text is None) != (prompt_list is None):
+        raise ConfigError("--band and --prompt-list go together")
+    if text is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--band takes LO,HI (two numbers), got {text!r}") from None
+    if not 0 <= lo < hi <= 1:
+        raise ConfigError(f"--band needs 0 <= LO < HI <= 1, got {text!r}")
+    return lo, hi
+
+
+def write_prompt_list(table_path: str, path: str, lo: float, hi: float) -> int:
+    """The ids of the tasks with lo < pass_rate < hi, one per line, written to a temporary file
+    beside `path` and renamed over it (never half-written). Returns how many."""
+    import pyarrow.compute as pc
+
+    table = pq.read_table(table_path, columns=["task", "pass_rate"])
+    kept = table.filter(pc.and_(pc.greater(table["pass_rate"], lo), pc.less(table["pass_rate"], hi)))["task"].to_pylist()
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(f"{t}\n" for t in kept)
+    os.replace(tmp, path)
+    return len(kept)
 
 
 def publish(staging: str, out: str, names: list[str]) -> None:
@@ -206,4 +244,6 @@ def main(argv: list[str]) -> int:
         print(f"rescore: task statistics of {doc['tasks']:,} tasks ({doc['groups']:,} task-batch groups, "
               f"{doc['rows_read'] - doc['rows_skipped']:,} rows; {doc['rows_skipped']:,} without a usable reward) "
               f"-> {doc['output']}", file=sys.stderr)
+        if "prompt_list" in doc:
+            print(f"rescore: {doc['prompt_list']['tasks']:,} tasks inside the band -> {doc['prompt_list']['path']}", file=sys.stderr)
     return 0

@@ -48,6 +48,7 @@ RESOLVED_DEFAULTS = {
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
     "opo": {"epsilon": 1e-06},
+    "pass_rate_band": {"lo": 0.0, "hi": 1.0, "threshold": 1.0, "task_stats": None, "unseen": "keep"},
     "raft": {"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
     "rec": {"epsilon": 1e-06, "std_normalize": False, "drop": None, "seed": 0},
     "reinforce": {},

@@ -202,3 +202,30 @@ def group_schema(task_type: pa.DataType, ks: tuple[int, ...]) -> pa.Schema:
 
 def sort_key(row: dict[str, Any]) -> tuple:
     return (str(type(row["task"])), row["task"], row.get("batch", 0))
+
+
+_HISTORY: dict[tuple, tuple] = {}
+
+
+def history_pass_rates(path: str) -> tuple["np.ndarray", "np.ndarray"]:
+    """(sorted int64 task hashes, their pass rates) of a `rescore task-stats` output (its
+    directory or task_stats.parquet); the hashes are rows/keys.py's task_hash, as GroupedRows'
+    task_key. Read once per process and file version."""
+    import os
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from rescore.transforms.rows.keys import task_hash
+
+    table_path = os.path.join(path, "task_stats.parquet") if os.path.isdir(path) else path
+    stat = os.stat(table_path)
+    key = (os.path.abspath(table_path), stat.st_mtime_ns, stat.st_size)
+    if key not in _HISTORY:
+        table = pq.read_table(table_path, columns=["task", "pass_rate"])
+        keys = task_hash(table["task"].combine_chunks()).view(np.int64)
+        order = np.argsort(keys, kind="stable")
+        if len(keys) > 1 and (np.diff(keys[order]) == 0).any():
+            raise ValueError(f"{table_path}: two tasks share a task hash; the history filter cannot tell them apart")
+        _HISTORY[key] = (keys[order], table["pass_rate"].to_numpy()[order].astype(np.float64))
+    return _HISTORY[key]

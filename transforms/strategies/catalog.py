@@ -16,6 +16,7 @@ from rescore.transforms.strategies.registry import (
     DUPLICATE,
     FILTER,
     Column,
+    Path,
     ConfigError,
     StrategyParams,
     param,
@@ -387,3 +388,31 @@ class DynamicFilteringParams(StrategyParams):
 class MaskResponseTruncatedParams(StrategyParams):
     truncate_status_key: Column = "truncate_status"
     drop: bool = False
+
+
+@register(
+    "pass_rate_band",
+    kind=FILTER,
+    implementation="filters:PassRateBand",
+    summary="keep tasks whose pass rate (share of rows with reward >= threshold) lies strictly inside (lo, hi): "
+    "the group's, or the task's whole history from a `rescore task-stats` table (task_stats)",
+)
+@dataclass(frozen=True)
+class PassRateBandParams(StrategyParams):
+    lo: float = param(0.0, between=(0.0, 1.0))
+    hi: float = param(1.0, between=(0.0, 1.0))
+    threshold: float = 1.0
+    task_stats: Path | None = None
+    unseen: Literal["keep", "drop"] = "keep"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["lo"] < values["hi"]:
+            raise ConfigError(f"{strategy}: needs lo < hi, got lo={values['lo']!r}, hi={values['hi']!r}")
+        path = values["task_stats"]
+        if path is not None and "://" not in path:
+            import os
+
+            table = os.path.join(path, "task_stats.parquet") if os.path.isdir(path) else path
+            if not os.path.isfile(table):
+                raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")

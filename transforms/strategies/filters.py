@@ -18,7 +18,12 @@ import torch
 from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.catalog import DynamicFilteringParams, FilterGroupsParams, MaskResponseTruncatedParams
+from rescore.transforms.strategies.catalog import (
+    DynamicFilteringParams,
+    FilterGroupsParams,
+    MaskResponseTruncatedParams,
+    PassRateBandParams,
+)
 from rescore.transforms.strategies.hashing import string_key
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
 
@@ -131,3 +136,58 @@ class MaskResponseTruncated(_Filter, MaskResponseTruncatedParams):
     def masked(self, rows: GroupedRows) -> Tensor | None:
         """(n,) bool rows whose advantages the plan zeroes (masking mode), or None."""
         return None if self.drop else self.flagged(rows)
+
+
+def pass_rates(reward: Tensor, offsets: Tensor, threshold: float) -> Tensor:
+    """(G,) float64 share of each group's rows with reward >= threshold."""
+    passed = (reward >= threshold).to(torch.float64)
+    return segment_sum(passed, offsets) / (offsets[1:] - offsets[:-1]).to(torch.float64)
+
+
+def in_band(p, lo: float, hi: float):
+    """lo < p < hi, elementwise (the one definition the filter and `rescore task-stats --band` use)."""
+    return (p > lo) & (p < hi)
+
+
+class PassRateBand(_Filter, PassRateBandParams):
+    """Per group (no `task_stats`): the group's own pass rate. With `task_stats`: the task's
+    pass rate over its whole history, looked up by the task's fixed hash; a task missing from
+    the table is kept or dropped by `unseen`. The table is read once per process."""
+
+    needs: tuple[str, ...] = ()
+
+    def _history(self) -> tuple[np.ndarray, np.ndarray]:
+        # I/O where the strategy runs, not math: the row layer reads the table (Arrow)
+        from rescore.transforms.rows.task_stats import history_pass_rates
+
+        return history_pass_rates(self.task_stats)
+
+    def _group_rates(self, rows: GroupedRows) -> tuple[np.ndarray, np.ndarray]:
+        """(G,) float64 pass rates and (G,) bool known (False: a task missing from the table)."""
+        offsets = rows.offsets.detach().cpu()
+        if self.task_stats is None:
+            p = pass_rates(rows.reward.detach().cpu(), offsets, self.threshold).numpy()
+            return p, np.ones(len(p), dtype=bool)
+        keys, rates = self._history()
+        first = rows.task_key.detach().cpu().numpy()[offsets[:-1].numpy()]
+        at = np.clip(np.searchsorted(keys, first), 0, max(len(keys) - 1, 0))
+        known = (keys[at] == first) if len(keys) else np.zeros(len(first), dtype=bool)
+        p = np.where(known, rates[at] if len(keys) else 0.0, np.nan)
+        return p, known
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        p, known = self._group_rates(rows)
+        keep = np.where(known, in_band(p, self.lo, self.hi), self.unseen == "keep")
+        return torch.as_tensor(keep, dtype=torch.bool, device=rows.reward.device)
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, _, g, _ = audit_rows(rows)
+        p, known = self._group_rates(rows)
+        what = "task pass rate" if self.task_stats else "pass rate"
+
+        def reason(i: int) -> str:
+            if not known[i]:
+                return f"{self.name}: task not in task_stats (unseen=drop)"
+            return f"{self.name}: {what} {p[i]:.6g} <= {self.lo:g}" if p[i] <= self.lo else f"{self.name}: {what} {p[i]:.6g} >= {self.hi:g}"
+
+        return group_reasons(g, dropped, reason)

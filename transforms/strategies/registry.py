@@ -37,6 +37,8 @@ FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
 KINDS = (FILTER, ADVANTAGE, DUPLICATE)
 
 Column = NewType("Column", str)
+Path = NewType("Path", str)
+"""A parameter naming a file or directory (a non-empty string)."""
 """A parameter that names an input column (a non-empty string)."""
 
 
@@ -205,6 +207,8 @@ def _type_name(hint: Any) -> str:
         text = "|".join(str(a) for a in typing.get_args(inner))
     elif inner is Column:
         text = "column"
+    elif inner is Path:
+        text = "path"
     elif typing.get_origin(inner) is tuple:
         text = "list"
     else:
@@ -226,6 +230,12 @@ def _checked(strategy: str, key: str, value: Any, hint: Any, meta: Mapping[str, 
         if value is None and optional:
             return None
         return column(strategy, key, value)
+    if inner is Path:
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{strategy}: parameter {key!r} must be a path, got {value!r}")
+        return value
     if inner is bool:
         return flag(strategy, key, value)
     if inner is int:
