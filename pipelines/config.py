@@ -115,7 +115,9 @@ COMMANDS = """commands:
                                           report.html and charts of a finished run
   rescore show PATH [--batches]           what an output or an incremental table holds
   rescore task-stats --input SOURCE --output DIR [--threshold X] [--k 1,4,8]
-                                          per-task pass rates, pass@k, Beta posterior (docs/curating.md)"""
+                                          per-task pass rates, pass@k, Beta posterior (docs/curating.md)
+  rescore export OUTPUT_DIR --output DIR --format sft|dpo
+                                          SFT rows or DPO pairs for the next run (docs/curating.md)"""
 
 
 def usage() -> str:

@@ -400,6 +400,10 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
         from rescore.pipelines import task_stats
 
         return task_stats.main(argv[1:])
+    if argv[:1] == ["export"]:
+        from rescore.pipelines import export
+
+        return export.main(argv[1:])
     quiet = "--quiet" in argv
     try:
         doc = run(argv)
