@@ -43,7 +43,7 @@ from rescore.transforms.files import storage
 from rescore.transforms.files.layout import DELTA_LOG, FILTERED_FILES, METRICS, REPORT_HTML, SCORED_FILES, report_chart
 from rescore.transforms.rows.metrics import MEAN_KEY, STD_KEY
 
-CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects")
+CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects", "difficulty")
 OPTIONAL_CHARTS = ("columns", "audit")
 MAX_BOXES = 40
 """Box plots draw at most this many boxes; more batches are binned."""
@@ -54,7 +54,7 @@ KNOWN_COLUMNS = {
     "advantages", "returns", "score", "copy_index", "source_task", "group_size", "group_reward_mean",
     "group_reward_std", "batch_reward_std", "baseline",
 }
-WIDE = ("length", "rejects", "audit")
+WIDE = ("length", "rejects", "audit", "difficulty")
 """Two-panel charts: a whole row of the page."""
 AUDIT = ("group_size", "group_reward_mean", "group_reward_std", "batch_reward_std", "baseline")
 CAPTIONS = {
@@ -72,6 +72,9 @@ CAPTIONS = {
     "rejected as invalid; the right panel names the reasons.",
     "columns": "Other numeric reward or model columns of the data, per column: check their scale "
     "before mixing them into a reward.",
+    "difficulty": "Task difficulty: each group's pass rate (share of its runs with reward >= --solved-at). "
+    "Mass at 0 and 1 is groups that teach nothing; `rescore task-stats` and the pass_rate_band filter "
+    "(docs/curating.md) keep the middle.",
     "audit": "What the scores were computed from (--audit-columns): the group reward std the "
     "strategy reported (GRPO divides by it) and the baseline it subtracted, per batch.",
 }
@@ -373,6 +376,65 @@ def chart_groups(doc, data: RunData, plt, path, solved_at: float) -> str:
         "the groups written (filtered groups are not in the output; --keep-filtered keeps them)"
     )
     return f"Dead share from metrics.json (all groups); solved shares over {covered}.{note}"
+
+
+PASS_RATE_BINS = np.linspace(0.0, 1.0, 11)
+"""Ten pass-rate bins of width 0.1; the last holds 1.0 (np.histogram closes the last bin)."""
+
+
+def group_pass_rates(batch: np.ndarray, task: np.ndarray, reward: np.ndarray, solved_at: float):
+    """(batch of each (batch, task) group, its pass rate: the share of rows with reward >= solved_at)."""
+    if not len(batch):
+        return np.zeros(0, np.int64), np.zeros(0)
+    keys = np.char.add(np.char.add(batch.astype(str), "\x00"), task.astype(str))
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    passes = np.bincount(inverse, weights=(reward >= solved_at).astype(float), minlength=len(counts))
+    gb = np.zeros(len(counts), np.int64)
+    gb[inverse] = batch
+    return gb, passes / counts
+
+
+def chart_difficulty(doc, data: RunData, plt, path, solved_at: float) -> str:
+    """Left: the histogram of every group's pass rate; right: per batch (pooled into at most
+    MAX_BOXES bins of consecutive batches), the share of its groups in each pass-rate bin."""
+    gb, rate = group_pass_rates(
+        np.concatenate([data.batch, data.filtered_batch]),
+        np.concatenate([data.task.astype(str), data.filtered_task.astype(str)]),
+        np.concatenate([data.reward, data.filtered_reward]), solved_at,
+    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
+    counts, _ = np.histogram(rate, bins=PASS_RATE_BINS)
+    left.bar(PASS_RATE_BINS[:-1] + 0.05, counts, width=0.095, color="#4c72b0")
+    left.set_xlim(0, 1)
+    left.set_xlabel(f"pass rate (reward ≥ {solved_at:g})")
+    left.set_ylabel("groups")
+    left.set_title(f"All {plural(len(rate), 'group')}")
+    left.yaxis.get_major_locator().set_params(integer=True)
+    left.grid(alpha=0.3)
+    batches = np.unique(gb)
+    note = ""
+    if len(batches):
+        pools = np.array_split(batches, min(len(batches), MAX_BOXES))
+        grid = np.zeros((len(PASS_RATE_BINS) - 1, len(pools)))
+        for j, pool in enumerate(pools):
+            in_pool = np.isin(gb, pool)
+            grid[:, j], _ = np.histogram(rate[in_pool], bins=PASS_RATE_BINS)
+            grid[:, j] /= max(1, int(in_pool.sum()))
+        image = right.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                             extent=(-0.5, len(pools) - 0.5, 0, 1))
+        labels = [str(p[0]) if len(p) == 1 else f"{p[0]}–{p[-1]}" for p in pools]
+        step = max(1, len(pools) // 12)
+        right.set_xticks(range(0, len(pools), step), labels[::step], rotation=30 if step > 1 or len(pools) > 8 else 0)
+        fig.colorbar(image, ax=right, label="share of the batch's groups")
+        if len(pools) < len(batches):
+            note = f" Batches pooled into {len(pools)} bins of consecutive batches."
+    right.set_xlabel("batch")
+    right.set_ylabel("pass rate")
+    right.set_title("Pass-rate histogram per batch")
+    _save(fig, plt, path)
+    covered = "all groups" if data.has_filtered_files or not doc["totals"]["rows_filtered"] else (
+        "the groups written (filtered groups are not in the output; --keep-filtered keeps them)")
+    return f"Pass rates over {covered}.{note}"
 
 
 def chart_reward(doc, data: RunData, plt, path) -> str:
@@ -686,6 +748,7 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
         "length": chart_length(doc, data, plt, paths["length"]),
         "sizes": chart_sizes(doc, data, plt, paths["sizes"]),
         "rejects": chart_rejects(doc, data, plt, paths["rejects"]),
+        "difficulty": chart_difficulty(doc, data, plt, paths["difficulty"], solved_at),
     }
     if data.extra:
         captions["columns"] = chart_columns(doc, data, plt, paths["columns"])
