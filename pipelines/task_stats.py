@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--band", help="LO,HI: with --prompt-list, the tasks with LO < pass rate < HI")
     p.add_argument("--prompt-list", "--prompt_list", help="write the ids of the tasks inside --band here, one per line")
     p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.add_argument("--incremental", action="store_true",
+                   help="keep --output as a Delta Lake table of task-batch groups; rescan only the batches new, "
+                        "changed or deleted input files touch (docs/curating.md)")
     return p
 
 
@@ -146,6 +149,10 @@ def run(argv: list[str]) -> dict:
     out = args.output
     if "://" in out:
         raise ConfigError("rescore task-stats writes a local --output")
+    if args.incremental:
+        return run_incremental(args, ks, beam_args)
+    if os.path.isdir(os.path.join(out, DELTA_LOG)):
+        raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
     if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
         raise ConfigError(f"{out} already holds finished task statistics; pass --overwrite to replace them")
     if os.path.exists(out) and not os.path.isdir(out):
@@ -214,11 +221,169 @@ def write_prompt_list(table_path: str, path: str, lo: float, hi: float) -> int:
 
     table = pq.read_table(table_path, columns=["task", "pass_rate"])
     kept = table.filter(pc.and_(pc.greater(table["pass_rate"], lo), pc.less(table["pass_rate"], hi)))["task"].to_pylist()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(f"{t}\n" for t in kept)
     os.replace(tmp, path)
     return len(kept)
+
+
+STATE_KEY = "rescore.task_stats"
+TASKS_DIR = "_task_stats"
+
+
+def _pipeline_options(beam_args: list[str]):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    try:
+        options = PipelineOptions(beam_args)
+        options.get_all_options(retain_unknown_options=False)
+    except (SystemExit, Exception) as e:  # noqa: BLE001  (argparse inside Beam exits)
+        raise ConfigError(f"bad Beam pipeline option in {' '.join(beam_args)}") from e
+    return options
+
+
+def _table_state(out: str) -> tuple[int | None, dict | None]:
+    """(version, the latest commit's task-stats state) of an incremental table, (None, None)
+    where there is no table yet."""
+    if not os.path.isdir(os.path.join(out, DELTA_LOG)):
+        if os.path.exists(out) and os.listdir(out):
+            raise ConfigError(f"{out} is not empty and not an incremental task-stats table; pick another --output")
+        return None, None
+    from deltalake import DeltaTable
+
+    from rescore.pipelines.incremental import _commits
+
+    dt = DeltaTable(os.path.abspath(out))
+    for commit in _commits(out, dt):
+        if STATE_KEY in commit:
+            return dt.version(), json.loads(commit[STATE_KEY])
+    raise ConfigError(f"{out} is a Delta table that `rescore task-stats --incremental` did not write")
+
+
+def run_incremental(args, ks: tuple[int, ...], beam_args: list[str]) -> dict:
+    """Rescan the batches that new, changed or deleted input files touch; replace their group
+    rows in the Delta table in one commit (against the version read, never retried); then
+    rewrite the per-task view _task_stats/task_stats.parquet from the table's exact state."""
+    from rescore.pipelines import incremental as inc
+
+    out = args.output
+    params = {"threshold": args.threshold, "ks": list(ks), "lamb": args.lamb, "beta_m": args.beta_m}
+    patterns = []
+    for source in args.input:
+        if os.path.isdir(source) and (os.path.isdir(os.path.join(source, DELTA_LOG)) or os.path.exists(os.path.join(source, SUCCESS))):
+            raise ConfigError("--incremental reads experience Parquet (files, directories, globs), not a Rescore output")
+        patterns.append(os.path.join(source, "*.parquet") if os.path.isdir(source) else source)
+    version, state = _table_state(out)
+    rebuild = state is not None and state["params"] != params
+    if rebuild and not args.overwrite:
+        raise ConfigError(f"{out} was built with {json.dumps(state['params'], sort_keys=True)}; pass --overwrite to rebuild it with these parameters")
+    files = inc.list_inputs(patterns)
+    task_type = _task_type([f.path for f in files])
+    old = {} if state is None or rebuild else state["files"]
+    current = {f.key: f for f in files}
+    batches_of: dict[str, list[int]] = {}
+    touched: set[int] = set()
+    for f in files:
+        entry = old.get(f.key)
+        if entry is not None and f.same_content(entry):
+            batches_of[f.key] = entry["batches"]
+            continue
+        batches_of[f.key] = inc.file_batches(f.path)
+        touched |= set(batches_of[f.key])
+        if entry is not None:
+            touched |= set(entry["batches"])
+    for key, entry in old.items():
+        if key not in current:
+            touched |= set(entry["batches"])
+    new_state = {"params": params, "files": {
+        k: {"size": f.size, "mtime": f.mtime, "footer": f.footer, "batches": batches_of[k]} for k, f in current.items()}}
+    doc = {"output": out, "incremental": True, "input_files": len(files), "batches_rescanned": sorted(touched),
+           "threshold": args.threshold, "ks": list(ks), "lamb": args.lamb, "beta_m": args.beta_m}
+    if state is not None and not rebuild and not touched and new_state == state:
+        doc.update(nothing_new=True, version=version, **_task_view_counts(out))
+        return doc
+    readers = sorted(current[k].path for k in current if set(batches_of[k]) & touched)
+    import apache_beam as beam
+
+    from rescore.transforms.task_stats import GROUP_STATS_FILE, SKIPPED, ComputeTaskStats
+
+    options = _pipeline_options(beam_args)
+    staging = os.path.abspath(os.path.join(out, TASKS_DIR, f"_staging-{os.getpid()}"))
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    if readers:
+        with beam.Pipeline(options=options) as p:
+            _ = (p | "Files" >> beam.Create(readers)
+                 | "ComputeTaskStats" >> ComputeTaskStats(staging, task_type, args.threshold, ks, args.lamb, args.beta_m,
+                                                          batches=frozenset(touched)))
+    schema = ts.group_schema(task_type, ks, exact=True)
+    group_path = os.path.join(staging, GROUP_STATS_FILE)
+    groups = pq.read_table(group_path).cast(schema) if os.path.exists(group_path) else schema.empty_table()
+    skipped_path = os.path.join(staging, SKIPPED)
+    skipped = int(open(skipped_path).read()) if os.path.exists(skipped_path) else 0
+    version = _commit(out, version, state is None, rebuild, touched, groups, new_state)
+    shutil.rmtree(staging, ignore_errors=True)
+    doc.update(version=version, rows_skipped=skipped, groups_rescanned=groups.num_rows, **write_task_view(out, ks, args.lamb, args.beta_m, task_type))
+    return doc
+
+
+def _commit(out: str, version: int | None, create: bool, rebuild: bool, touched: set[int], groups: pa.Table, state: dict) -> int:
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    props = CommitProperties(custom_metadata={STATE_KEY: json.dumps(state, separators=(",", ":"))}, max_commit_retries=0)
+    uri = os.path.abspath(out)
+    try:
+        if create:
+            write_deltalake(uri, groups, mode="error", commit_properties=props)
+        else:
+            dt = DeltaTable(uri, version=version)
+            if rebuild:
+                write_deltalake(dt, groups, mode="overwrite", schema_mode="overwrite", commit_properties=props)
+            elif not touched:
+                write_deltalake(dt, groups, mode="append", commit_properties=props)
+            else:
+                write_deltalake(dt, groups, mode="overwrite", predicate=f"batch IN ({', '.join(map(str, sorted(touched)))})",
+                                commit_properties=props)
+    except CommitFailedError:
+        from rescore.errors import ConflictError
+
+        raise ConflictError(f"another run committed to {out} while this one ran; this run published nothing: run it again") from None
+    return DeltaTable(uri).version()
+
+
+def write_task_view(out: str, ks: tuple[int, ...], lamb: float, beta_m: float | None, task_type: pa.DataType) -> dict:
+    """_task_stats/task_stats.parquet (and task_batch_stats.parquet) of the table's current
+    version, from its exact group state; written beside, renamed in (atomic), with the version."""
+    from deltalake import DeltaTable
+
+    from rescore.pipelines.load import load_scored
+
+    version = DeltaTable(os.path.abspath(out)).version()
+    groups = load_scored(out)
+    by_task: dict = {}
+    for row in groups.to_pylist():
+        by_task.setdefault(row["task"], {})[row["batch"]] = ts.from_group_row(row)
+    rows = sorted((ts.task_row(t, b, ks, lamb, beta_m) for t, b in by_task.items()), key=ts.sort_key)
+    tasks = pa.Table.from_pylist(rows, schema=ts.task_schema(task_type, ks)).replace_schema_metadata(
+        {"rescore.table_version": str(version)})
+    group_view = groups.drop_columns([n for n, _ in ts.EXACT_COLUMNS])
+    group_view = group_view.take(pa.array(sorted(range(group_view.num_rows), key=lambda i: ts.sort_key(
+        {"task": group_view["task"][i].as_py(), "batch": group_view["batch"][i].as_py()})), pa.int64()))
+    directory = os.path.join(out, TASKS_DIR)
+    os.makedirs(directory, exist_ok=True)
+    for name, table in (("task_batch_stats.parquet", group_view), ("task_stats.parquet", tasks)):
+        tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+        pq.write_table(table, tmp)
+        os.replace(tmp, os.path.join(directory, name))
+    return {"tasks": tasks.num_rows, "groups": groups.num_rows, "table_version": version}
+
+
+def _task_view_counts(out: str) -> dict:
+    path = os.path.join(out, TASKS_DIR, "task_stats.parquet")
+    return {"tasks": pq.read_metadata(path).num_rows if os.path.exists(path) else 0}
 
 
 def publish(staging: str, out: str, names: list[str]) -> None:
@@ -240,7 +405,15 @@ def main(argv: list[str]) -> int:
     except (ConfigError, InputError) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    if "--quiet" not in argv:
+    if "--quiet" not in argv and doc.get("incremental"):
+        if doc.get("nothing_new"):
+            print(f"rescore: nothing new for {doc['output']} (table version {doc['version']}): no input file is new, changed or gone",
+                  file=sys.stderr)
+        else:
+            print(f"rescore: task statistics of {doc['tasks']:,} tasks ({doc['groups']:,} task-batch groups) -> {doc['output']} "
+                  f"(table version {doc['table_version']}; rescanned {len(doc['batches_rescanned']):,} batches, "
+                  f"{doc['groups_rescanned']:,} groups)", file=sys.stderr)
+    elif "--quiet" not in argv:
         print(f"rescore: task statistics of {doc['tasks']:,} tasks ({doc['groups']:,} task-batch groups, "
               f"{doc['rows_read'] - doc['rows_skipped']:,} rows; {doc['rows_skipped']:,} without a usable reward) "
               f"-> {doc['output']}", file=sys.stderr)

@@ -29,8 +29,9 @@ SKIPPED = "skipped"
 
 
 class _SummarizeFile(beam.DoFn):
-    def __init__(self, threshold: float):
+    def __init__(self, threshold: float, batches: frozenset | None = None):
         self._threshold = threshold
+        self._batches = batches
 
     def process(self, path: str):
         f = pq.ParquetFile(path)
@@ -41,6 +42,10 @@ class _SummarizeFile(beam.DoFn):
                 import pyarrow.compute as pc
 
                 table = table.filter(pc.fill_null(pc.equal(table["copy_index"], 0), True)).drop_columns(["copy_index"])
+            if self._batches is not None:  # an incremental run: only the batches it rescans
+                import pyarrow.compute as pc
+
+                table = table.filter(pc.fill_null(pc.is_in(table["batch"], pa.array(sorted(self._batches), pa.int64())), False))
             usable, skipped = ts.usable_rows(table)
             if skipped:
                 yield beam.pvalue.TaggedOutput(SKIPPED, skipped)
@@ -115,8 +120,9 @@ class ComputeTaskStats(beam.PTransform):
     `staging`, and a file `skipped` with the number of rows without a usable reward or id."""
 
     def __init__(self, staging: str, task_type: pa.DataType, threshold: float, ks: tuple[int, ...],
-                 lamb: float, beta_m: float | None):
+                 lamb: float, beta_m: float | None, batches: frozenset | None = None):
         super().__init__()
+        self._batches = batches
         self._staging = staging
         self._task_type = task_type
         self._threshold = threshold
@@ -126,9 +132,10 @@ class ComputeTaskStats(beam.PTransform):
 
     def expand(self, paths):
         ks, lamb, beta_m = self._ks, self._lamb, self._beta_m
-        read = paths | "ReadGroupParts" >> beam.ParDo(_SummarizeFile(self._threshold)).with_outputs(SKIPPED, main="parts")
+        exact = self._batches is not None
+        read = paths | "ReadGroupParts" >> beam.ParDo(_SummarizeFile(self._threshold, self._batches)).with_outputs(SKIPPED, main="parts")
         groups = read.parts | "MergeGroupParts" >> beam.CombinePerKey(_MergeGroups())
-        group_rows = groups | "GroupRows" >> beam.MapTuple(lambda key, g: ts.group_row(key[0], key[1], g, ks))
+        group_rows = groups | "GroupRows" >> beam.MapTuple(lambda key, g: ts.group_row(key[0], key[1], g, ks, exact))
         tasks = (
             groups
             | "KeyByTask" >> beam.MapTuple(lambda key, g: (key[0], (key[1], g)))
@@ -139,7 +146,7 @@ class ComputeTaskStats(beam.PTransform):
             group_rows
             | "GatherGroups" >> beam.combiners.ToList()
             | "WriteGroups" >> beam.ParDo(_WriteSorted(os.path.join(self._staging, GROUP_STATS_FILE),
-                                                      ts.group_schema(self._task_type, ks)))
+                                                      ts.group_schema(self._task_type, ks, exact)))
         )
         written_tasks = (
             tasks

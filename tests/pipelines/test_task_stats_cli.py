@@ -112,3 +112,46 @@ def test_task_stats_errors_are_one_line_and_write_nothing(tmp_path):
     assert "missing column(s) run, reward" in results[2][1] and "--lamb" in results[3][1]
     assert results[5] == (0, "")
     assert results[6][0] == 2 and "--overwrite" in results[6][1]
+
+
+@pytest.mark.slow
+def test_incremental_table_rescans_only_touched_batches_and_equals_a_one_shot_run(tmp_path):
+    df = _write_experience(str(tmp_path / "all"), seed=13, files=1, tasks=5, batches=4)
+    exp = tmp_path / "exp"
+    os.makedirs(exp)
+
+    def put(batch, frame):
+        frame.filter(pl.col("batch") == batch).write_parquet(exp / f"batch-{batch}.parquet")
+
+    for b in (0, 1):
+        put(b, df)
+    table, oneshot = str(tmp_path / "table"), str(tmp_path / "oneshot")
+    inc = ["task-stats", "--incremental", "--input", str(exp), "--output", table, "--k", "1,2"]
+    changed = df.with_columns(reward=pl.when(pl.col("batch") == 0).then(1.0 - pl.col("reward")).otherwise(pl.col("reward")))
+
+    def step(action):
+        action()
+        return run_many(tmp_path / "logs", [inc, ["task-stats", "--input", str(exp), "--output", oneshot, "--k", "1,2",
+                                                  "--overwrite", "--quiet"]])
+
+    first = step(lambda: None)
+    second = step(lambda: None)
+    third = step(lambda: (put(2, df), put(3, df)))
+    fourth = step(lambda: (put(0, changed), os.remove(exp / "batch-1.parquet")))
+    for results in (first, second, third, fourth):
+        assert [c for c, _ in results] == [0, 0], results
+    assert "rescanned 2 batches" in first[0][1] and "nothing new" in second[0][1]
+    assert "rescanned 2 batches" in third[0][1] and "table version 1" in third[0][1]
+    assert "rescanned 2 batches" in fourth[0][1] and "table version 2" in fourth[0][1]  # batch 0 changed, batch 1 gone
+    got = pl.read_parquet(os.path.join(table, "_task_stats", "task_stats.parquet"))
+    assert got.equals(pl.read_parquet(os.path.join(oneshot, "task_stats.parquet")))
+    current = changed.filter(pl.col("batch") != 1)
+    _check(os.path.join(table, "_task_stats"), current, 1.0, (1, 2))
+    assert sorted(got["first_batch"].unique().to_list()) == [0]
+    # the band filter reads the table's task view
+    results = run_many(tmp_path / "logs2", [
+        ["--input", str(exp / "*.parquet"), "--output", str(tmp_path / "band"), "--strategy", "pass_rate_band,grpo",
+         "--set", f"pass_rate_band.task_stats={table}", "--set", "pass_rate_band.lo=0.3", "--quiet"]])
+    assert results[0][0] == 0, results
+    kept = pl.read_parquet(str(tmp_path / "band" / "scored-*.parquet"))["task"].unique().sort().to_list()
+    assert kept == got.filter((pl.col("pass_rate") > 0.3) & (pl.col("pass_rate") < 1.0))["task"].sort().to_list()

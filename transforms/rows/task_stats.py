@@ -129,8 +129,9 @@ def mean_std(rows: int, reward_sum: int, reward_squares: int) -> tuple[float, fl
     return float(mean), math.sqrt(float(var)) if var > 0 else 0.0
 
 
-def group_row(task: Any, batch: int, g: GroupSummary, ks: tuple[int, ...]) -> dict[str, Any]:
-    """One row of task_batch_stats.parquet."""
+def group_row(task: Any, batch: int, g: GroupSummary, ks: tuple[int, ...], exact: bool = False) -> dict[str, Any]:
+    """One row of task_batch_stats.parquet; with `exact`, also the group's exact state
+    (EXACT_COLUMNS), from which `from_group_row` gives the GroupSummary back."""
     mean, std = mean_std(g.rows, g.reward_sum, g.reward_squares)
     row = {
         "task": task, "batch": batch, "rows": g.rows, "runs": len(g.runs), "passes": g.passes,
@@ -139,7 +140,19 @@ def group_row(task: Any, batch: int, g: GroupSummary, ks: tuple[int, ...]) -> di
     for k in ks:
         p = pass_at_k(g.rows, g.passes, k)
         row[f"pass_at_{k}"] = None if p is None else float(p)
+    if exact:
+        row.update(run_ids=sorted(g.runs), reward_sum_exact=str(g.reward_sum), reward_squares_exact=str(g.reward_squares))
     return row
+
+
+EXACT_COLUMNS = (("run_ids", pa.list_(pa.int64())), ("reward_sum_exact", pa.string()), ("reward_squares_exact", pa.string()))
+"""A group's exact state in an incremental table: its run ids, and its sums as decimal integers
+in units of 2**-SCALE and 2**-(2 * SCALE)."""
+
+
+def from_group_row(row: dict[str, Any]) -> GroupSummary:
+    return GroupSummary(row["rows"], frozenset(row["run_ids"]), row["passes"], int(row["reward_sum_exact"]),
+                        int(row["reward_squares_exact"]))
 
 
 def beta_posterior(groups: list[tuple[int, GroupSummary]], lamb: float, m: float | None) -> tuple[float, float]:
@@ -191,12 +204,14 @@ def task_schema(task_type: pa.DataType, ks: tuple[int, ...]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def group_schema(task_type: pa.DataType, ks: tuple[int, ...]) -> pa.Schema:
+def group_schema(task_type: pa.DataType, ks: tuple[int, ...], exact: bool = False) -> pa.Schema:
     fields = [
         ("task", task_type), ("batch", pa.int64()), ("rows", pa.int64()), ("runs", pa.int64()), ("passes", pa.int64()),
         ("pass_rate", pa.float64()), ("reward_mean", pa.float64()), ("reward_std", pa.float64()),
     ]
     fields += [(f"pass_at_{k}", pa.float64()) for k in ks]
+    if exact:
+        fields += list(EXACT_COLUMNS)
     return pa.schema(fields)
 
 
@@ -218,7 +233,7 @@ def history_pass_rates(path: str) -> tuple["np.ndarray", "np.ndarray"]:
 
     from rescore.transforms.rows.keys import task_hash
 
-    table_path = os.path.join(path, "task_stats.parquet") if os.path.isdir(path) else path
+    table_path = stats_file(path)
     stat = os.stat(table_path)
     key = (os.path.abspath(table_path), stat.st_mtime_ns, stat.st_size)
     if key not in _HISTORY:
@@ -229,3 +244,13 @@ def history_pass_rates(path: str) -> tuple["np.ndarray", "np.ndarray"]:
             raise ValueError(f"{table_path}: two tasks share a task hash; the history filter cannot tell them apart")
         _HISTORY[key] = (keys[order], table["pass_rate"].to_numpy()[order].astype(np.float64))
     return _HISTORY[key]
+
+
+def stats_file(path: str) -> str:
+    """The task_stats.parquet of a `rescore task-stats` output: a directory, an incremental table
+    (its _task_stats/task_stats.parquet) or the file itself."""
+    import os
+
+    if os.path.isdir(os.path.join(path, "_delta_log")):
+        return os.path.join(path, "_task_stats", "task_stats.parquet")
+    return os.path.join(path, "task_stats.parquet") if os.path.isdir(path) else path

@@ -413,6 +413,10 @@ class PassRateBandParams(StrategyParams):
         if path is not None and "://" not in path:
             import os
 
-            table = os.path.join(path, "task_stats.parquet") if os.path.isdir(path) else path
+            table = path
+            if os.path.isdir(os.path.join(path, "_delta_log")):  # an incremental task-stats table
+                table = os.path.join(path, "_task_stats", "task_stats.parquet")
+            elif os.path.isdir(path):
+                table = os.path.join(path, "task_stats.parquet")
             if not os.path.isfile(table):
                 raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")
