@@ -150,6 +150,10 @@ def main(argv: list[str]) -> int:
     except (ConfigError, InputError, NotFinishedOutputError) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001  (one line; nothing was published)
+        last = [line for line in str(e).strip().splitlines() if line.strip()]
+        print(f"rescore: error: export failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
+        return 1
     if "--quiet" not in argv:
         rows = ", ".join(f"{v:,} {k}" for k, v in doc["rows"].items() if v)
         what = "rows" if doc["format"] == "sft" else "pairs"

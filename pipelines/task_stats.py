@@ -38,7 +38,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rescore.errors import ConfigError, InputError
+from rescore.errors import RUN_FAILURES, ConfigError, InputError
 from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
 from rescore.transforms.rows import task_stats as ts
 
@@ -150,7 +150,12 @@ def run(argv: list[str]) -> dict:
     if "://" in out:
         raise ConfigError("rescore task-stats writes a local --output")
     if args.incremental:
-        return run_incremental(args, ks, beam_args)
+        band = _band(args.band, args.prompt_list)
+        doc = run_incremental(args, ks, beam_args)
+        if band is not None:
+            doc["prompt_list"] = {"path": args.prompt_list, "tasks": write_prompt_list(
+                os.path.join(out, TASKS_DIR, "task_stats.parquet"), args.prompt_list, *band)}
+        return doc
     if os.path.isdir(os.path.join(out, DELTA_LOG)):
         raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
     if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
@@ -405,6 +410,13 @@ def main(argv: list[str]) -> int:
     except (ConfigError, InputError) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except RUN_FAILURES as e:
+        print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001  (a pipeline failure: one line; nothing was published)
+        last = [line for line in str(e).strip().splitlines() if line.strip()]
+        print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
+        return 1
     if "--quiet" not in argv and doc.get("incremental"):
         if doc.get("nothing_new"):
             print(f"rescore: nothing new for {doc['output']} (table version {doc['version']}): no input file is new, changed or gone",
@@ -413,6 +425,8 @@ def main(argv: list[str]) -> int:
             print(f"rescore: task statistics of {doc['tasks']:,} tasks ({doc['groups']:,} task-batch groups) -> {doc['output']} "
                   f"(table version {doc['table_version']}; rescanned {len(doc['batches_rescanned']):,} batches, "
                   f"{doc['groups_rescanned']:,} groups)", file=sys.stderr)
+        if "prompt_list" in doc:
+            print(f"rescore: {doc['prompt_list']['tasks']:,} tasks inside the band -> {doc['prompt_list']['path']}", file=sys.stderr)
     elif "--quiet" not in argv:
         print(f"rescore: task statistics of {doc['tasks']:,} tasks ({doc['groups']:,} task-batch groups, "
               f"{doc['rows_read'] - doc['rows_skipped']:,} rows; {doc['rows_skipped']:,} without a usable reward) "
