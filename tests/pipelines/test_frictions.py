@@ -258,15 +258,15 @@ def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
     import argparse
     import re
 
-    from rescore.pipelines import config, report, sample, show
+    from rescore.pipelines import config, export, report, sample, show, task_stats
 
     text = bare.stderr
     lines = [line.strip() for line in text[text.index("commands:"):].splitlines() if line.strip().startswith("rescore ")]
     lines = [line for line in lines if "--help" not in line]
     commands = {line.split()[1] if not line.split()[1].startswith("-") else "" for line in lines}
-    assert commands == {"", "sample", "report", "show"}, lines
+    assert commands == {"", "sample", "report", "show", "task-stats", "export"}, lines
 
-    class Parsed(Exception):
+    class Parsed(BaseException):  # past a command's own catch-all of a failed run
         pass
 
     real = argparse.ArgumentParser.parse_args
@@ -274,7 +274,8 @@ def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
     def parse_only(self, args=None, namespace=None):
         raise Parsed(real(self, args, namespace))  # parsed: stop before the command runs
 
-    values = {"N": "2", "X": "0.5", "NAME": "grpo", "KEY=VALUE": "grpo.epsilon=0.1", "PATH_OR_GLOB": "in/*.parquet"}
+    values = {"N": "2", "X": "0.5", "NAME": "grpo", "KEY=VALUE": "grpo.epsilon=0.1", "PATH_OR_GLOB": "in/*.parquet",
+              "sft|dpo": "sft"}
     for line in lines:
         usage_part = re.split(r"\s{2,}", line)[0]
         tokens = [t.strip("[]") for t in usage_part.split()[1:] if t != "..." and t.strip("[]") != "..."]
@@ -283,8 +284,15 @@ def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
             cfg = config.parse_args(argv)  # raises ConfigError on an unknown option
             assert cfg.strategies == ["grpo"], line
             continue
-        main = {"sample": sample.main, "report": report.main, "show": show.main}[argv[0]]
+        main = {"sample": sample.main, "report": report.main, "show": show.main, "task-stats": task_stats.main,
+                "export": export.main}[argv[0]]
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
+        known = argparse.ArgumentParser.parse_known_args
+
+        def parse_known_only(self, args=None, namespace=None, known=known):  # task-stats passes the rest to Beam
+            raise Parsed(known(self, args, namespace))
+
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_only)
         try:
             with pytest.raises(Parsed):
                 main(argv[1:])
