@@ -115,28 +115,21 @@ def _trinity_estimator():
     import importlib.util
     import logging
     import os
-    import sys
     import types
 
     spec = importlib.util.find_spec("trinity")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("needs trinity-rft 0.6.0")
     path = os.path.join(list(spec.submodule_search_locations)[0], "buffer", "selector", "difficulty_estimator.py")
-    saved = {k: sys.modules.get(k) for k in ("trinity", "trinity.utils", "trinity.utils.log")}
+    from refs import _stubs  # stand-in modules for the duration of the import, then the old ones back
+
     log = types.ModuleType("trinity.utils.log")
     log.get_logger = logging.getLogger
-    sys.modules.update({"trinity": types.ModuleType("trinity"), "trinity.utils": types.ModuleType("trinity.utils"),
-                        "trinity.utils.log": log})
-    try:
+    with _stubs({"trinity": types.ModuleType("trinity"), "trinity.utils": types.ModuleType("trinity.utils"),
+                 "trinity.utils.log": log}):
         file_spec = importlib.util.spec_from_file_location("trinity_difficulty_estimator", path)
         module = importlib.util.module_from_spec(file_spec)
         file_spec.loader.exec_module(module)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
     return module
 
 
