@@ -171,7 +171,7 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             out.bad |= has_error
     for need in needs:
         # Scalar columns a strategy reads (a metric, a baseline reward, a state id): a null or
-        # a non-finite number cannot be scored. `@optional:NAME` columns may be null (0).
+        # a non-finite number cannot be scored. `@optional:NAME` columns may be null (missing: NaN).
         name = need.removeprefix("@optional:")
         if name in _NOT_SCALAR or name not in names or (name != need and need != f"@optional:{name}"):
             continue

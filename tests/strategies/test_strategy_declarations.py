@@ -27,6 +27,8 @@ from rescore.transforms.strategies.registry import StrategyParams, register
 
 # The resolved parameters of every strategy with nothing set, in order, as they were before the
 # declarations moved into catalog.py: metrics.json and config_hash record exactly these.
+# (gigpo's anchor_scope was added by issue 31: its default pools anchors over the batch as
+# Trinity does, which changed results, so the hash must change with it.)
 RESOLVED_DEFAULTS = {
     "asymre": {"baseline_shift": -0.1},
     "constant": {"weight": 1.0},
@@ -37,7 +39,7 @@ RESOLVED_DEFAULTS = {
     "dynamic_sampling": {"metric": "acc"},
     "filter_groups": {"metric": "acc"},
     "gdpo": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
-    "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash"},
+    "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash", "anchor_scope": "batch"},
     "gpg": {"epsilon": 1e-06, "f_norm": 1.0, "alpha": 1.0},
     "grpo": {"epsilon": 1e-06, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
     "grpo_passk": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True},

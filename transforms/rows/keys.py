@@ -18,6 +18,7 @@ from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
 from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.registry import WHOLE_BATCH  # noqa: F401  (re-exported)
 from rescore.transforms.strategies.flat import flat_segment_sum
 
 ID_KEYS = ("batch", "task", "run", "step")
@@ -29,7 +30,8 @@ DISCOUNT_FEATURE = "@discount:"
 """Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
 tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
 OPTIONAL_FEATURE = "@optional:"
-"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME, NaN elsewhere)."""
+"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME; NaN where the file
+has no such column or the row has a null: a missing value, never 0)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -112,16 +114,17 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
             columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
             continue
         if name.startswith(OPTIONAL_FEATURE):
-            # A number column used where present: NaN where the file has no such column,
-            # 0 for a null (Trinity's info.get(key, 0.0)).
+            # A number column used where present: NaN where the file has no such column and
+            # for a null (the key is missing from that row, as a Trinity info key can be; the
+            # strategy decides what a missing value means, e.g. gigpo.py per run).
             column_name = name[len(OPTIONAL_FEATURE) :]
             if column_name in valid.column_names:
-                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), 0.0).combine_chunks()
+                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), float("nan")).combine_chunks()
             else:
                 values = pa.array(np.full(n, np.nan))
             columns[EXTRA_PREFIX + column_name] = values
             continue
-        if name in NOT_EXTRA:
+        if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue
         column = valid[name].combine_chunks()
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
@@ -160,12 +163,15 @@ def task_hash(task: pa.Array) -> np.ndarray:
     return mix64(per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
 
 
-def bucket_of(light: pa.Table, buckets: int) -> np.ndarray:
-    """(n,) int64 shuffle bucket of each row: a hash of (batch, task) modulo `buckets`.
+def bucket_of(light: pa.Table, buckets: int, *, whole_batches: bool = False) -> np.ndarray:
+    """(n,) int64 shuffle bucket of each row: a hash of (batch, task) modulo `buckets`, or of
+    the batch alone with `whole_batches` (a strategy that needs WHOLE_BATCH).
 
     Every row of a task group lands in the same bucket, so a bucket holds whole groups.
     """
     batch = np.asarray(light["batch"].to_numpy(), dtype=np.int64).view(np.uint64)
+    if whole_batches:
+        return (mix64(mix64(batch)) % np.uint64(buckets)).astype(np.int64)
     h = mix64(mix64(batch) ^ task_hash(light["task"].combine_chunks()))
     return (h % np.uint64(buckets)).astype(np.int64)
 

@@ -286,6 +286,9 @@ class GiGPOParams(StrategyParams):
     epsilon: float = param(1e-6, minimum=0.0)
     step_reward_key: Column | None = "step_reward"
     env_state_hash_key: Column = param("env_state_hash", none_message="must name the anchor-state column")
+    anchor_scope: Literal["batch", "task"] = "batch"
+    """batch: anchor states pooled over the whole batch, across tasks (Trinity); task: within
+    each task group (the paper's step groups)."""
 
 
 # --- the variance filter and duplication (variance.py); RAFT and constant (weights.py) --------
