@@ -117,11 +117,12 @@ class DataProto:
 class Experience:
     """Stand-in for trinity.common.experience.Experience with the fields advantage code uses."""
 
-    def __init__(self, eid, reward, action_mask, info=None):
+    def __init__(self, eid, reward, action_mask, info=None, metrics=None):
         self.eid = eid
         self.reward = reward
         self.action_mask = action_mask
         self.info = info or {}
+        self.metrics = metrics or {}
         self.advantages = None
         self.returns = None
 
@@ -211,4 +212,8 @@ def _load(src: str) -> types.SimpleNamespace:
                 m = _exec_file(os.path.join(adv, f"{mod}.py"), f"_ref_trinity_{mod}")
                 setattr(trinity, cls, getattr(m, cls))
                 setattr(trinity, f"_module_{mod}", m)
+        # The experience operators (filters) the buffer pipeline runs before the advantage.
+        filters = _exec_file(os.path.join(src, "trinity/buffer/operators/filters/reward_filter.py"), "_ref_trinity_reward_filter")
+        for cls in ("DAPODynamicSamplingFilter", "RewardFilter", "RewardSTDFilter"):
+            setattr(trinity, cls, getattr(filters, cls))
     return types.SimpleNamespace(verl=core, trinity=trinity, EID=exp_ns["EID"], Experience=Experience, DataProto=DataProto)

@@ -14,7 +14,7 @@ import pytest
 
 from batched import run_many
 from data import read_output
-from test_estimators_refs import SCHEMA, gigpo_batches, ours, random_batches, ref, trinity_gigpo  # noqa: F401  (ref: fixture)
+from test_estimators_refs import SCHEMA, dapo_rows, gigpo_batches, ours, random_batches, ref, trinity_dapo_kept, trinity_gigpo  # noqa: F401  (ref: fixture)
 
 
 CASES = [
@@ -85,6 +85,16 @@ def test_algorithm_gigpo_pools_anchors_across_buckets_as_trinity(rescore, tmp_pa
     for r, w in zip(rows, trinity_gigpo(ref, rows, {})):
         got = written[(r["batch"], r["task"], r["run"], r["step"])]
         np.testing.assert_allclose(got["advantages"], w, rtol=1e-5, atol=1e-5)
+
+
+def test_algorithm_dapo_keeps_the_rows_trinity_keeps(rescore, tmp_path, ref):
+    rows = dapo_rows(5)
+    glob = _write(rows, str(tmp_path / "in"))
+    doc, out = rescore(glob, "--algorithm", "dapo", "--set", "metric_key=acc", "--set", "correct_threshold=0.25")
+    written = _written(out)
+    kept = trinity_dapo_kept(ref, rows, correct_threshold=0.25)
+    assert {(r["batch"], r["task"], r["run"], r["step"]) for i, r in enumerate(rows) if i in kept} == set(written)
+    assert doc["totals"]["rows_filtered"] == len(rows) - len(kept) > 0
 
 
 def test_filter_groups_drops_groups_without_spread_in_the_metric(rescore, tmp_path):

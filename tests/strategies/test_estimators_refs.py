@@ -492,6 +492,81 @@ def test_gigpo_algorithm_preset_matches_trinity(ref, seed):
     assert_close(ours(",".join(preset.strategies), dict(preset.params), rows), trinity_gigpo(ref, rows, {}), atol=1e-5)
 
 
+# --- DAPO dynamic sampling (Trinity's experience operator) ------------------------------------
+
+
+def dapo_rows(seed: int) -> list[dict]:
+    """Groups of 1..8 rows; `accuracy` continuous, binary or null (then Trinity reads the
+    reward), some groups all correct or all wrong."""
+    rng = random.Random(seed)
+    rows = []
+    for b in range(3):
+        for t in range(rng.randint(1, 8)):
+            kind = rng.random()
+            for run in range(rng.choice([1, 2, 3, 5, 8])):
+                if kind < 0.2:
+                    acc = 1.0
+                elif kind < 0.35:
+                    acc = 0.0
+                elif kind < 0.6:
+                    acc = float(rng.random() > 0.5)
+                else:
+                    acc = None if rng.random() < 0.3 else rng.uniform(-1, 1)
+                rows.append({
+                    "batch": b, "task": t, "run": run, "step": 0, "reward": rng.choice([0.0, 1.0, rng.uniform(-1, 2)]),
+                    "logprobs": [-0.5], "teacher_logprobs": [-0.5], "action_mask": [1], "acc": acc, "fmt": 0.0,
+                    "reward_baselines": 0.0, "env_state_hash": "s", "step_reward": 0.0,
+                })
+    rng.shuffle(rows)
+    return rows
+
+
+def trinity_dapo_kept(ref, rows: list[dict], **params) -> set[int]:
+    """Indices of the rows Trinity's DAPODynamicSamplingFilter keeps, one explore step at a
+    time; a row's `acc` is its experience metric (none where null)."""
+    kept = set()
+    for idx, part in per_batch(rows):
+        exps = experiences(ref, part)
+        for e, r in zip(exps, part):
+            e.metrics = {} if r["acc"] is None else {"acc": r["acc"]}
+        out, _ = ref.trinity.DAPODynamicSamplingFilter(metric_key="acc", **params).process(exps)
+        kept |= {idx[exps.index(e)] for e in out}
+    return kept
+
+
+@pytest.mark.parametrize("seed", SEEDS + [4, 5, 6, 7])
+@pytest.mark.parametrize("threshold", [0.0, 0.5, -0.2])
+@pytest.mark.parametrize("name", ["dapo_dynamic_sampling", "dynamic_sampling"])
+def test_dapo_dynamic_sampling_matches_trinity(ref, seed, threshold, name):
+    rows = dapo_rows(seed)
+    got = ours(f"{name},grpo", {"metric_key": "acc", "correct_threshold": threshold}, rows)
+    kept = trinity_dapo_kept(ref, rows, correct_threshold=threshold)
+    assert {i for i, a in enumerate(got) if a is not None} == kept
+    assert 0 < len(kept) < len(rows)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_algorithm_dapo_matches_trinity_filter_then_grpo(ref, seed):
+    """The preset (metric 'accuracy': absent here, so the reward decides) keeps Trinity's rows,
+    and scores them with Trinity's GRPO over what is left."""
+    from rescore.transforms.strategies import algorithms
+
+    preset = algorithms.preset("dapo")
+    rows = dapo_rows(seed)
+    got = ours(",".join(preset.strategies), dict(preset.params), rows)
+    kept = set()
+    for idx, part in per_batch(rows):
+        exps = experiences(ref, part)
+        out, _ = ref.trinity.DAPODynamicSamplingFilter().process(exps)
+        kept |= {idx[exps.index(e)] for e in out}
+        if out:
+            scored, _ = ref.trinity.GRPOGroupedAdvantage()(out)
+            for e in scored:
+                i = idx[exps.index(e)]
+                np.testing.assert_allclose(got[i], e.advantages.double().numpy(), rtol=1e-5, atol=1e-6)
+    assert {i for i, a in enumerate(got) if a is not None} == kept
+
+
 # --- verl group estimators ---------------------------------------------------------------------
 
 

@@ -227,6 +227,30 @@ def test_filters():
     assert keep == [True, True, False, False, False]  # mean strictly inside (0, 1)
 
 
+def test_dapo_dynamic_sampling_binarises_the_metric():
+    nan = float("nan")
+    # Groups: [0.3, 0.7] with threshold 0.5 -> one correct of 2: kept; [0.7, 0.9]: all correct;
+    # [0.1, 0.2]: none; [1.0]: a group of one, dropped (verl's filter_groups keeps it, and keeps
+    # [0.7, 0.9] whose values differ). A null metric falls back to the reward.
+    rows = grouped(
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0], [2, 2, 2, 1, 2],
+        columns={"accuracy": [0.3, 0.7, 0.7, 0.9, 0.1, 0.2, 1.0, nan, nan]},
+    )
+    keep = create("dapo_dynamic_sampling", {"correct_threshold": 0.5}).score(rows, None).keep.tolist()
+    assert keep == [True, True, False, False, False, False, False, True, True]
+    assert create("dynamic_sampling", {"correct_threshold": 0.5}).score(rows, None).keep.tolist() == keep
+    rows = grouped([0.0, 1.0, 2.0, 2.0, 1.0], [3, 2])
+    # metric_key reward, threshold 0: correct = reward > 0: 2 of 3 (kept), 2 of 2 (dropped).
+    keep = create("dapo_dynamic_sampling", {"metric_key": "reward"}).score(rows, None).keep.tolist()
+    assert keep == [True, True, True, False, False]
+    assert chain_of("dapo_dynamic_sampling").needs == ("@optional:accuracy",)
+
+
+def test_dapo_preset_is_trinity_dynamic_sampling_then_grpo():
+    p = algorithms.preset("dapo")
+    assert p.strategies == ("dapo_dynamic_sampling", "grpo")
+
+
 def test_truncated_rows_keep_their_place_in_the_group():
     flag = 1.0
     rows = grouped([0.0, 1.0, 1.0], [3], columns={"truncate_status": [0.0, flag, 0.0]})

@@ -36,7 +36,9 @@ RESOLVED_DEFAULTS = {
     "dr_grpo": {},
     "duplicate_informative": {"variance_threshold": 0.0, "seed": 0},
     "dynamic_filtering": {"dynamic_filtering_reward_range": [0.0, 1.0], "metric": "reward"},
-    "dynamic_sampling": {"metric": "acc"},
+    "dapo_dynamic_sampling": {"metric_key": "accuracy", "correct_threshold": 0.0},
+    # issue 31: dynamic_sampling is Trinity's DAPO filter now (was an alias of filter_groups)
+    "dynamic_sampling": {"metric_key": "accuracy", "correct_threshold": 0.0},
     "filter_groups": {"metric": "acc"},
     "gdpo": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
     "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash", "anchor_scope": "batch"},

@@ -25,7 +25,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "grpo": Preset(("grpo",), note="GRPO group advantages"),
     "grpo_verl": Preset(("grpo",), note="GRPO advantages computed in the trainer (compute_advantage_in_trainer): the trainer recomputes them"),
-    "dapo": Preset(("grpo",), note="DAPO reuses GRPO advantages; its clipping and dynamic sampling live in the trainer"),
+    "dapo": Preset(
+        ("dapo_dynamic_sampling", "grpo"),
+        note="Trinity's DAPO dynamic sampling (keep groups with 0 < correct < n, metric 'accuracy', else the reward), then GRPO; its clipping lives in the trainer",
+    ),
     "cispo": Preset(("grpo",), note="GRPO advantages; the CISPO loss lives in the trainer"),
     "gspo": Preset(("grpo",), note="GRPO advantages; the GSPO loss lives in the trainer"),
     "sapo": Preset(("grpo",), note="GRPO advantages; the SAPO loss lives in the trainer"),

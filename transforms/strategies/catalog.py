@@ -343,17 +343,31 @@ class ConstantParams(StrategyParams):
     "filter_groups",
     kind=FILTER,
     implementation="filters:FilterGroups",
-    summary="DAPO dynamic sampling: drop groups of 2+ rows whose `metric` column has no spread",
-)
-@register(
-    "dynamic_sampling",
-    kind=FILTER,
-    implementation="filters:FilterGroups",
-    summary="DAPO dynamic sampling: drop groups of 2+ rows whose `metric` column has no spread",
+    summary="verl's DAPO filter_groups: drop groups of 2+ rows whose `metric` column has no spread",
 )
 @dataclass(frozen=True)
 class FilterGroupsParams(StrategyParams):
     metric: Column = "acc"
+
+
+@register(
+    "dapo_dynamic_sampling",
+    kind=FILTER,
+    implementation="filters:DAPODynamicSampling",
+    summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n",
+)
+@register(
+    "dynamic_sampling",
+    kind=FILTER,
+    implementation="filters:DAPODynamicSampling",
+    summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n",
+)
+@dataclass(frozen=True)
+class DAPODynamicSamplingParams(StrategyParams):
+    metric_key: Column = "accuracy"
+    """The metric column; where the input has no such column, or a row's value is null, the
+    row's reward (Trinity: exp.metrics[metric_key], else exp.reward)."""
+    correct_threshold: float = 0.0
 
 
 @register(

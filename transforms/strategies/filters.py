@@ -1,7 +1,13 @@
 """Filters users ask for, as the first stage of a run (before the advantage strategy).
 
-    filter_groups            DAPO dynamic sampling (verl `algorithm.filter_groups`): drop groups
-    (dynamic_sampling)       of 2+ rows whose `metric` column has one value on every row (std 0)
+    filter_groups            DAPO dynamic sampling as verl does it (`algorithm.filter_groups`):
+                             drop groups of 2+ rows whose `metric` column has one value on every
+                             row (std 0); a group of one row is kept
+    dapo_dynamic_sampling    DAPO dynamic sampling as Trinity-RFT 0.6.0 does it
+    (dynamic_sampling)       (`DAPODynamicSamplingFilter`): a row is correct when its metric (the
+                             `metric_key` column, else its reward) > `correct_threshold`; keep a
+                             group of 2+ rows with 0 < correct < n; drop a group of one row.
+                             The two agree on binary metrics with groups of 2+ rows.
     dynamic_filtering        OpenRLHF `--dynamic_filtering`: keep groups whose mean `metric` lies
                              strictly inside `dynamic_filtering_reward_range`
     mask_response_truncated  Trinity-RFT's operator (TRL `mask_truncated_completions`): rows whose
@@ -18,7 +24,12 @@ import torch
 from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.catalog import DynamicFilteringParams, FilterGroupsParams, MaskResponseTruncatedParams
+from rescore.transforms.strategies.catalog import (
+    DAPODynamicSamplingParams,
+    DynamicFilteringParams,
+    FilterGroupsParams,
+    MaskResponseTruncatedParams,
+)
 from rescore.transforms.strategies.hashing import string_key
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
 
@@ -58,6 +69,43 @@ class FilterGroups(_MetricFilter, FilterGroupsParams):
     def _keep_groups(self, rows: GroupedRows) -> Tensor:
         sizes = rows.offsets[1:] - rows.offsets[:-1]
         return (sizes == 1) | (population_var(_metric(rows, self.metric), rows.offsets) > 0)
+
+
+def dapo_keep_groups(correct: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) bool: groups of 2+ rows with some but not all rows correct. correct (n,) bool."""
+    sizes = offsets[1:] - offsets[:-1]
+    count = segment_sum(correct.to(torch.int64), offsets)
+    return (sizes >= 2) & (count > 0) & (count < sizes)
+
+
+class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return () if self.metric_key == "reward" else (f"@optional:{self.metric_key}",)
+
+    def outcome(self, rows: GroupedRows) -> Tensor:
+        """(n,) float64 the metric of each row: the column's value, the reward where missing."""
+        if self.metric_key == "reward":
+            return rows.reward
+        values = rows.columns[self.metric_key].to(torch.float64)
+        return torch.where(torch.isnan(values), rows.reward, values)
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        return dapo_keep_groups(self.outcome(rows) > self.correct_threshold, rows.offsets)
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, offsets, g, _ = audit_rows(rows)
+        correct = (self.outcome(rows) > self.correct_threshold).cpu().numpy()
+        count = np.bincount(g, weights=correct, minlength=len(offsets) - 1).astype(np.int64)
+        sizes = np.diff(offsets)
+
+        def reason(i: int) -> str:
+            if sizes[i] < 2:
+                return f"{self.name}: a group of one row"
+            what = "every row" if count[i] == sizes[i] else "no row"
+            return f"{self.name}: {what} of {sizes[i]} has {self.metric_key} > {self.correct_threshold:g}"
+
+        return group_reasons(g, dropped, reason)
 
 
 class DynamicFiltering(_MetricFilter, DynamicFilteringParams):
