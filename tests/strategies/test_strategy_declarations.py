@@ -42,13 +42,16 @@ RESOLVED_DEFAULTS = {
     "filter_groups": {"metric": "acc"},
     "gdpo": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
     "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash", "anchor_scope": "batch"},
+    "flash_reinforce": {},
     "gpg": {"epsilon": 1e-06, "f_norm": 1.0, "alpha": 1.0},
     "grpo": {"epsilon": 1e-06, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
     "grpo_passk": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True},
     "jsd": {"lambda_coef": 0.5, "kl_coef": 1.0, "temperature": 1.0, "chunk_size": None},
     "mask_response_truncated": {"truncate_status_key": "truncate_status", "drop": False},
     "mask_truncated_completions": {"truncate_status_key": "truncate_status", "drop": False},
+    "maxrl": {"epsilon": 1e-06},
     "mix_chord": {"epsilon": 1e-06, "mu_warmup_steps": 0, "mu_decay_steps": 0, "mu_peak": 0.1, "mu_valley": 0.1, "enable_phi_function": True},
+    "normalize": {"mean_level": "batch", "mean_leave1out": False, "std_level": "batch", "std_unbiased": True, "eps": 1e-05, "std_of": "centered", "weighting": "row"},
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
     "opo": {"epsilon": 1e-06},
@@ -153,7 +156,7 @@ def test_capabilities_are_declared_protocols():
     assert chain_of("jsd").token_level and not chain_of("grpo").token_level
     assert {n for n in names() if isinstance(create(n), ExplainsScores)} == {
         "asymre", "correct_bias", "dr_grpo", "gpg", "grpo", "grpo_passk", "opmd", "opo", "rec", "reinforce",
-        "reinforce_plus_plus_baseline", "remax", "rloo", "step_wise_grpo",
+        "reinforce_plus_plus_baseline", "remax", "rloo", "step_wise_grpo", "maxrl", "normalize",
     }  # the others' audit baseline is null
     assert {n for n in names() if isinstance(create(n), ExplainsDrops)} >= {
         "reward_variance", "duplicate_informative", "grpo", "step_wise_grpo", "raft", "filter_groups",

@@ -404,3 +404,55 @@ class DynamicFilteringParams(StrategyParams):
 class MaskResponseTruncatedParams(StrategyParams):
     truncate_status_key: Column = "truncate_status"
     drop: bool = False
+
+
+# --- the normalisation family, MaxRL, FlashREINFORCE (normalize.py) ----------------------------
+
+
+@register(
+    "normalize",
+    kind=ADVANTAGE,
+    implementation="normalize:Normalize",
+    summary="(r - mean) / (std + eps): mean over group / batch / leave-one-out / none, std over group / batch / none (AReaL NormConfig)",
+)
+@dataclass(frozen=True)
+class NormalizeParams(StrategyParams):
+    mean_level: Literal["group", "batch", "none"] = "batch"
+    mean_leave1out: bool = False
+    std_level: Literal["group", "batch", "none"] = "batch"
+    std_unbiased: bool = True
+    eps: float = param(1e-5, minimum=0.0)
+    std_of: Literal["centered", "reward"] = "centered"
+    """centered: the std of r - mean as used, about 0 (AReaL); reward: the std of the raw
+    rewards at that level about their own mean (TRL's scale_rewards=batch)."""
+    weighting: Literal["row", "token"] = "row"
+    """token: every statistic weights a row by its action tokens (AReaL's loss_mask)."""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if values["mean_leave1out"] and values["weighting"] == "token":
+            raise ConfigError(f"{strategy}: 'mean_leave1out' needs weighting=row (a token-weighted leave-one-out mean is not defined)")
+        if values["mean_leave1out"] and values["mean_level"] == "none":
+            raise ConfigError(f"{strategy}: 'mean_leave1out' needs mean_level group or batch")
+
+
+@register(
+    "maxrl",
+    kind=ADVANTAGE,
+    implementation="normalize:MaxRL",
+    summary="(r - mean(G)) / (mean(G) + epsilon); a group of one row keeps r (SkyRL `maxrl`)",
+)
+@dataclass(frozen=True)
+class MaxRLParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+
+
+@register(
+    "flash_reinforce",
+    kind=ADVANTAGE,
+    implementation="normalize:FlashReinforce",
+    summary="r - the batch's mean reward, no whitening (OpenRLHF `flash_reinforce`)",
+)
+@dataclass(frozen=True)
+class FlashReinforceParams(StrategyParams):
+    pass
