@@ -32,6 +32,10 @@ CASES = [
     ("gpg", {"f_norm": 2.0}),
     ("gdpo", {"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0, 0.5]}),
     ("rloo", {"normalize_advantages": True}),
+    ("normalize_then_sum", {"reward_keys": ["acc", "fmt"], "reward_weights": [1.0, 0.5]}),
+    ("normalize", {"mean_level": "group", "std_level": "batch", "weighting": "token"}),
+    ("maxrl", {}),
+    ("flash_reinforce", {}),
 ]
 
 

@@ -219,3 +219,64 @@ def test_normalize_hand_numbers():
 def test_normalize_refuses_a_token_weighted_leave_one_out_mean():
     with pytest.raises(ConfigError, match="mean_leave1out"):
         chain_of("normalize", {"mean_leave1out": True, "weighting": "token"})
+
+
+# --- multi-reward: TRL's normalize_then_sum with abstaining rewards -------------------------------
+
+
+def multi_reward_rows(seed: int, size: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = fixed_groups(seed, size=size, batches=3)
+    for r in rows:
+        r["acc"] = None if rng.random() < 0.2 else float(rng.choice([0, 1]))
+        r["fmt"] = None if rng.random() < 0.3 else rng.choice([0.0, 0.5, rng.uniform(-1, 1)])
+    if rows:
+        rows[0]["acc"] = rows[0]["fmt"] = None  # an unscorable row
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+@pytest.mark.parametrize("size", [1, 2, 4])
+@pytest.mark.parametrize("weights", [None, [1.0, 0.5]])
+def test_normalize_then_sum_matches_trl(seed, size, weights):
+    trl = extra("trl")
+    rows = multi_reward_rows(seed, size)
+    params = {"reward_keys": ["acc", "fmt"], "reward_weights": weights}
+    got = scalar(ours("normalize_then_sum", params, rows))
+    for idx, part in batches(rows):
+        per_func = torch.tensor([[np.nan if r[k] is None else r[k] for k in ("acc", "fmt")] for r in part], dtype=torch.float64)
+        want = trl.advantages(per_func, weights or [1.0, 1.0], size, "group", "normalize_then_sum").numpy()
+        np.testing.assert_allclose(got[idx], want, rtol=1e-5, atol=1e-6)
+
+
+def test_normalize_then_sum_hand_numbers():
+    base = fixed_groups(0, size=1, batches=1)[0]
+    # One group of 3: acc 1, 0, null; fmt 1, 1, 0. acc over its 2 values: mean .5, std sqrt(.5):
+    # z = +-.5 / (sqrt(.5) + 1e-4); fmt: mean 2/3, std sqrt(1/3): z = (1/3, 1/3, -2/3) / (sqrt(1/3) + 1e-4).
+    vals = [(1.0, 1.0), (0.0, 1.0), (None, 0.0)]
+    rows = [dict(base, run=i, acc=a, fmt=f) for i, (a, f) in enumerate(vals)]
+    za = 0.5 / (np.sqrt(0.5) + 1e-4)
+    zf = np.array([1 / 3, 1 / 3, -2 / 3]) / (np.sqrt(1 / 3) + 1e-4)
+    s = np.array([za, -za, 0.0]) + zf
+    want = (s - s.mean()) / (s.std(ddof=1) + 1e-4)
+    np.testing.assert_allclose(scalar(ours("normalize_then_sum", {"reward_keys": ["acc", "fmt"]}, rows)), want, rtol=1e-12)
+
+
+def test_normalize_then_sum_needs_its_columns():
+    with pytest.raises(ConfigError, match="twice"):
+        chain_of("normalize_then_sum", {"reward_keys": ["a", "a"]})
+    assert chain_of("normalize_then_sum").needs == ()  # the reward column alone
+    with pytest.raises(ConfigError, match="2 weights for 1"):
+        chain_of("normalize_then_sum", {"reward_keys": ["a"], "reward_weights": [1, 2]})
+    assert chain_of("normalize_then_sum", {"reward_keys": ["a", "b"]}).needs == ("@nullable:a", "@nullable:b")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_normalize_then_sum_of_the_reward_alone_matches_trl(seed):
+    trl = extra("trl")
+    rows = fixed_groups(seed, size=4, batches=2)
+    got = scalar(ours("normalize_then_sum", {}, rows))
+    for idx, part in batches(rows):
+        per_func = torch.tensor([[r["reward"]] for r in part], dtype=torch.float64)
+        want = trl.advantages(per_func, [1.0], 4, "group", "normalize_then_sum").numpy()
+        np.testing.assert_allclose(got[idx], want, rtol=1e-5, atol=1e-6)

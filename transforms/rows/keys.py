@@ -29,6 +29,9 @@ numbers and bools, an int64 hash for strings)."""
 DISCOUNT_FEATURE = "@discount:"
 """Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
 tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
+NULLABLE_FEATURE = "@nullable:"
+"""Need `@nullable:NAME`: the number column NAME, which every file must have (the schema check);
+a null crosses as NaN (a value that abstains, e.g. normalize_then_sum's reward columns)."""
 OPTIONAL_FEATURE = "@optional:"
 """Need `@optional:NAME`: the number column NAME where a file has it (x.NAME; NaN where the file
 has no such column or the row has a null: a missing value, never 0)."""
@@ -39,7 +42,11 @@ def light_columns(needs: tuple[str, ...]) -> list[str]:
     """The input columns a read for light rows takes: the contract's, each column `needs` names
     (`@optional:NAME` names NAME; other `@` features are computed from the contract's), and
     `source_error` where a source staged one."""
-    wanted = [n.removeprefix(OPTIONAL_FEATURE) for n in needs if not n.startswith("@") or n.startswith(OPTIONAL_FEATURE)]
+    wanted = [
+        n.removeprefix(OPTIONAL_FEATURE).removeprefix(NULLABLE_FEATURE)
+        for n in needs
+        if not n.startswith("@") or n.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE))
+    ]
     return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
@@ -113,11 +120,11 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
             a, b = _discount_sums(name, response_length, mask_values, mask)
             columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
             continue
-        if name.startswith(OPTIONAL_FEATURE):
+        if name.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE)):
             # A number column used where present: NaN where the file has no such column and
             # for a null (the key is missing from that row, as a Trinity info key can be; the
             # strategy decides what a missing value means, e.g. gigpo.py per run).
-            column_name = name[len(OPTIONAL_FEATURE) :]
+            column_name = name.removeprefix(OPTIONAL_FEATURE).removeprefix(NULLABLE_FEATURE)
             if column_name in valid.column_names:
                 values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), float("nan")).combine_chunks()
             else:

@@ -456,3 +456,28 @@ class MaxRLParams(StrategyParams):
 @dataclass(frozen=True)
 class FlashReinforceParams(StrategyParams):
     pass
+
+
+# --- multi-reward aggregation (multi_reward.py) --------------------------------------------------
+
+
+@register(
+    "normalize_then_sum",
+    kind=ADVANTAGE,
+    implementation="multi_reward:NormalizeThenSum",
+    summary="per reward column: (x - mean(G)) / (std(G) + epsilon), nulls abstaining; weighted sum; whitened over the batch (TRL)",
+)
+@dataclass(frozen=True)
+class NormalizeThenSumParams(StrategyParams):
+    reward_keys: tuple[Column, ...] = ()
+    """The reward columns (a null abstains); none: the `reward` column alone."""
+    reward_weights: tuple[float, ...] | None = None
+    epsilon: float = param(1e-4, minimum=0.0)
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        keys, weights = values["reward_keys"], values["reward_weights"]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"{strategy}: 'reward_keys' names a column twice")
+        if weights is not None and len(weights) != max(len(keys), 1):
+            raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {max(len(keys), 1)} reward columns")
