@@ -350,8 +350,13 @@ def _load_skyrl(src: str) -> types.SimpleNamespace:
     }
     path = _find(src, "skyrl/backends/skyrl_train/utils/ppo_utils.py")
     out = _extract(path, {"compute_maxrl_advantage", "compute_grpo_outcome_advantage"}, ns)
+    utils = _extract(
+        _find(src, "skyrl/train/utils/trainer_utils.py"), {"zero_variance_filter"},
+        {"defaultdict": defaultdict, "List": list, "Optional": Any, "__name__": "_ref_skyrl_trainer_utils"},
+    )
     return types.SimpleNamespace(compute_maxrl_advantage=out["compute_maxrl_advantage"],
-                                 compute_grpo_outcome_advantage=out["compute_grpo_outcome_advantage"])
+                                 compute_grpo_outcome_advantage=out["compute_grpo_outcome_advantage"],
+                                 zero_variance_filter=utils["zero_variance_filter"])
 
 
 def _load_areal(src: str) -> types.SimpleNamespace:

@@ -63,9 +63,12 @@ RESOLVED_DEFAULTS = {
     "reinforce_plus_plus_baseline": {},
     "reinforceplusplus": {"gamma": 1.0},
     "remax": {"reward_baselines": "reward_baselines"},
+    "reward_filter": {"threshold": 0.0},
+    "reward_std_filter": {"threshold": 0.0},
     "reward_variance": {"variance_threshold": 0.0},
     "rloo": {},
     "step_wise_grpo": {"epsilon": 1e-06, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
+    "zero_variance_filter": {"zero_variance_filter_tol": 1e-06},
 }
 
 

@@ -481,3 +481,39 @@ class NormalizeThenSumParams(StrategyParams):
             raise ConfigError(f"{strategy}: 'reward_keys' names a column twice")
         if weights is not None and len(weights) != max(len(keys), 1):
             raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {max(len(keys), 1)} reward columns")
+
+
+# --- more filters (filters.py) -------------------------------------------------------------------
+
+
+@register(
+    "reward_filter",
+    kind=FILTER,
+    implementation="filters:RewardFilter",
+    summary="row-level: keep rows with reward >= threshold (Trinity `reward_filter`)",
+)
+@dataclass(frozen=True)
+class RewardFilterParams(StrategyParams):
+    threshold: float = 0.0
+
+
+@register(
+    "reward_std_filter",
+    kind=FILTER,
+    implementation="filters:RewardSTDFilter",
+    summary="drop groups with fewer than 2 rows or reward std (ddof=0) <= threshold (Trinity `reward_std_filter`)",
+)
+@dataclass(frozen=True)
+class RewardSTDFilterParams(StrategyParams):
+    threshold: float = 0.0
+
+
+@register(
+    "zero_variance_filter",
+    kind=FILTER,
+    implementation="filters:ZeroVarianceFilter",
+    summary="drop groups with 2+ live rows (action tokens > 0) whose rewards lie within tol (SkyRL)",
+)
+@dataclass(frozen=True)
+class ZeroVarianceFilterParams(StrategyParams):
+    zero_variance_filter_tol: float = param(1e-6, minimum=0.0)

@@ -8,6 +8,13 @@
                              `metric_key` column, else its reward) > `correct_threshold`; keep a
                              group of 2+ rows with 0 < correct < n; drop a group of one row.
                              The two agree on binary metrics with groups of 2+ rows.
+    reward_filter            Trinity's row-level operator: keep rows with reward >= threshold
+    reward_std_filter        Trinity's group operator: drop groups of one row and groups whose
+                             reward std (ddof=0, np.std) <= threshold
+    zero_variance_filter     SkyRL (trainer.algorithm.zero_variance_filter): a row is live when it
+                             has action tokens; drop a group with 2+ live rows whose live rewards
+                             lie within `zero_variance_filter_tol` (max - min <= tol); a group
+                             with at most one live row is kept
     dynamic_filtering        OpenRLHF `--dynamic_filtering`: keep groups whose mean `metric` lies
                              strictly inside `dynamic_filtering_reward_range`
     mask_response_truncated  Trinity-RFT's operator (TRL `mask_truncated_completions`): rows whose
@@ -25,6 +32,9 @@ from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
 from rescore.transforms.strategies.catalog import (
+    RewardFilterParams,
+    RewardSTDFilterParams,
+    ZeroVarianceFilterParams,
     DAPODynamicSamplingParams,
     DynamicFilteringParams,
     FilterGroupsParams,
@@ -179,3 +189,58 @@ class MaskResponseTruncated(_Filter, MaskResponseTruncatedParams):
     def masked(self, rows: GroupedRows) -> Tensor | None:
         """(n,) bool rows whose advantages the plan zeroes (masking mode), or None."""
         return None if self.drop else self.flagged(rows)
+
+
+class RewardFilter(RewardFilterParams):
+    batch_level = False
+    needs: tuple[str, ...] = ()
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        return Scores(None, rows.reward >= self.threshold, *group_stats(rows.reward, rows.offsets))
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward = rows.reward.detach().cpu().numpy()
+        return [f"{self.name}: reward {reward[i]:.6g} < {self.threshold:g}" for i in dropped]
+
+
+class RewardSTDFilter(_Filter, RewardSTDFilterParams):
+    needs: tuple[str, ...] = ()
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        sizes = rows.offsets[1:] - rows.offsets[:-1]
+        return (sizes >= 2) & (torch.sqrt(population_var(rows.reward, rows.offsets)) > self.threshold)
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, offsets, g, _ = audit_rows(rows)
+        std = torch.sqrt(population_var(rows.reward, rows.offsets)).cpu().numpy()
+        sizes = np.diff(offsets)
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: a group of one row" if sizes[i] < 2 else f"{self.name}: std {std[i]:.6g} <= {self.threshold:g}",
+        )
+
+
+def live_spread(reward: Tensor, live: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """((G,) live rows, (G,) max - min of the live rewards; 0 without live rows)."""
+    count = segment_sum(live.to(torch.int64), offsets)
+    if reward.numel() == 0:
+        return count, torch.zeros_like(count, dtype=reward.dtype)
+    hi = torch.segment_reduce(torch.where(live, reward, torch.full_like(reward, -torch.inf)), "max", offsets=offsets, unsafe=True)
+    lo = torch.segment_reduce(torch.where(live, reward, torch.full_like(reward, torch.inf)), "min", offsets=offsets, unsafe=True)
+    return count, torch.where(count > 0, hi - lo, torch.zeros_like(hi))
+
+
+class ZeroVarianceFilter(_Filter, ZeroVarianceFilterParams):
+    needs: tuple[str, ...] = ()
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        count, spread = live_spread(rows.reward, rows.action_tokens > 0, rows.offsets)
+        return ~((count > 1) & (spread <= self.zero_variance_filter_tol))
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, _, g, _ = audit_rows(rows)
+        count, spread = (t.cpu().numpy() for t in live_spread(rows.reward, rows.action_tokens > 0, rows.offsets))
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: {count[i]} live rows, reward spread {spread[i]:.6g} <= {self.zero_variance_filter_tol:g}",
+        )
