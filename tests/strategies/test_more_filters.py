@@ -79,3 +79,47 @@ def test_zero_variance_filter_by_hand():
     assert create("zero_variance_filter", {}).score(rows, None).keep.tolist() == [False] * 3 + [True] * 2 + [False] * 2
     keep = create("zero_variance_filter", {"zero_variance_filter_tol": 0.0}).score(rows, None).keep.tolist()
     assert keep == [False] * 3 + [True] * 4
+
+
+def test_ngram_repeat_ratio_by_hand():
+    from rescore.transforms.strategies.repetition import ngram_repeat_ratio
+
+    # 1 2 1 2 1 2: bigrams 12 21 12 21 12, 2 distinct of 5 -> 3/5; 1 2 3: none repeat; [5]: no bigram.
+    got = ngram_repeat_ratio(np.array([1, 2, 1, 2, 1, 2, 1, 2, 3, 5]), np.array([0, 6, 9, 10]), 2)
+    np.testing.assert_allclose(got, [0.6, 0.0, 0.0])
+    # A python count of the same definition on random rows.
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 30, 50)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = rng.integers(0, 4, offsets[-1])
+    for n in (1, 3):
+        want = []
+        for i in range(50):
+            t = tokens[offsets[i]:offsets[i + 1]].tolist()
+            grams = [tuple(t[j:j + n]) for j in range(len(t) - n + 1)]
+            want.append((len(grams) - len(set(grams))) / len(grams) if grams else 0.0)
+        np.testing.assert_allclose(ngram_repeat_ratio(tokens, offsets, n), want)
+
+
+def test_ngram_repetition_filter_reads_the_response_tokens_only():
+    import pyarrow as pa
+    import torch
+
+    from rescore.schemas.validation import check_rows
+    from rescore.transforms.rows.groups import sort_rows, to_grouped_rows
+    from rescore.transforms.rows.keys import light_rows
+    from rescore.transforms.strategies import chain_of
+
+    # Prompt 7 7 7 7 (repeats, not counted). Responses: 1 2 1 2 1 2 (3/5 bigrams repeat),
+    # 1 2 3 4 (none), 9 9 9 (2 bigrams, 1 distinct -> 1/2).
+    table = pa.table({
+        "batch": [0, 0, 0], "task": [0, 0, 0], "run": [0, 1, 2], "reward": [1.0, 0.0, 1.0],
+        "tokens": [[7, 7, 7, 7, 1, 2, 1, 2, 1, 2], [7, 7, 7, 7, 1, 2, 3, 4], [7, 7, 7, 7, 9, 9, 9]],
+        "prompt_length": [4, 4, 4],
+    })
+    plan = chain_of("ngram_repetition_filter,grpo", {"rep_len": 2, "max_ratio": 0.5})
+    check = check_rows(table, needs=plan.needs)
+    light, _ = sort_rows(light_rows(0, table, check, task_type=pa.int64(), needs=plan.needs))
+    np.testing.assert_allclose(light["x.ngram_repeat_2"].to_numpy(), [0.6, 0.0, 0.5])
+    s = plan.score(to_grouped_rows(light, torch.device("cpu")))
+    assert s.keep.tolist() == [False, True, True]  # 0.5 is not above max_ratio

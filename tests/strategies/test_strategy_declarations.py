@@ -53,6 +53,7 @@ RESOLVED_DEFAULTS = {
     "mix_chord": {"epsilon": 1e-06, "mu_warmup_steps": 0, "mu_decay_steps": 0, "mu_peak": 0.1, "mu_valley": 0.1, "enable_phi_function": True},
     "normalize": {"mean_level": "batch", "mean_leave1out": False, "std_level": "batch", "std_unbiased": True, "eps": 1e-05, "std_of": "centered", "weighting": "row"},
     "normalize_then_sum": {"reward_keys": [], "reward_weights": None, "epsilon": 0.0001},
+    "ngram_repetition_filter": {"rep_len": 10, "max_ratio": 0.5},
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
     "opo": {"epsilon": 1e-06},

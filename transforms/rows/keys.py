@@ -26,6 +26,9 @@ SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
 EXTRA_PREFIX = "x."
 """Light column `x.NAME` carries the scalar input column NAME a strategy needs (float64 for
 numbers and bools, an int64 hash for strings)."""
+NGRAM_FEATURE = "@ngram_repeat:"
+"""Need `@ngram_repeat:N`: light column x.ngram_repeat_N, the share of the response's token
+N-grams that repeat an earlier one (transforms/strategies/repetition.py)."""
 DISCOUNT_FEATURE = "@discount:"
 """Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
 tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
@@ -116,6 +119,10 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         last = response_length > 0
     columns["last_action"] = pa.array(last)
     for name in needs:
+        if name.startswith(NGRAM_FEATURE):
+            n_gram = int(name[len(NGRAM_FEATURE) :])
+            columns[EXTRA_PREFIX + f"ngram_repeat_{n_gram}"] = pa.array(_ngram_ratios(valid, response_length, n_gram))
+            continue
         if name.startswith(DISCOUNT_FEATURE):
             a, b = _discount_sums(name, response_length, mask_values, mask)
             columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
@@ -142,6 +149,22 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         else:
             columns[EXTRA_PREFIX + name] = pc.cast(column, pa.float64())
     return pa.table(columns)
+
+
+def _ngram_ratios(valid: pa.Table, response_length: np.ndarray, n: int) -> np.ndarray:
+    """(n,) the repeat ratio of each row's response tokens (the last response_length tokens)."""
+    from rescore.transforms.strategies.repetition import ngram_repeat_ratio
+
+    tokens = flat_list(valid["tokens"])
+    values = np.asarray(tokens.values.to_numpy(zero_copy_only=False) if not isinstance(tokens.values, pa.ChunkedArray)
+                        else tokens.values.combine_chunks().to_numpy(zero_copy_only=False), dtype=np.int64)
+    ends = tokens.offsets[1:]
+    starts = ends - np.minimum(np.asarray(response_length, dtype=np.int64), tokens.lengths)
+    lengths = ends - starts
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return ngram_repeat_ratio(values[index], offsets, n)
 
 
 def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[np.ndarray, np.ndarray]:

@@ -517,3 +517,15 @@ class RewardSTDFilterParams(StrategyParams):
 @dataclass(frozen=True)
 class ZeroVarianceFilterParams(StrategyParams):
     zero_variance_filter_tol: float = param(1e-6, minimum=0.0)
+
+
+@register(
+    "ngram_repetition_filter",
+    kind=FILTER,
+    implementation="repetition:NgramRepetitionFilter",
+    summary="row-level: drop responses whose share of repeated token n-grams (rep_len) > max_ratio; needs tokens",
+)
+@dataclass(frozen=True)
+class NgramRepetitionFilterParams(StrategyParams):
+    rep_len: int = param(10, minimum=1)
+    max_ratio: float = param(0.5, between=(0.0, 1.0))
