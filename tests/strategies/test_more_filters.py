@@ -9,30 +9,28 @@ import numpy as np
 import pytest
 
 import refs
-from test_estimators_refs import SCHEMA, experiences, ours, per_batch, random_batches  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def ref():
-    try:
-        return refs.load()
-    except refs.RefsUnavailable as e:
-        pytest.skip(str(e))
+from test_estimators_refs import experiences, ours, per_batch, random_batches, ref  # noqa: F401  (ref: fixture)
 
 
 def kept(got):
     return {i for i, a in enumerate(got) if a is not None}
 
 
+def trinity_kept(ref, rows, operator) -> set[int]:
+    """Indices of the rows a Trinity experience operator keeps, one explore step at a time."""
+    want = set()
+    for idx, part in per_batch(rows):
+        exps = experiences(ref, part)
+        out, _ = operator.process(exps)
+        want |= {idx[exps.index(e)] for e in out}
+    return want
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("threshold", [0.0, 0.5, -1.0])
 def test_reward_filter_matches_trinity(ref, seed, threshold):
     rows = random_batches(seed)
-    want = set()
-    for idx, part in per_batch(rows):
-        exps = experiences(ref, part)
-        out, _ = ref.trinity.RewardFilter(threshold=threshold).process(exps)
-        want |= {idx[exps.index(e)] for e in out}
+    want = trinity_kept(ref, rows, ref.trinity.RewardFilter(threshold=threshold))
     assert kept(ours("reward_filter,grpo", {"threshold": threshold}, rows)) == want
     if threshold >= 0:
         assert 0 < len(want) < len(rows)
@@ -42,11 +40,7 @@ def test_reward_filter_matches_trinity(ref, seed, threshold):
 @pytest.mark.parametrize("threshold", [0.0, 0.4])
 def test_reward_std_filter_matches_trinity(ref, seed, threshold):
     rows = random_batches(seed)
-    want = set()
-    for idx, part in per_batch(rows):
-        exps = experiences(ref, part)
-        out, _ = ref.trinity.RewardSTDFilter(threshold=threshold).process(exps)
-        want |= {idx[exps.index(e)] for e in out}
+    want = trinity_kept(ref, rows, ref.trinity.RewardSTDFilter(threshold=threshold))
     assert kept(ours("reward_std_filter,grpo", {"threshold": threshold}, rows)) == want
 
 
