@@ -133,6 +133,7 @@ def validate_file_schema(
         if not col.accepts(t):
             raise SchemaError(f"{path}: column {col.name!r} has type {t}, expected {col.expected}")
     for name in needs:
+        name = name.removeprefix("@nullable:")  # a column every file must have, nulls allowed
         if name.startswith("@"):  # a feature computed from the columns, not a column
             continue
         if name not in names:

@@ -171,9 +171,9 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             out.bad |= has_error
     for need in needs:
         # Scalar columns a strategy reads (a metric, a baseline reward, a state id): a null or
-        # a non-finite number cannot be scored. `@optional:NAME` columns may be null (0).
-        name = need.removeprefix("@optional:")
-        if name in _NOT_SCALAR or name not in names or (name != need and need != f"@optional:{name}"):
+        # a non-finite number cannot be scored. `@optional:NAME` / `@nullable:NAME` columns may be null (missing: NaN).
+        name = need.removeprefix("@optional:").removeprefix("@nullable:")
+        if name in _NOT_SCALAR or name not in names or (name != need and need not in (f"@optional:{name}", f"@nullable:{name}")):
             continue
         column = table[name]
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):

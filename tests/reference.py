@@ -159,6 +159,10 @@ DEFAULTS = {
     "step_wise_grpo": {"epsilon": 1e-6, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
     "dr_grpo": {},
     "rloo": {},
+    "maxrl": {"epsilon": 1e-6},
+    "flash_reinforce": {},
+    "normalize": {"mean_level": "batch", "mean_leave1out": False, "std_level": "batch", "std_unbiased": True, "eps": 1e-5,
+                  "std_of": "centered", "weighting": "row"},
     "reinforce_plus_plus_baseline": {},
     "raft": {"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
     "constant": {"weight": 1.0},
@@ -308,6 +312,39 @@ def _advantage(name, p, groups, batch_of):
             for r in members:
                 if r["expert"]:
                     out[rid(r)] = (0.0, 1.0)
+        elif name == "maxrl":
+            mean = _mean(rewards)
+            for r, x in zip(members, rewards):
+                out[rid(r)] = ((x - mean) / (mean + p["epsilon"]) if n > 1 else x, 1.0)
+        elif name == "flash_reinforce":
+            values = [float(r["reward"]) for m in by_batch[b] for r in m]
+            mean = values[0] if len(set(values)) == 1 else _mean(values)
+            for r, x in zip(members, rewards):
+                out[rid(r)] = (x - mean, 1.0)
+        elif name == "normalize":  # row weights, no leave-one-out: the plain formula
+            pool = [float(r["reward"]) for m in by_batch[b] for r in m]
+            ddof = 1 if p["std_unbiased"] else 0
+            level_mean = {"group": _mean(rewards) if len(set(rewards)) > 1 else rewards[0],
+                          "batch": _mean(pool) if len(set(pool)) > 1 else pool[0], "none": 0.0}[p["mean_level"]]
+
+            def centered(xs, m):
+                return [x - m for x in xs]
+
+            if p["std_level"] == "none":
+                s, eps = 1.0, 0.0
+            else:
+                if p["std_level"] == "group":
+                    res = centered(rewards, level_mean)
+                else:  # batch: the residuals of every group of the batch about their own level's mean
+                    res = []
+                    for m in by_batch[b]:
+                        xs = [float(r["reward"]) for r in m]
+                        own = {"group": _mean(xs) if len(set(xs)) > 1 else xs[0], "batch": level_mean, "none": 0.0}[p["mean_level"]]
+                        res += centered(xs, own)
+                s = math.sqrt(sum(x * x for x in res) / (len(res) - ddof)) if len(res) > ddof else 1.0
+                eps = p["eps"]
+            for r, x in zip(members, rewards):
+                out[rid(r)] = ((x - level_mean) / (s + eps), 1.0)
         else:  # pragma: no cover
             raise ValueError(name)
     return out

@@ -117,11 +117,12 @@ class DataProto:
 class Experience:
     """Stand-in for trinity.common.experience.Experience with the fields advantage code uses."""
 
-    def __init__(self, eid, reward, action_mask, info=None):
+    def __init__(self, eid, reward, action_mask, info=None, metrics=None):
         self.eid = eid
         self.reward = reward
         self.action_mask = action_mask
         self.info = info or {}
+        self.metrics = metrics or {}
         self.advantages = None
         self.returns = None
 
@@ -211,4 +212,166 @@ def _load(src: str) -> types.SimpleNamespace:
                 m = _exec_file(os.path.join(adv, f"{mod}.py"), f"_ref_trinity_{mod}")
                 setattr(trinity, cls, getattr(m, cls))
                 setattr(trinity, f"_module_{mod}", m)
+        # The experience operators (filters) the buffer pipeline runs before the advantage.
+        filters = _exec_file(os.path.join(src, "trinity/buffer/operators/filters/reward_filter.py"), "_ref_trinity_reward_filter")
+        for cls in ("DAPODynamicSamplingFilter", "RewardFilter", "RewardSTDFilter"):
+            setattr(trinity, cls, getattr(filters, cls))
     return types.SimpleNamespace(verl=core, trinity=trinity, EID=exp_ns["EID"], Experience=Experience, DataProto=DataProto)
+
+
+# --- TRL, OpenRLHF, SkyRL and AReaL: their pure functions and inline advantage code ----------------
+
+EXTRA_WHEELS = {
+    "trl": ("trl==1.16.0", "trl-1.16.0"),
+    "openrlhf": ("openrlhf==0.11.2", "openrlhf-0.11.2"),
+    "skyrl": ("skyrl==0.4.0", "skyrl-0.4.0"),
+    "areal": ("areal==1.0.4", "areal-1.0.4"),
+}
+"""Downloaded with `pip download --no-deps` like verl and Trinity (skyrl's wheel says Python
+3.12, so it is fetched as a wheel for 3.12: only pure Python is read from it)."""
+
+
+def _extra_unpacked(name: str) -> str:
+    requirement, prefix = EXTRA_WHEELS[name]
+    root = os.path.join(cache_dir(), "extra")
+    src = os.path.join(root, "src-" + name)
+    marker = os.path.join(src, ".complete")
+    if os.path.exists(marker):
+        return src
+    os.makedirs(root, exist_ok=True)
+    wheels = [f for f in os.listdir(root) if f.startswith(prefix.replace("-", "_", 1)) or f.startswith(prefix)]
+    if not wheels:
+        args = ["--python-version", "3.12", "--only-binary=:all:"] if name == "skyrl" else []
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", root, *args, requirement],
+                capture_output=True, text=True, timeout=300,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RefsUnavailable(f"could not download {requirement}: {e}") from e
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            raise RefsUnavailable(f"pip download {requirement} failed: {tail[0]}")
+        wheels = [f for f in os.listdir(root) if f.startswith(prefix.replace("-", "_", 1)) or f.startswith(prefix)]
+    os.makedirs(src, exist_ok=True)
+    with zipfile.ZipFile(os.path.join(root, wheels[0])) as z:
+        z.extractall(src)
+    open(marker, "w").close()
+    return src
+
+
+def _find(src: str, relative: str) -> str:
+    """A file of an unpacked wheel (OpenRLHF's lives under openrlhf-X.data/purelib/)."""
+    for root, _, files in os.walk(src):
+        path = os.path.join(root, os.path.basename(relative))
+        if path.endswith(relative) and os.path.basename(relative) in files:
+            return path
+    raise RefsUnavailable(f"{relative} is not in the wheel")
+
+
+def _method_block(path: str, method: str, first_test: str) -> ast.Module:
+    """The `if` statement inside `method` of `path` whose test's source is `first_test`,
+    as a module to execute (inline advantage code that is no function of its own)."""
+    source = open(path, encoding="utf-8").read()
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == method:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.If) and ast.get_source_segment(source, inner.test) == first_test:
+                    return ast.Module(body=[inner], type_ignores=[])
+    raise RefsUnavailable(f"{path}: no `if {first_test}` in {method}")
+
+
+@lru_cache(maxsize=None)
+def load_extra(name: str) -> types.SimpleNamespace:
+    """The reference code of one of EXTRA_WHEELS; RefsUnavailable (the reason) where it
+    cannot be had."""
+    try:
+        src = _extra_unpacked(name)
+        return _LOADERS[name](src)
+    except RefsUnavailable:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise RefsUnavailable(f"could not import {name}'s reference code: {type(e).__name__}: {e}") from e
+
+
+def _load_trl(src: str) -> types.SimpleNamespace:
+    import torch
+
+    utils = _extract(_find(src, "trl/trainer/utils.py"), {"nanstd"}, {"torch": torch, "__name__": "_ref_trl_utils"})
+    path = _find(src, "trl/trainer/grpo_trainer.py")
+    block = compile(_method_block(path, "_generate_and_score_completions", 'self.multi_objective_aggregation == "sum_then_normalize"'), path, "exec")
+
+    def advantages(rewards_per_func, weights, num_generations: int, scale_rewards: str, aggregation: str):
+        """TRL GRPOTrainer's own lines: (B, K) rewards (NaN: the function abstained) ->
+        (B,) advantages, NaN rows zeroed as the trainer does next."""
+        me = types.SimpleNamespace(
+            multi_objective_aggregation=aggregation, scale_rewards=scale_rewards,
+            reward_weights=torch.as_tensor(weights, dtype=rewards_per_func.dtype), reward_funcs=[None] * rewards_per_func.shape[1],
+        )
+        ns = {"self": me, "torch": torch, "nanstd": utils["nanstd"], "rewards_per_func": rewards_per_func,
+              "num_generations": num_generations, "device": rewards_per_func.device,
+              "unscorable_mask": torch.isnan(rewards_per_func).all(dim=1)}
+        exec(block, ns)
+        return torch.nan_to_num(ns["advantages"], nan=0.0)
+
+    return types.SimpleNamespace(nanstd=utils["nanstd"], advantages=advantages)
+
+
+def _load_openrlhf(src: str) -> types.SimpleNamespace:
+    import torch
+
+    path = _find(src, "openrlhf/trainer/ppo_utils/experience_maker.py")
+    block = compile(_method_block(path, "compute_advantages_and_returns", 'args.algo.advantage.estimator == "rloo"'), path, "exec")
+
+    def shaped(rewards, estimator: str, n_samples: int):
+        """OpenRLHF's baseline step: (prompts * n_samples,) rewards -> the same, shaped."""
+        args = types.SimpleNamespace(
+            algo=types.SimpleNamespace(advantage=types.SimpleNamespace(estimator=estimator)),
+            rollout=types.SimpleNamespace(n_samples_per_prompt=n_samples),
+        )
+        ns = {"args": args, "torch": torch, "rewards": rewards.reshape(-1, n_samples)}
+        exec(block, ns)
+        return ns["rewards"].reshape(-1)
+
+    return types.SimpleNamespace(shaped=shaped)
+
+
+def _load_skyrl(src: str) -> types.SimpleNamespace:
+    from collections import defaultdict
+
+    import numpy as np
+    import torch
+
+    ns = {
+        "torch": torch, "np": np, "defaultdict": defaultdict, "Optional": Any, "Float": Any, "__name__": "_ref_skyrl_ppo_utils",
+        "register_advantage_estimator": lambda name: (lambda fn: fn),
+        "AdvantageEstimator": types.SimpleNamespace(MAXRL="maxrl", GRPO="grpo", RLOO="rloo"),
+    }
+    path = _find(src, "skyrl/backends/skyrl_train/utils/ppo_utils.py")
+    out = _extract(path, {"compute_maxrl_advantage", "compute_grpo_outcome_advantage"}, ns)
+    utils = _extract(
+        _find(src, "skyrl/train/utils/trainer_utils.py"), {"zero_variance_filter"},
+        {"defaultdict": defaultdict, "List": list, "Optional": Any, "__name__": "_ref_skyrl_trainer_utils"},
+    )
+    return types.SimpleNamespace(compute_maxrl_advantage=out["compute_maxrl_advantage"],
+                                 compute_grpo_outcome_advantage=out["compute_grpo_outcome_advantage"],
+                                 zero_variance_filter=utils["zero_variance_filter"])
+
+
+def _load_areal(src: str) -> types.SimpleNamespace:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    ns = {"torch": torch, "np": np, "dist": dist, "NormConfig": Any, "__name__": "_ref_areal_data"}
+    out = _extract(_find(src, "areal/utils/data.py"), {"Normalization"}, ns)
+
+    def config(**kw):
+        base = dict(mean_level="batch", mean_leave1out=False, std_level="batch", std_unbiased=True, eps=1e-5, group_size=1)
+        return types.SimpleNamespace(**{**base, **kw})
+
+    return types.SimpleNamespace(Normalization=out["Normalization"], NormConfig=config)
+
+
+_LOADERS = {"trl": _load_trl, "openrlhf": _load_openrlhf, "skyrl": _load_skyrl, "areal": _load_areal}

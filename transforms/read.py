@@ -25,7 +25,7 @@ from rescore.transforms.input_plan import (  # noqa: F401  (the plan's names, as
     start_prefetch,
     stop_prefetch,
 )
-from rescore.transforms.rows.keys import bucket_of, light_columns, light_rows, split_by
+from rescore.transforms.rows.keys import WHOLE_BATCH, bucket_of, light_columns, light_rows, split_by
 from rescore.transforms.rows.model_columns import apply_model_rejects
 from rescore.transforms.rows.outcomes import rejected_records
 from rescore.transforms.unit_threads import Overlap, resolve_threads
@@ -62,7 +62,7 @@ class _ReadLight(beam.DoFn):
             batch = table["batch"].take(pa.array(bad))
             rejected = (unit.index, rejected_records(bad, batch, check.reasons[bad]))
         light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs)
-        return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._buckets)))
+        return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._buckets, whole_batches=WHOLE_BATCH in self._needs)))
 
     def _outputs(self, result):
         rows, rejected, parts = result

@@ -14,7 +14,7 @@ import pytest
 
 from batched import run_many
 from data import read_output
-from test_estimators_refs import SCHEMA, ours, random_batches
+from test_estimators_refs import SCHEMA, dapo_rows, gigpo_batches, ours, random_batches, ref, trinity_dapo_kept, trinity_gigpo  # noqa: F401  (ref: fixture)
 
 
 CASES = [
@@ -32,6 +32,10 @@ CASES = [
     ("gpg", {"f_norm": 2.0}),
     ("gdpo", {"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0, 0.5]}),
     ("rloo", {"normalize_advantages": True}),
+    ("normalize_then_sum", {"reward_keys": ["acc", "fmt"], "reward_weights": [1.0, 0.5]}),
+    ("normalize", {"mean_level": "group", "std_level": "batch", "weighting": "token"}),
+    ("maxrl", {}),
+    ("flash_reinforce", {}),
 ]
 
 
@@ -72,6 +76,29 @@ def test_estimator_through_the_cli(rescore, tmp_path, strategy, params):
         np.testing.assert_allclose(got["advantages"], w.astype(np.float32), rtol=1e-6, atol=1e-6)
         assert got["returns"] == got["advantages"]
         assert np.isfinite(got["score"])
+
+
+def test_algorithm_gigpo_pools_anchors_across_buckets_as_trinity(rescore, tmp_path, ref):
+    """Anchor states shared across tasks, null step rewards, many shuffle buckets: every row of
+    a batch meets in one bucket, and the written advantages are Trinity's."""
+    rows = gigpo_batches(11)
+    glob = _write(rows, str(tmp_path / "in"))
+    _, out = rescore(glob, "--algorithm", "gigpo", "--buckets", "16")
+    written = _written(out)
+    assert len(written) == len(rows)
+    for r, w in zip(rows, trinity_gigpo(ref, rows, {})):
+        got = written[(r["batch"], r["task"], r["run"], r["step"])]
+        np.testing.assert_allclose(got["advantages"], w, rtol=1e-5, atol=1e-5)
+
+
+def test_algorithm_dapo_keeps_the_rows_trinity_keeps(rescore, tmp_path, ref):
+    rows = dapo_rows(5)
+    glob = _write(rows, str(tmp_path / "in"))
+    doc, out = rescore(glob, "--algorithm", "dapo", "--set", "metric_key=acc", "--set", "correct_threshold=0.25")
+    written = _written(out)
+    kept = trinity_dapo_kept(ref, rows, correct_threshold=0.25)
+    assert {(r["batch"], r["task"], r["run"], r["step"]) for i, r in enumerate(rows) if i in kept} == set(written)
+    assert doc["totals"]["rows_filtered"] == len(rows) - len(kept) > 0
 
 
 def test_filter_groups_drops_groups_without_spread_in_the_metric(rescore, tmp_path):

@@ -36,6 +36,11 @@ CASES = [
     ("reward_variance,grpo", {"std_cal_level": "batch"}),
     ("reward_variance,reinforce_plus_plus_baseline", {"variance_threshold": 0.05}),
     ("grpo", {"std_threshold": 0.1, "std_cal_level": "batch"}),
+    ("maxrl", {}),
+    ("flash_reinforce", {}),
+    ("normalize", {}),
+    ("normalize", {"mean_level": "group", "std_level": "batch", "std_unbiased": False}),
+    ("reward_variance,normalize", {"mean_level": "batch", "std_level": "group", "eps": 1e-3}),
 ]
 
 

@@ -9,8 +9,9 @@ relative (1e-6 absolute where the reference computes in float32).
 Intentional differences, excluded here and pinned in test_estimators_units.py:
 - groups of one row in `rec` (Trinity raises NameError) and `grpo_passk` (verl raises);
 - `remax` at masked positions (the references leave r - 0 there; our advantages are masked);
-- `gigpo` anchors pool across tasks in Trinity, within the task group here (the data below
-  gives each task its own state hashes, where both agree).
+- `gigpo` with `anchor_scope: task` keeps anchors within the task group (the data of
+  test_gigpo_matches_trinity gives each task its own state hashes, where both agree); the
+  default `batch` pools them across tasks as Trinity does (test_gigpo_pooled_anchors_...).
 """
 
 from __future__ import annotations
@@ -406,6 +407,164 @@ def test_gigpo_matches_trinity(ref, seed, params):
         keep = [i for i, r in enumerate(rows) if len(equal[(r["batch"], r["task"])]) > 1]
         got, want = [got[i] for i in keep], [want[i] for i in keep]
     assert_close(got, want, atol=1e-5)
+
+
+def gigpo_batches(seed: int) -> list[dict]:
+    """Multi-step runs whose anchor states repeat across the tasks of a batch, step rewards
+    missing on some steps (null) and on every step of some runs, runs of one step, tasks of
+    one run."""
+    rng = random.Random(seed)
+    rows = []
+    for b in range(3):
+        for t in range(rng.randint(1, 5)):
+            for run in rng.sample(range(50), rng.choice([1, 1, 2, 3, 5])):
+                kind = rng.random()  # < 0.3: no step reward on any step; else some missing
+                for step in sorted(rng.sample(range(5), rng.choice([1, 1, 2, 3]))):
+                    step_reward = None if kind < 0.3 or rng.random() < 0.3 else rng.choice([0.0, 1.0, rng.uniform(-1, 1)])
+                    rows.append({
+                        "batch": b, "task": t, "run": run, "step": step,
+                        "reward": rng.choice([0.0, 1.0, rng.uniform(-2, 3)]), "logprobs": [-0.5, -0.5], "teacher_logprobs": [-0.5, -0.5],
+                        "action_mask": [1, 1], "acc": 1.0, "fmt": 0.0, "reward_baselines": 0.0,
+                        "env_state_hash": None if rng.random() < 0.1 else f"s{rng.randint(0, 3)}",
+                        "step_reward": step_reward,
+                    })
+    rng.shuffle(rows)
+    return rows
+
+
+def trinity_gigpo(ref, rows: list[dict], params: dict) -> list[np.ndarray]:
+    """Trinity's GiGPOAdvantageFn over each batch (one explore step); an info key only where
+    the row has a value (a null is a missing key)."""
+
+    def one_batch(part):
+        exps = experiences(ref, part)
+        for e, r in zip(exps, part):
+            e.info = {k: r[k] for k in ("env_state_hash", "step_reward") if r[k] is not None}
+        fn = ref.trinity.GiGPOAdvantageFn(**{k: v for k, v in params.items() if k not in ("step_reward_key", "anchor_scope")})
+        out, _ = fn(exps)
+        return [e.advantages.double().numpy() for e in out]
+
+    return by_batch(one_batch, rows)
+
+
+@pytest.mark.parametrize("seed", SEEDS + [4, 5, 6, 7])
+@pytest.mark.parametrize("params", [{}, {"fnorm": "std", "omega": 0.5, "gamma": 0.9}, {"gamma": 0.7, "anchor_scope": "batch"}])
+def test_gigpo_pooled_anchors_and_missing_step_rewards_match_trinity(ref, seed, params):
+    """Anchors shared across tasks (pooled over the batch, the default) and null step rewards
+    (a run with none falls back to its last-step reward; a missing step of a run with some is
+    0), as Trinity's own GiGPOAdvantageFn computes them."""
+    rows = gigpo_batches(seed)
+    got, want = ours("gigpo", params, rows), trinity_gigpo(ref, rows, params)
+    if params.get("fnorm") == "std":
+        equal = {}
+        for r in rows:
+            equal.setdefault((r["batch"], r["task"]), set()).add(r["reward"])
+        # Groups whose episode returns or anchor returns are all equal: Trinity's float32 mean
+        # can leave ~1e-9 spread and divide by it (test_gigpo_all_equal_group_scores_exactly_zero).
+        close = [i for i, (g, w) in enumerate(zip(got, want)) if np.all(np.abs(w) < 1e3)]
+        got, want = [got[i] for i in close], [want[i] for i in close]
+    assert_close(got, want, atol=1e-5)
+
+
+def test_gigpo_one_step_run_without_step_reward_matches_trinity(ref):
+    """The issue's cases: one row (reward 1, step_reward null) scores 1 / (1 + 1e-6); two
+    one-step runs sharing an anchor keep their signs."""
+    base = {"batch": 0, "step": 0, "logprobs": [-0.5], "teacher_logprobs": [-0.5], "action_mask": [1], "acc": 1.0,
+            "fmt": 0.0, "reward_baselines": 0.0, "env_state_hash": "s", "step_reward": None}
+    one = [{**base, "task": 0, "run": 0, "reward": 1.0}]
+    got = ours("gigpo", {}, one)
+    np.testing.assert_allclose(got[0], [0.999999], atol=1e-9)
+    assert_close(got, trinity_gigpo(ref, one, {}), atol=1e-6)
+    two = [{**base, "task": 0, "run": 0, "reward": 1.0}, {**base, "task": 0, "run": 1, "reward": 0.0}]
+    got = ours("gigpo", {}, two)
+    assert got[0][0] > 0 > got[1][0]
+    assert_close(got, trinity_gigpo(ref, two, {}), atol=1e-6)
+    got = ours("gigpo", {}, [{**r, "task": i} for i, r in enumerate(two)])  # one run per task, shared anchor
+    assert_close(got, trinity_gigpo(ref, [{**r, "task": i} for i, r in enumerate(two)], {}), atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gigpo_algorithm_preset_matches_trinity(ref, seed):
+    from rescore.transforms.strategies import algorithms
+
+    preset = algorithms.preset("gigpo")
+    rows = gigpo_batches(seed)
+    assert_close(ours(",".join(preset.strategies), dict(preset.params), rows), trinity_gigpo(ref, rows, {}), atol=1e-5)
+
+
+# --- DAPO dynamic sampling (Trinity's experience operator) ------------------------------------
+
+
+def dapo_rows(seed: int) -> list[dict]:
+    """Groups of 1..8 rows; `accuracy` continuous, binary or null (then Trinity reads the
+    reward), some groups all correct or all wrong."""
+    rng = random.Random(seed)
+    rows = []
+    for b in range(3):
+        for t in range(rng.randint(1, 8)):
+            kind = rng.random()
+            for run in range(rng.choice([1, 2, 3, 5, 8])):
+                if kind < 0.2:
+                    acc = 1.0
+                elif kind < 0.35:
+                    acc = 0.0
+                elif kind < 0.6:
+                    acc = float(rng.random() > 0.5)
+                else:
+                    acc = None if rng.random() < 0.3 else rng.uniform(-1, 1)
+                rows.append({
+                    "batch": b, "task": t, "run": run, "step": 0, "reward": rng.choice([0.0, 1.0, rng.uniform(-1, 2)]),
+                    "logprobs": [-0.5], "teacher_logprobs": [-0.5], "action_mask": [1], "acc": acc, "fmt": 0.0,
+                    "reward_baselines": 0.0, "env_state_hash": "s", "step_reward": 0.0,
+                })
+    rng.shuffle(rows)
+    return rows
+
+
+def trinity_dapo_kept(ref, rows: list[dict], **params) -> set[int]:
+    """Indices of the rows Trinity's DAPODynamicSamplingFilter keeps, one explore step at a
+    time; a row's `acc` is its experience metric (none where null)."""
+    kept = set()
+    for idx, part in per_batch(rows):
+        exps = experiences(ref, part)
+        for e, r in zip(exps, part):
+            e.metrics = {} if r["acc"] is None else {"acc": r["acc"]}
+        out, _ = ref.trinity.DAPODynamicSamplingFilter(metric_key="acc", **params).process(exps)
+        kept |= {idx[exps.index(e)] for e in out}
+    return kept
+
+
+@pytest.mark.parametrize("seed", SEEDS + [4, 5, 6, 7])
+@pytest.mark.parametrize("threshold", [0.0, 0.5, -0.2])
+@pytest.mark.parametrize("name", ["dapo_dynamic_sampling", "dynamic_sampling"])
+def test_dapo_dynamic_sampling_matches_trinity(ref, seed, threshold, name):
+    rows = dapo_rows(seed)
+    got = ours(f"{name},grpo", {"metric_key": "acc", "correct_threshold": threshold}, rows)
+    kept = trinity_dapo_kept(ref, rows, correct_threshold=threshold)
+    assert {i for i, a in enumerate(got) if a is not None} == kept
+    assert 0 < len(kept) < len(rows)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_algorithm_dapo_matches_trinity_filter_then_grpo(ref, seed):
+    """The preset (metric 'accuracy': absent here, so the reward decides) keeps Trinity's rows,
+    and scores them with Trinity's GRPO over what is left."""
+    from rescore.transforms.strategies import algorithms
+
+    preset = algorithms.preset("dapo")
+    rows = dapo_rows(seed)
+    got = ours(",".join(preset.strategies), dict(preset.params), rows)
+    kept = set()
+    for idx, part in per_batch(rows):
+        exps = experiences(ref, part)
+        out, _ = ref.trinity.DAPODynamicSamplingFilter().process(exps)
+        kept |= {idx[exps.index(e)] for e in out}
+        if out:
+            scored, _ = ref.trinity.GRPOGroupedAdvantage()(out)
+            for e in scored:
+                i = idx[exps.index(e)]
+                np.testing.assert_allclose(got[i], e.advantages.double().numpy(), rtol=1e-5, atol=1e-6)
+    assert {i for i, a in enumerate(got) if a is not None} == kept
 
 
 # --- verl group estimators ---------------------------------------------------------------------

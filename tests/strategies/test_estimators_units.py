@@ -174,6 +174,44 @@ def test_gigpo_episode_plus_anchor_step_advantages():
     np.testing.assert_allclose(scores("gigpo", {}, rows), [h, h, -h], rtol=1e-12)
 
 
+def test_gigpo_missing_step_rewards_decided_per_run():
+    # Trinity: a run with the key on any step counts a missing step 0; a run without it uses
+    # its last-step reward on the last step. One row, reward 1, no step reward: 1 / (1 + eps).
+    one = grouped([1.0], [1], columns={"env_state_hash": [7], "step_reward": [float("nan")]})
+    np.testing.assert_allclose(scores("gigpo", {}, one), [1 / (1 + EPS)], rtol=1e-12)
+    # Run 0: steps 0 (step_reward 0.5) and 1 (missing -> 0; its reward 3 is not used):
+    # return 0.5. Run 1: no step reward at all -> its last-step reward 2 -> return 2.
+    rows = grouped(
+        [9.0, 3.0, 2.0], [3], run=[0, 0, 1], step=[0, 1, 0],
+        columns={"env_state_hash": [1, 2, 3], "step_reward": [0.5, float("nan"), float("nan")]},
+    )
+    h = 0.75 / (1 + EPS)  # episode returns 0.5, 2: mean 1.25
+    np.testing.assert_allclose(scores("gigpo", {}, rows), [-h, -h, h], rtol=1e-12)
+
+
+def test_gigpo_anchor_scope_batch_pools_across_tasks():
+    # Two one-row tasks of one batch share anchor 5: returns 1 and 0. Episode: each alone,
+    # A_E = r / (1 + eps). Step: batch scope pools them (+-0.5 / (1 + eps)); task scope does not.
+    rows = grouped([1.0, 0.0], [1, 1], columns={"env_state_hash": [5, 5]})
+    e, h = 1 / (1 + EPS), 0.5 / (1 + EPS)
+    np.testing.assert_allclose(scores("gigpo", {}, rows), [e + h, -h], rtol=1e-12)
+    np.testing.assert_allclose(scores("gigpo", {"anchor_scope": "batch"}, rows), [e + h, -h], rtol=1e-12)
+    np.testing.assert_allclose(scores("gigpo", {"anchor_scope": "task"}, rows), [e, 0.0], rtol=1e-12)
+    # Other batches never share an anchor.
+    rows = grouped([1.0, 0.0], [1, 1], batch=[0, 1], columns={"env_state_hash": [5, 5]})
+    np.testing.assert_allclose(scores("gigpo", {}, rows), [e, 0.0], rtol=1e-12)
+
+
+def test_gigpo_batch_scope_sends_a_batch_to_one_bucket():
+    from rescore.transforms.rows.keys import WHOLE_BATCH, bucket_of
+
+    assert WHOLE_BATCH in chain_of("gigpo").needs and WHOLE_BATCH not in chain_of("gigpo", {"anchor_scope": "task"}).needs
+    light = pa.table({"batch": [0] * 50 + [1] * 50, "task": list(range(100))})
+    by_batch = bucket_of(light, 16, whole_batches=True)
+    assert len(set(by_batch[:50])) == 1 and len(set(by_batch[50:])) == 1
+    assert len(set(bucket_of(light, 16)[:50])) > 1
+
+
 def test_gigpo_all_equal_group_scores_exactly_zero():
     # Intentional difference: Trinity's float32 mean of equal values can leave ~1e-9 spread,
     # which fnorm="std" divides by; the spec makes zero spread exact.
@@ -187,6 +225,30 @@ def test_filters():
     assert keep == [False, False, True, True, True]  # no spread in acc; a group of one stays
     keep = create("dynamic_filtering", {"dynamic_filtering_reward_range": [0, 1]}).score(rows, None).keep.tolist()
     assert keep == [True, True, False, False, False]  # mean strictly inside (0, 1)
+
+
+def test_dapo_dynamic_sampling_binarises_the_metric():
+    nan = float("nan")
+    # Groups: [0.3, 0.7] with threshold 0.5 -> one correct of 2: kept; [0.7, 0.9]: all correct;
+    # [0.1, 0.2]: none; [1.0]: a group of one, dropped (verl's filter_groups keeps it, and keeps
+    # [0.7, 0.9] whose values differ). A null metric falls back to the reward.
+    rows = grouped(
+        [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0], [2, 2, 2, 1, 2],
+        columns={"accuracy": [0.3, 0.7, 0.7, 0.9, 0.1, 0.2, 1.0, nan, nan]},
+    )
+    keep = create("dapo_dynamic_sampling", {"correct_threshold": 0.5}).score(rows, None).keep.tolist()
+    assert keep == [True, True, False, False, False, False, False, True, True]
+    assert create("dynamic_sampling", {"correct_threshold": 0.5}).score(rows, None).keep.tolist() == keep
+    rows = grouped([0.0, 1.0, 2.0, 2.0, 1.0], [3, 2])
+    # metric_key reward, threshold 0: correct = reward > 0: 2 of 3 (kept), 2 of 2 (dropped).
+    keep = create("dapo_dynamic_sampling", {"metric_key": "reward"}).score(rows, None).keep.tolist()
+    assert keep == [True, True, True, False, False]
+    assert chain_of("dapo_dynamic_sampling").needs == ("@optional:accuracy",)
+
+
+def test_dapo_preset_is_trinity_dynamic_sampling_then_grpo():
+    p = algorithms.preset("dapo")
+    assert p.strategies == ("dapo_dynamic_sampling", "grpo")
 
 
 def test_truncated_rows_keep_their_place_in_the_group():

@@ -27,6 +27,8 @@ from rescore.transforms.strategies.registry import StrategyParams, register
 
 # The resolved parameters of every strategy with nothing set, in order, as they were before the
 # declarations moved into catalog.py: metrics.json and config_hash record exactly these.
+# (gigpo's anchor_scope was added by issue 31: its default pools anchors over the batch as
+# Trinity does, which changed results, so the hash must change with it.)
 RESOLVED_DEFAULTS = {
     "asymre": {"baseline_shift": -0.1},
     "constant": {"weight": 1.0},
@@ -34,17 +36,24 @@ RESOLVED_DEFAULTS = {
     "dr_grpo": {},
     "duplicate_informative": {"variance_threshold": 0.0, "seed": 0},
     "dynamic_filtering": {"dynamic_filtering_reward_range": [0.0, 1.0], "metric": "reward"},
-    "dynamic_sampling": {"metric": "acc"},
+    "dapo_dynamic_sampling": {"metric_key": "accuracy", "correct_threshold": 0.0},
+    # issue 31: dynamic_sampling is Trinity's DAPO filter now (was an alias of filter_groups)
+    "dynamic_sampling": {"metric_key": "accuracy", "correct_threshold": 0.0},
     "filter_groups": {"metric": "acc"},
     "gdpo": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True, "gdpo_reward_keys": [], "gdpo_reward_weights": None},
-    "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash"},
+    "gigpo": {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-06, "step_reward_key": "step_reward", "env_state_hash_key": "env_state_hash", "anchor_scope": "batch"},
+    "flash_reinforce": {},
     "gpg": {"epsilon": 1e-06, "f_norm": 1.0, "alpha": 1.0},
     "grpo": {"epsilon": 1e-06, "std_cal_level": "group", "std_threshold": None, "rank_penalty": None},
     "grpo_passk": {"epsilon": 1e-06, "norm_adv_by_std_in_grpo": True},
     "jsd": {"lambda_coef": 0.5, "kl_coef": 1.0, "temperature": 1.0, "chunk_size": None},
     "mask_response_truncated": {"truncate_status_key": "truncate_status", "drop": False},
     "mask_truncated_completions": {"truncate_status_key": "truncate_status", "drop": False},
+    "maxrl": {"epsilon": 1e-06},
     "mix_chord": {"epsilon": 1e-06, "mu_warmup_steps": 0, "mu_decay_steps": 0, "mu_peak": 0.1, "mu_valley": 0.1, "enable_phi_function": True},
+    "normalize": {"mean_level": "batch", "mean_leave1out": False, "std_level": "batch", "std_unbiased": True, "eps": 1e-05, "std_of": "centered", "weighting": "row"},
+    "normalize_then_sum": {"reward_keys": [], "reward_weights": None, "epsilon": 0.0001},
+    "ngram_repetition_filter": {"rep_len": 10, "max_ratio": 0.5},
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
     "opo": {"epsilon": 1e-06},
@@ -56,9 +65,12 @@ RESOLVED_DEFAULTS = {
     "reinforce_plus_plus_baseline": {},
     "reinforceplusplus": {"gamma": 1.0},
     "remax": {"reward_baselines": "reward_baselines"},
+    "reward_filter": {"threshold": 0.0},
+    "reward_std_filter": {"threshold": 0.0},
     "reward_variance": {"variance_threshold": 0.0},
     "rloo": {},
     "step_wise_grpo": {"epsilon": 1e-06, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
+    "zero_variance_filter": {"zero_variance_filter_tol": 1e-06},
 }
 
 
@@ -150,7 +162,7 @@ def test_capabilities_are_declared_protocols():
     assert chain_of("jsd").token_level and not chain_of("grpo").token_level
     assert {n for n in names() if isinstance(create(n), ExplainsScores)} == {
         "asymre", "correct_bias", "dr_grpo", "gpg", "grpo", "grpo_passk", "opmd", "opo", "rec", "reinforce",
-        "reinforce_plus_plus_baseline", "remax", "rloo", "step_wise_grpo",
+        "reinforce_plus_plus_baseline", "remax", "rloo", "step_wise_grpo", "maxrl", "normalize",
     }  # the others' audit baseline is null
     assert {n for n in names() if isinstance(create(n), ExplainsDrops)} >= {
         "reward_variance", "duplicate_informative", "grpo", "step_wise_grpo", "raft", "filter_groups",

@@ -18,6 +18,7 @@ from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
 from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.registry import WHOLE_BATCH  # noqa: F401  (re-exported)
 from rescore.transforms.strategies.flat import flat_segment_sum
 
 ID_KEYS = ("batch", "task", "run", "step")
@@ -25,11 +26,18 @@ SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
 EXTRA_PREFIX = "x."
 """Light column `x.NAME` carries the scalar input column NAME a strategy needs (float64 for
 numbers and bools, an int64 hash for strings)."""
+NGRAM_FEATURE = "@ngram_repeat:"
+"""Need `@ngram_repeat:N`: light column x.ngram_repeat_N, the share of the response's token
+N-grams that repeat an earlier one (transforms/strategies/repetition.py)."""
 DISCOUNT_FEATURE = "@discount:"
 """Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
 tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
+NULLABLE_FEATURE = "@nullable:"
+"""Need `@nullable:NAME`: the number column NAME, which every file must have (the schema check);
+a null crosses as NaN (a value that abstains, e.g. normalize_then_sum's reward columns)."""
 OPTIONAL_FEATURE = "@optional:"
-"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME, NaN elsewhere)."""
+"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME; NaN where the file
+has no such column or the row has a null: a missing value, never 0)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -37,7 +45,11 @@ def light_columns(needs: tuple[str, ...]) -> list[str]:
     """The input columns a read for light rows takes: the contract's, each column `needs` names
     (`@optional:NAME` names NAME; other `@` features are computed from the contract's), and
     `source_error` where a source staged one."""
-    wanted = [n.removeprefix(OPTIONAL_FEATURE) for n in needs if not n.startswith("@") or n.startswith(OPTIONAL_FEATURE)]
+    wanted = [
+        n.removeprefix(OPTIONAL_FEATURE).removeprefix(NULLABLE_FEATURE)
+        for n in needs
+        if not n.startswith("@") or n.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE))
+    ]
     return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
@@ -107,21 +119,26 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         last = response_length > 0
     columns["last_action"] = pa.array(last)
     for name in needs:
+        if name.startswith(NGRAM_FEATURE):
+            n_gram = int(name[len(NGRAM_FEATURE) :])
+            columns[EXTRA_PREFIX + f"ngram_repeat_{n_gram}"] = pa.array(_ngram_ratios(valid, response_length, n_gram))
+            continue
         if name.startswith(DISCOUNT_FEATURE):
             a, b = _discount_sums(name, response_length, mask_values, mask)
             columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
             continue
-        if name.startswith(OPTIONAL_FEATURE):
-            # A number column used where present: NaN where the file has no such column,
-            # 0 for a null (Trinity's info.get(key, 0.0)).
-            column_name = name[len(OPTIONAL_FEATURE) :]
+        if name.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE)):
+            # A number column used where present: NaN where the file has no such column and
+            # for a null (the key is missing from that row, as a Trinity info key can be; the
+            # strategy decides what a missing value means, e.g. gigpo.py per run).
+            column_name = name.removeprefix(OPTIONAL_FEATURE).removeprefix(NULLABLE_FEATURE)
             if column_name in valid.column_names:
-                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), 0.0).combine_chunks()
+                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), float("nan")).combine_chunks()
             else:
                 values = pa.array(np.full(n, np.nan))
             columns[EXTRA_PREFIX + column_name] = values
             continue
-        if name in NOT_EXTRA:
+        if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue
         column = valid[name].combine_chunks()
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
@@ -132,6 +149,22 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         else:
             columns[EXTRA_PREFIX + name] = pc.cast(column, pa.float64())
     return pa.table(columns)
+
+
+def _ngram_ratios(valid: pa.Table, response_length: np.ndarray, n: int) -> np.ndarray:
+    """(n,) the repeat ratio of each row's response tokens (the last response_length tokens)."""
+    from rescore.transforms.strategies.repetition import ngram_repeat_ratio
+
+    tokens = flat_list(valid["tokens"])
+    values = np.asarray(tokens.values.to_numpy(zero_copy_only=False) if not isinstance(tokens.values, pa.ChunkedArray)
+                        else tokens.values.combine_chunks().to_numpy(zero_copy_only=False), dtype=np.int64)
+    ends = tokens.offsets[1:]
+    starts = ends - np.minimum(np.asarray(response_length, dtype=np.int64), tokens.lengths)
+    lengths = ends - starts
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return ngram_repeat_ratio(values[index], offsets, n)
 
 
 def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[np.ndarray, np.ndarray]:
@@ -160,12 +193,15 @@ def task_hash(task: pa.Array) -> np.ndarray:
     return mix64(per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
 
 
-def bucket_of(light: pa.Table, buckets: int) -> np.ndarray:
-    """(n,) int64 shuffle bucket of each row: a hash of (batch, task) modulo `buckets`.
+def bucket_of(light: pa.Table, buckets: int, *, whole_batches: bool = False) -> np.ndarray:
+    """(n,) int64 shuffle bucket of each row: a hash of (batch, task) modulo `buckets`, or of
+    the batch alone with `whole_batches` (a strategy that needs WHOLE_BATCH).
 
     Every row of a task group lands in the same bucket, so a bucket holds whole groups.
     """
     batch = np.asarray(light["batch"].to_numpy(), dtype=np.int64).view(np.uint64)
+    if whole_batches:
+        return (mix64(mix64(batch)) % np.uint64(buckets)).astype(np.int64)
     h = mix64(mix64(batch) ^ task_hash(light["task"].combine_chunks()))
     return (h % np.uint64(buckets)).astype(np.int64)
 

@@ -25,7 +25,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "grpo": Preset(("grpo",), note="GRPO group advantages"),
     "grpo_verl": Preset(("grpo",), note="GRPO advantages computed in the trainer (compute_advantage_in_trainer): the trainer recomputes them"),
-    "dapo": Preset(("grpo",), note="DAPO reuses GRPO advantages; its clipping and dynamic sampling live in the trainer"),
+    "dapo": Preset(
+        ("dapo_dynamic_sampling", "grpo"),
+        note="Trinity's DAPO dynamic sampling (keep groups with 0 < correct < n, metric 'accuracy', else the reward), then GRPO; its clipping lives in the trainer",
+    ),
     "cispo": Preset(("grpo",), note="GRPO advantages; the CISPO loss lives in the trainer"),
     "gspo": Preset(("grpo",), note="GRPO advantages; the GSPO loss lives in the trainer"),
     "sapo": Preset(("grpo",), note="GRPO advantages; the SAPO loss lives in the trainer"),
@@ -39,7 +42,11 @@ PRESETS: dict[str, Preset] = {
     "reinforce_plus_plus": Preset(("reinforce_plus_plus",), note="not a Trinity-RFT name: verl's adv_estimator of that name (observation tokens skipped when discounting)"),
     "topr": Preset(("reinforce",), note="TOPR's advantage is the raw reward; its truncated importance weights live in the trainer's loss"),
     "rec": Preset(("rec",), note="REC advantage (r - mean); its importance weights live in the trainer's loss"),
-    "gigpo": Preset(("gigpo",), {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-6}, note="episode + anchor-state step advantages; needs an env_state_hash column"),
+    "gigpo": Preset(
+        ("gigpo",),
+        {"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-6, "anchor_scope": "batch"},
+        note="episode + anchor-state step advantages, anchors pooled over the batch as Trinity does; needs an env_state_hash column",
+    ),
     "raft": Preset(("raft",), note="keep each group's top-reward rows with reward > 0, weight 1"),
     "sft": Preset(("constant",), note="every row passes with weight 1"),
     "cpt": Preset(("constant",), note="continued pre-training: an SFT loss, every row passes with weight 1"),

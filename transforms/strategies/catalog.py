@@ -287,6 +287,9 @@ class GiGPOParams(StrategyParams):
     epsilon: float = param(1e-6, minimum=0.0)
     step_reward_key: Column | None = "step_reward"
     env_state_hash_key: Column = param("env_state_hash", none_message="must name the anchor-state column")
+    anchor_scope: Literal["batch", "task"] = "batch"
+    """batch: anchor states pooled over the whole batch, across tasks (Trinity); task: within
+    each task group (the paper's step groups)."""
 
 
 # --- the variance filter and duplication (variance.py); RAFT and constant (weights.py) --------
@@ -341,17 +344,31 @@ class ConstantParams(StrategyParams):
     "filter_groups",
     kind=FILTER,
     implementation="filters:FilterGroups",
-    summary="DAPO dynamic sampling: drop groups of 2+ rows whose `metric` column has no spread",
-)
-@register(
-    "dynamic_sampling",
-    kind=FILTER,
-    implementation="filters:FilterGroups",
-    summary="DAPO dynamic sampling: drop groups of 2+ rows whose `metric` column has no spread",
+    summary="verl's DAPO filter_groups: drop groups of 2+ rows whose `metric` column has no spread",
 )
 @dataclass(frozen=True)
 class FilterGroupsParams(StrategyParams):
     metric: Column = "acc"
+
+
+@register(
+    "dapo_dynamic_sampling",
+    kind=FILTER,
+    implementation="filters:DAPODynamicSampling",
+    summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n",
+)
+@register(
+    "dynamic_sampling",
+    kind=FILTER,
+    implementation="filters:DAPODynamicSampling",
+    summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n",
+)
+@dataclass(frozen=True)
+class DAPODynamicSamplingParams(StrategyParams):
+    metric_key: Column = "accuracy"
+    """The metric column; where the input has no such column, or a row's value is null, the
+    row's reward (Trinity: exp.metrics[metric_key], else exp.reward)."""
+    correct_threshold: float = 0.0
 
 
 @register(
@@ -420,3 +437,127 @@ class PassRateBandParams(StrategyParams):
                 table = os.path.join(path, "task_stats.parquet")
             if not os.path.isfile(table):
                 raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")
+
+# --- the normalisation family, MaxRL, FlashREINFORCE (normalize.py) ----------------------------
+
+
+@register(
+    "normalize",
+    kind=ADVANTAGE,
+    implementation="normalize:Normalize",
+    summary="(r - mean) / (std + eps): mean over group / batch / leave-one-out / none, std over group / batch / none (AReaL NormConfig)",
+)
+@dataclass(frozen=True)
+class NormalizeParams(StrategyParams):
+    mean_level: Literal["group", "batch", "none"] = "batch"
+    mean_leave1out: bool = False
+    std_level: Literal["group", "batch", "none"] = "batch"
+    std_unbiased: bool = True
+    eps: float = param(1e-5, minimum=0.0)
+    std_of: Literal["centered", "reward"] = "centered"
+    """centered: the std of r - mean as used, about 0 (AReaL); reward: the std of the raw
+    rewards at that level about their own mean (TRL's scale_rewards=batch)."""
+    weighting: Literal["row", "token"] = "row"
+    """token: every statistic weights a row by its action tokens (AReaL's loss_mask)."""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if values["mean_leave1out"] and values["weighting"] == "token":
+            raise ConfigError(f"{strategy}: 'mean_leave1out' needs weighting=row (a token-weighted leave-one-out mean is not defined)")
+        if values["mean_leave1out"] and values["mean_level"] == "none":
+            raise ConfigError(f"{strategy}: 'mean_leave1out' needs mean_level group or batch")
+
+
+@register(
+    "maxrl",
+    kind=ADVANTAGE,
+    implementation="normalize:MaxRL",
+    summary="(r - mean(G)) / (mean(G) + epsilon); a group of one row keeps r (SkyRL `maxrl`)",
+)
+@dataclass(frozen=True)
+class MaxRLParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+
+
+@register(
+    "flash_reinforce",
+    kind=ADVANTAGE,
+    implementation="normalize:FlashReinforce",
+    summary="r - the batch's mean reward, no whitening (OpenRLHF `flash_reinforce`)",
+)
+@dataclass(frozen=True)
+class FlashReinforceParams(StrategyParams):
+    pass
+
+
+# --- multi-reward aggregation (multi_reward.py) --------------------------------------------------
+
+
+@register(
+    "normalize_then_sum",
+    kind=ADVANTAGE,
+    implementation="multi_reward:NormalizeThenSum",
+    summary="per reward column: (x - mean(G)) / (std(G) + epsilon), nulls abstaining; weighted sum; whitened over the batch (TRL)",
+)
+@dataclass(frozen=True)
+class NormalizeThenSumParams(StrategyParams):
+    reward_keys: tuple[Column, ...] = ()
+    """The reward columns (a null abstains); none: the `reward` column alone."""
+    reward_weights: tuple[float, ...] | None = None
+    epsilon: float = param(1e-4, minimum=0.0)
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        keys, weights = values["reward_keys"], values["reward_weights"]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"{strategy}: 'reward_keys' names a column twice")
+        if weights is not None and len(weights) != max(len(keys), 1):
+            raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {max(len(keys), 1)} reward columns")
+
+
+# --- more filters (filters.py) -------------------------------------------------------------------
+
+
+@register(
+    "reward_filter",
+    kind=FILTER,
+    implementation="filters:RewardFilter",
+    summary="row-level: keep rows with reward >= threshold (Trinity `reward_filter`)",
+)
+@dataclass(frozen=True)
+class RewardFilterParams(StrategyParams):
+    threshold: float = 0.0
+
+
+@register(
+    "reward_std_filter",
+    kind=FILTER,
+    implementation="filters:RewardSTDFilter",
+    summary="drop groups with fewer than 2 rows or reward std (ddof=0) <= threshold (Trinity `reward_std_filter`)",
+)
+@dataclass(frozen=True)
+class RewardSTDFilterParams(StrategyParams):
+    threshold: float = 0.0
+
+
+@register(
+    "zero_variance_filter",
+    kind=FILTER,
+    implementation="filters:ZeroVarianceFilter",
+    summary="drop groups with 2+ live rows (action tokens > 0) whose rewards lie within tol (SkyRL)",
+)
+@dataclass(frozen=True)
+class ZeroVarianceFilterParams(StrategyParams):
+    zero_variance_filter_tol: float = param(1e-6, minimum=0.0)
+
+
+@register(
+    "ngram_repetition_filter",
+    kind=FILTER,
+    implementation="repetition:NgramRepetitionFilter",
+    summary="row-level: drop responses whose share of repeated token n-grams (rep_len) > max_ratio; needs tokens",
+)
+@dataclass(frozen=True)
+class NgramRepetitionFilterParams(StrategyParams):
+    rep_len: int = param(10, minimum=1)
+    max_ratio: float = param(0.5, between=(0.0, 1.0))

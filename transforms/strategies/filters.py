@@ -1,7 +1,20 @@
 """Filters users ask for, as the first stage of a run (before the advantage strategy).
 
-    filter_groups            DAPO dynamic sampling (verl `algorithm.filter_groups`): drop groups
-    (dynamic_sampling)       of 2+ rows whose `metric` column has one value on every row (std 0)
+    filter_groups            DAPO dynamic sampling as verl does it (`algorithm.filter_groups`):
+                             drop groups of 2+ rows whose `metric` column has one value on every
+                             row (std 0); a group of one row is kept
+    dapo_dynamic_sampling    DAPO dynamic sampling as Trinity-RFT 0.6.0 does it
+    (dynamic_sampling)       (`DAPODynamicSamplingFilter`): a row is correct when its metric (the
+                             `metric_key` column, else its reward) > `correct_threshold`; keep a
+                             group of 2+ rows with 0 < correct < n; drop a group of one row.
+                             The two agree on binary metrics with groups of 2+ rows.
+    reward_filter            Trinity's row-level operator: keep rows with reward >= threshold
+    reward_std_filter        Trinity's group operator: drop groups of one row and groups whose
+                             reward std (ddof=0, np.std) <= threshold
+    zero_variance_filter     SkyRL (trainer.algorithm.zero_variance_filter): a row is live when it
+                             has action tokens; drop a group with 2+ live rows whose live rewards
+                             lie within `zero_variance_filter_tol` (max - min <= tol); a group
+                             with at most one live row is kept
     dynamic_filtering        OpenRLHF `--dynamic_filtering`: keep groups whose mean `metric` lies
                              strictly inside `dynamic_filtering_reward_range`
     mask_response_truncated  Trinity-RFT's operator (TRL `mask_truncated_completions`): rows whose
@@ -19,10 +32,14 @@ from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
 from rescore.transforms.strategies.catalog import (
+    DAPODynamicSamplingParams,
     DynamicFilteringParams,
     FilterGroupsParams,
     MaskResponseTruncatedParams,
     PassRateBandParams,
+    RewardFilterParams,
+    RewardSTDFilterParams,
+    ZeroVarianceFilterParams,
 )
 from rescore.transforms.strategies.hashing import string_key
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
@@ -63,6 +80,43 @@ class FilterGroups(_MetricFilter, FilterGroupsParams):
     def _keep_groups(self, rows: GroupedRows) -> Tensor:
         sizes = rows.offsets[1:] - rows.offsets[:-1]
         return (sizes == 1) | (population_var(_metric(rows, self.metric), rows.offsets) > 0)
+
+
+def dapo_keep_groups(correct: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) bool: groups of 2+ rows with some but not all rows correct. correct (n,) bool."""
+    sizes = offsets[1:] - offsets[:-1]
+    count = segment_sum(correct.to(torch.int64), offsets)
+    return (sizes >= 2) & (count > 0) & (count < sizes)
+
+
+class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return () if self.metric_key == "reward" else (f"@optional:{self.metric_key}",)
+
+    def outcome(self, rows: GroupedRows) -> Tensor:
+        """(n,) float64 the metric of each row: the column's value, the reward where missing."""
+        if self.metric_key == "reward":
+            return rows.reward
+        values = rows.columns[self.metric_key].to(torch.float64)
+        return torch.where(torch.isnan(values), rows.reward, values)
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        return dapo_keep_groups(self.outcome(rows) > self.correct_threshold, rows.offsets)
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, offsets, g, _ = audit_rows(rows)
+        correct = (self.outcome(rows) > self.correct_threshold).cpu().numpy()
+        count = np.bincount(g, weights=correct, minlength=len(offsets) - 1).astype(np.int64)
+        sizes = np.diff(offsets)
+
+        def reason(i: int) -> str:
+            if sizes[i] < 2:
+                return f"{self.name}: a group of one row"
+            what = "every row" if count[i] == sizes[i] else "no row"
+            return f"{self.name}: {what} of {sizes[i]} has {self.metric_key} > {self.correct_threshold:g}"
+
+        return group_reasons(g, dropped, reason)
 
 
 class DynamicFiltering(_MetricFilter, DynamicFilteringParams):
@@ -191,3 +245,57 @@ class PassRateBand(_Filter, PassRateBandParams):
             return f"{self.name}: {what} {p[i]:.6g} <= {self.lo:g}" if p[i] <= self.lo else f"{self.name}: {what} {p[i]:.6g} >= {self.hi:g}"
 
         return group_reasons(g, dropped, reason)
+
+class RewardFilter(RewardFilterParams):
+    batch_level = False
+    needs: tuple[str, ...] = ()
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        return Scores(None, rows.reward >= self.threshold, *group_stats(rows.reward, rows.offsets))
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        reward = rows.reward.detach().cpu().numpy()
+        return [f"{self.name}: reward {reward[i]:.6g} < {self.threshold:g}" for i in dropped]
+
+
+class RewardSTDFilter(_Filter, RewardSTDFilterParams):
+    needs: tuple[str, ...] = ()
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        sizes = rows.offsets[1:] - rows.offsets[:-1]
+        return (sizes >= 2) & (torch.sqrt(population_var(rows.reward, rows.offsets)) > self.threshold)
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, offsets, g, _ = audit_rows(rows)
+        std = torch.sqrt(population_var(rows.reward, rows.offsets)).cpu().numpy()
+        sizes = np.diff(offsets)
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: a group of one row" if sizes[i] < 2 else f"{self.name}: std {std[i]:.6g} <= {self.threshold:g}",
+        )
+
+
+def live_spread(reward: Tensor, live: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """((G,) live rows, (G,) max - min of the live rewards; 0 without live rows)."""
+    count = segment_sum(live.to(torch.int64), offsets)
+    if reward.numel() == 0:
+        return count, torch.zeros_like(count, dtype=reward.dtype)
+    hi = torch.segment_reduce(torch.where(live, reward, torch.full_like(reward, -torch.inf)), "max", offsets=offsets, unsafe=True)
+    lo = torch.segment_reduce(torch.where(live, reward, torch.full_like(reward, torch.inf)), "min", offsets=offsets, unsafe=True)
+    return count, torch.where(count > 0, hi - lo, torch.zeros_like(hi))
+
+
+class ZeroVarianceFilter(_Filter, ZeroVarianceFilterParams):
+    needs: tuple[str, ...] = ()
+
+    def _keep_groups(self, rows: GroupedRows) -> Tensor:
+        count, spread = live_spread(rows.reward, rows.action_tokens > 0, rows.offsets)
+        return ~((count > 1) & (spread <= self.zero_variance_filter_tol))
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        _, _, g, _ = audit_rows(rows)
+        count, spread = (t.cpu().numpy() for t in live_spread(rows.reward, rows.action_tokens > 0, rows.offsets))
+        return group_reasons(
+            g, dropped,
+            lambda i: f"{self.name}: {count[i]} live rows, reward spread {spread[i]:.6g} <= {self.zero_variance_filter_tol:g}",
+        )

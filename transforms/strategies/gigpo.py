@@ -2,21 +2,25 @@
 2505.10978; Trinity-RFT 0.6.0 `GiGPOAdvantageFn`, trinity/algorithm/advantage_fn/gigpo_advantage.py).
 
 For each task group, each run's steps in `step` order:
-    r_t     the step reward: the `step_reward_key` column where the input has it (a null is
-            0), else (Trinity's fallback) the run's last-step `reward` on its last step, 0
-            elsewhere; `step_reward_key=null` always uses the fallback;
+    r_t     the step reward: the `step_reward_key` column where the run has it on any step (a
+            null on one of its steps is 0), else (Trinity's fallback) the run's last-step
+            `reward` on its last step, 0 elsewhere; `step_reward_key=null` always uses the
+            fallback. Trinity decides per run whether the info key is present; a null in the
+            column is a missing key (rows/keys.py keeps it NaN across the shuffle);
     R_t     = sum_{k >= t} gamma^(k - t) r_k, the discounted return of step t;
     A_E     episode advantage of the run: normalise(sum_t r_t) over the group's runs;
     A_S     step advantage: normalise(R_t) over the steps that share an anchor state (the
-            `env_state_hash_key` column) within the task group; 0 for an anchor seen once;
+            `env_state_hash_key` column); 0 for an anchor seen once and for a row without a
+            state (null);
     score   = A_E + omega * A_S, on every token of the step.
 normalise(x) = (x - mean) / (d + epsilon), d = std (ddof=1) with fnorm="std", else 1; a set of
 one value has mean 0 and d 1.
 
-Anchor groups stay inside the task group: Trinity pools every row of its batch that shares a
-state hash, across tasks as well; the paper forms step groups among one task's trajectories,
-and a state hash that also names the task (as the environment's state does) gives the same
-groups either way.
+`anchor_scope` says where a step finds the other steps of its anchor state: `batch` (the
+default, Trinity's GiGPOAdvantageFn) pools every row of the batch that shares a state hash,
+across tasks; `task` keeps anchor groups inside the task group (the paper forms step groups
+among one task's trajectories). A state hash that also names the task gives the same groups
+either way. With `batch`, all rows of a batch go to one shuffle bucket (the WHOLE_BATCH need).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import GiGPOParams
+from rescore.transforms.strategies.registry import WHOLE_BATCH
 from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
 
 
@@ -51,8 +56,11 @@ def discounted_returns(step_reward: Tensor, runs: Tensor, gamma: float) -> Tenso
 
 
 def gigpo_scores(
-    rows: GroupedRows, anchor: Tensor, step_reward: Tensor | None, *, omega: float, gamma: float, fnorm: str, epsilon: float
+    rows: GroupedRows, anchor: Tensor, step_reward: Tensor | None, *, omega: float, gamma: float, fnorm: str, epsilon: float,
+    anchor_scope: str = "batch",
 ) -> Scores:
+    """anchor (n,): int64 state hashes (0: no state) or float64 values (NaN: no state);
+    step_reward (n,) float64 with NaN where a row has none, or None for the fallback."""
     runs = run_offsets(rows.run, rows.offsets)
     last_of_run = torch.zeros(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
     last_of_run[runs[1:] - 1] = True
@@ -72,8 +80,13 @@ def gigpo_scores(
     group_runs = torch.searchsorted(runs[:-1], rows.offsets)
     a_e, mean, denom = normalise(episode, group_runs, fnorm=fnorm, epsilon=epsilon)
 
-    # Step level: rows of one task group with the same anchor state.
-    group = per_row(torch.arange(rows.num_groups, device=anchor.device), rows.offsets)
+    # Step level: rows of one task group (or one batch) with the same anchor state.
+    if anchor_scope == "task":
+        group = per_row(torch.arange(rows.num_groups, device=anchor.device), rows.offsets)
+    else:
+        group = rows.batch
+    stateless = torch.isnan(anchor) if anchor.is_floating_point() else anchor == 0
+    anchor = torch.where(stateless, torch.zeros_like(anchor), anchor)
     order = torch.sort(anchor, stable=True).indices
     order = order[torch.sort(group[order], stable=True).indices]
     g_sorted, a_sorted = group[order], anchor[order]
@@ -82,8 +95,8 @@ def gigpo_scores(
         starts[1:] = (g_sorted[1:] != g_sorted[:-1]) | (a_sorted[1:] != a_sorted[:-1])
     bounds = torch.cat([torch.nonzero(starts).flatten(), torch.tensor([rows.num_rows], device=anchor.device)])
     a_s_sorted, _, _ = normalise(returns[order], bounds, fnorm=fnorm, epsilon=epsilon)
-    # A row without a state id (null: hash 0) joins no anchor group, as in Trinity.
-    shared = per_row((bounds[1:] - bounds[:-1]) > 1, bounds) & (a_sorted != 0)
+    # A row without a state id (a null) joins no anchor group, as in Trinity.
+    shared = per_row((bounds[1:] - bounds[:-1]) > 1, bounds) & ~stateless[order]
     a_s = torch.zeros_like(returns)
     a_s[order] = torch.where(shared, a_s_sorted, torch.zeros_like(a_s_sorted))
 
@@ -98,12 +111,17 @@ class GiGPO(GiGPOParams):
     @property
     def needs(self) -> tuple[str, ...]:
         # The step-reward column is used where the input has it, as Trinity uses the info key.
-        return (self.env_state_hash_key, *((f"@optional:{self.step_reward_key}",) if self.step_reward_key else ()))
+        return (
+            self.env_state_hash_key,
+            *((f"@optional:{self.step_reward_key}",) if self.step_reward_key else ()),
+            *((WHOLE_BATCH,) if self.anchor_scope == "batch" else ()),
+        )
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         anchor = rows.columns[self.env_state_hash_key]
         step_reward = rows.columns.get(self.step_reward_key) if self.step_reward_key else None
         step_reward = None if step_reward is None else step_reward.to(torch.float64)
         return gigpo_scores(
-            rows, anchor, step_reward, omega=self.omega, gamma=self.gamma, fnorm=self.fnorm, epsilon=self.epsilon
+            rows, anchor, step_reward, omega=self.omega, gamma=self.gamma, fnorm=self.fnorm, epsilon=self.epsilon,
+            anchor_scope=self.anchor_scope,
         )

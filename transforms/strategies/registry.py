@@ -36,6 +36,10 @@ from rescore.errors import ConfigError  # noqa: F401  (strategies raise it; defi
 FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
 KINDS = (FILTER, ADVANTAGE, DUPLICATE)
 
+WHOLE_BATCH = "@whole_batch"
+"""A strategy need: it pools rows across the task groups of a batch (gigpo's anchor_scope=batch),
+so every row of a batch goes to one shuffle bucket (rows/keys.py: bucket_of)."""
+
 Column = NewType("Column", str)
 Path = NewType("Path", str)
 """A parameter naming a file or directory (a non-empty string)."""

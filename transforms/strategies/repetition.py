@@ -1,0 +1,67 @@
+"""Repetition in a response's tokens: the `ngram_repetition_filter` (row-level).
+
+    ratio = (n-grams - distinct n-grams) / n-grams   over the response's token n-grams
+          (the share of n-gram occurrences that repeat an earlier one); 0 for a response
+          shorter than n tokens
+    the filter drops a row whose ratio > max_ratio
+
+The ratio is computed where the row is read (rows/keys.py, need `@ngram_repeat:N`: the tokens
+never cross the shuffle) by `ngram_repeat_ratio`, numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.catalog import NgramRepetitionFilterParams
+from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.segments import group_stats
+
+NGRAM_FEATURE = "@ngram_repeat:"
+
+
+def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:
+    """(rows,) float64 the repeat ratio of each row's tokens[offsets[i]:offsets[i + 1]]."""
+    rows = len(offsets) - 1
+    lengths = np.diff(offsets)
+    counts = np.maximum(lengths - n + 1, 0)
+    out = np.zeros(rows, dtype=np.float64)
+    if counts.sum() == 0:
+        return out
+    row_of = np.repeat(np.arange(rows), counts)
+    # start of each n-gram: offsets[row] + its index within the row
+    first = np.repeat(offsets[:-1], counts)
+    within = np.arange(len(row_of)) - np.repeat(np.cumsum(counts) - counts, counts)
+    starts = first + within
+    tok = np.asarray(tokens, dtype=np.int64).view(np.uint64)
+    h = np.zeros(len(starts), dtype=np.uint64)
+    for k in range(n):
+        h = mix64(h ^ tok[starts + k])
+    pairs = np.unique(np.stack([row_of.astype(np.uint64), h], axis=1), axis=0)
+    distinct = np.bincount(pairs[:, 0].astype(np.int64), minlength=rows)
+    has = counts > 0
+    out[has] = (counts[has] - distinct[has]) / counts[has]
+    return out
+
+
+class NgramRepetitionFilter(NgramRepetitionFilterParams):
+    batch_level = False
+
+    @property
+    def column(self) -> str:
+        return f"ngram_repeat_{self.rep_len}"
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return ("tokens", f"{NGRAM_FEATURE}{self.rep_len}")
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        ratio = rows.columns[self.column]
+        return Scores(None, ratio <= self.max_ratio, *group_stats(rows.reward, rows.offsets))
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        ratio = rows.columns[self.column].detach().cpu().numpy()
+        return [f"{self.name}: {self.rep_len}-gram repeat ratio {ratio[i]:.4g} > {self.max_ratio:g}" for i in dropped]
