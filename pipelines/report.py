@@ -666,9 +666,10 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     """Write report.html and report-*.png for the run in `output`; returns {name: path}."""
     if to is None and not storage.is_local(output):
         raise ReportError(f"{output} is not a local directory: pass --to LOCAL_DIR for the report files")
+    to = to or output
+    _check_target(to)  # before anything is read or drawn
     doc = load_metrics(output)
     data = read_run(output)
-    to = to or output
     os.makedirs(to, exist_ok=True)
     html_path = os.path.join(to, REPORT_HTML)
     if os.path.exists(html_path) and not _is_report(html_path):
@@ -700,6 +701,16 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
         f.write(render_html(doc, images, captions))
     _own(to, paths.values())
     return paths
+
+
+def _check_target(to: str) -> None:
+    """ReportError (one line) where the report cannot be written to `to`."""
+    from rescore.transforms.files import ownership
+
+    try:
+        ownership.check_output_path(to, "--to")
+    except ownership.OutputError as e:
+        raise ReportError(str(e)) from None
 
 
 def _own(directory: str, paths) -> None:

@@ -122,7 +122,11 @@ def engine(url: str, *, must_exist: bool = True):
         if must_exist and db not in (None, "", ":memory:") and not os.path.exists(db):
             raise ConfigError(f"no SQLite database file {db} ({safe_url(url)})")
         if not must_exist and db not in (None, "", ":memory:") and not db.startswith("file:"):
-            os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+            _check_sqlite_target(db, url)
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"cannot create the directory of {db} ({safe_url(url)}): {e.strerror or e}") from None
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}
@@ -132,6 +136,25 @@ def engine(url: str, *, must_exist: bool = True):
     except Exception as e:  # noqa: BLE001  (NoSuchModuleError, a driver not installed)
         hint = " (pip install 'psycopg[binary]')" if parsed.get_backend_name() == "postgresql" else ""
         raise ConfigError(f"cannot open {safe_url(url)}: {_line(e)}{hint}") from None
+
+
+def _check_sqlite_target(db: str, url: str) -> None:
+    """ConfigError (one line) where a SQLite file cannot be written at `db`: the path is a
+    directory, a part of it is a file, or the nearest existing directory is not writable."""
+    path = os.path.abspath(db)
+    if os.path.isdir(path):
+        raise ConfigError(f"{safe_url(url)}: {db} is a directory, not a SQLite database file")
+    if os.path.exists(path):
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError(f"{safe_url(url)}: the SQLite database file {db} is not writable")
+        return
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ConfigError(f"{safe_url(url)}: {parent} is a file, not a directory, so {db} cannot be created")
+    if parent and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{safe_url(url)}: {parent} is not writable, so {db} cannot be created")
 
 
 _ASYNC_DRIVERS = {"sqlite+aiosqlite": "sqlite", "mysql+aiomysql": "mysql+pymysql", "mysql+asyncmy": "mysql+pymysql"}

@@ -66,19 +66,26 @@ def _rescore_metrics(output: str) -> bool:
         return False
 
 
-def check_output_path(output: str) -> None:
-    """--output must be a directory or not exist yet (exit 2 before anything runs)."""
+def check_output_path(output: str, flag: str = "--output") -> None:
+    """`output` (a local directory to write) must be a writable directory or creatable: not a
+    file, not under a file, not a dangling symlink (OutputError, exit 2 before anything runs)."""
     if not storage.is_local(output):
         return
     if os.path.lexists(output) and not os.path.exists(output):
-        raise OutputError(f"--output {output} is a symlink to a path that does not exist")
+        raise OutputError(f"{flag} {output} is a symlink to a path that does not exist")
     if os.path.exists(output) and not os.path.isdir(output):
-        raise OutputError(f"--output {output} is a file, not a directory")
+        raise OutputError(f"{flag} {output} is a file, not a directory")
+    if os.path.isdir(output):
+        if not os.access(output, os.W_OK | os.X_OK):
+            raise OutputError(f"{flag} {output} is not writable")
+        return
     parent = os.path.dirname(os.path.abspath(output))
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
-        raise OutputError(f"--output {output}: {parent} is a file, not a directory")
+        raise OutputError(f"{flag} {output}: {parent} is a file, not a directory")
+    if parent and not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{flag} {output}: {parent} is not writable, so {output} cannot be created")
 
 
 def check_not_input(output: str, files) -> None:
