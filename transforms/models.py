@@ -31,6 +31,7 @@ from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
 from rescore.transforms import inference
 from rescore.transforms.files import storage
+from rescore.transforms.verifier import VerifierProcess
 from rescore.transforms.rows.model_columns import UNIT_RECORD, ModelOptions, extend_schema, unit_side_table
 from rescore.transforms.input_plan import InputPlan, read_unit
 
@@ -101,13 +102,17 @@ class _Model:
     loads = 0
     """Models this process has loaded (the benchmark checks there is one per run)."""
 
-    def __init__(self, kind: str, path: str, device_choice: str, dtype: str, padding_side: str, tokenizer: str | None):
+    def __init__(self, kind: str, path: str, device_choice: str, dtype: str, padding_side: str, tokenizer: str | None,
+                 reward_fn_timeout: float | None = None):
         _Model.loads += 1
         self.kind = kind
         self.device = devices.resolve(device_choice)
         self.padding_side = padding_side
         if kind == "reward_fn":
             self.fn = inference.load_reward_fn(path)
+            # With a timeout, every call runs in a worker process that can be killed (a stuck
+            # thread cannot); without one, here.
+            self.verifier = VerifierProcess(path, reward_fn_timeout) if reward_fn_timeout else None
             self.tokenizer = None
             if self.fn.needs_text:
                 self.tokenizer = inference.require_transformers().AutoTokenizer.from_pretrained(tokenizer)
@@ -127,19 +132,23 @@ class _Model:
         if self.kind == "reward":
             return [(float(v), None) for v in inference.reward_scores(self.model, rows, pad_id=self.pad_id)]
         if self.kind == "reward_fn":
-            return [self._verify(row, e) for row, e in zip(rows, examples)]
+            values = [self._verifier_values(row, e) for row, e in zip(rows, examples)]
+            if self.verifier is not None:
+                return self.verifier(values)
+            return [inference.call_reward_fn(self.fn, v) for v in values]
         values = inference.response_logprobs(
             self.model, rows, [int(e[1]) for e in examples], pad_id=self.pad_id, side=self.padding_side
         )
         return [(v, None) for v in values]
 
-    def _verify(self, row: np.ndarray, example: tuple):
+    def _verifier_values(self, row: np.ndarray, example: tuple) -> dict[str, Any]:
+        """What a verifier may take (inference.REWARD_FN_ARGS), as plain Python values."""
         p = int(example[1])
         values = {"prompt_tokens": row[:p].tolist(), "response_tokens": row[p:].tolist(), **example[2]}
         if self.tokenizer is not None:
             values["prompt"] = self.tokenizer.decode(values["prompt_tokens"])
             values["response"] = self.tokenizer.decode(values["response_tokens"])
-        return inference.call_reward_fn(self.fn, values)
+        return {k: values[k] for k in self.fn.args if k in values}
 
 
 def _beam_resource_warning(record: logging.LogRecord) -> bool:
@@ -173,7 +182,7 @@ class _Handler(ModelHandler):
     def load_model(self) -> _Model:
         _hide_beam_resource_warning()
         o = self._options
-        return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer)
+        return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer, o.reward_fn_timeout)
 
     def run_inference(self, batch, model, inference_args=None) -> Iterable[PredictionResult]:
         # example=None: the tokens stop here; only the computed values go on.

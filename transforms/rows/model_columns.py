@@ -23,6 +23,15 @@ ORIGINAL = "_original"
 """A computed column that the input already has keeps the input's values as NAME_original."""
 
 
+DEFAULT_REWARD_FN_TIMEOUT = 60.0
+"""--reward-fn-timeout default, seconds per verifier call. A verifier call worth running takes
+milliseconds to seconds (parsing an answer, running a unit test); a call still running after a
+minute is stuck (an endless loop, a sandbox that never answers), and without a limit one such
+row stalls the whole run forever with no message. 60 s stays far above any sane call and far
+below a scheduler's or Dataflow's stuck-work alarms. 0 turns it off: the verifier then runs in
+the worker's own process (no worker process, no pickling of rows), as before the flag."""
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """The model flags of a run (see docs/models.md)."""
@@ -37,6 +46,8 @@ class ModelOptions:
     batch_tokens: int = 0
     padding_side: str = "right"
     accelerator: str | None = None
+    reward_fn_timeout: float | None = None
+    """Seconds per --reward-fn call (0: no limit); None without a --reward-fn."""
 
     @property
     def enabled(self) -> bool:
