@@ -472,7 +472,11 @@ def check_sink(url: str, table: str, overwrite: bool) -> None:
     check_table_name(table)
     eng = engine(url, must_exist=False)
     try:
-        names = set(_connect_check(eng, url).get_table_names())
+        inspector = _connect_check(eng, url)
+        try:
+            names = set(inspector.get_table_names())
+        except Exception as e:  # noqa: BLE001  (a file that is no SQLite database, no permission to list tables)
+            raise ConfigError(f"cannot use {safe_url(url)} as --output-db: {_line(e.__cause__ or e)}") from None
     finally:
         eng.dispose()
     taken = [n for n in (table, f"{table}_blob") if n in names]

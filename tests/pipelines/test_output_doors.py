@@ -43,6 +43,7 @@ def test_unreachable_outputs_are_refused_before_anything_runs(sample, tmp_path):
         [*base, "--output", out, "--output-db", f"sqlite:///{tmp_path}/b.db", "--output-table", "x" * 59],
         [*base, "--output", out, "--output-db", f"sqlite:///{tmp_path}/b.db", "--output-table", "2fast"],
         ["report", str(d), "--to", str(d / "FILE" / "report")],
+        [*base, "--output", out, "--output-db", f"sqlite:///{d}/FILE", "--output-table", "exp"],
     ]
     results = run_many(tmp_path / "runs", runs)
     _one_line(*results[0], 2, "FILE is a file, not a directory")
@@ -53,6 +54,7 @@ def test_unreachable_outputs_are_refused_before_anything_runs(sample, tmp_path):
     _one_line(*results[5], 2, "more than 58")
     _one_line(*results[6], 2, "is not a table name Rescore writes")
     _one_line(*results[7], 2, "--to", "is a file, not a directory")
+    _one_line(*results[8], 2, "as --output-db: file is not a database")
     assert not os.path.exists(out) and not os.path.exists(tmp_path / "b.db")
 
 
