@@ -74,3 +74,44 @@ def test_list_columns_are_null_on_rejected_rows():
     items = [("logprobs", 1, np.array([-1.0, -2.0], np.float32), None), ("logprobs", 0, None, "model_input: x"), (UNIT_RECORD, 2, {})]
     side = unit_side_table(items, ("logprobs",))
     assert side["logprobs"].to_pylist() == [None, [-1.0, -2.0]]
+
+
+FAILING = '''
+import math
+
+def judge(response_tokens, run, task):
+    if run == 0:
+        raise ValueError("cannot parse")
+    if run == 1:
+        return {0: math.nan, 1: math.inf, 2: None}[task % 3]
+    if run == 2:
+        return "0.5"
+    return float(len(response_tokens)) + task
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timeout", ["0", "30"], ids=["in-process", "worker-process"])
+def test_a_failing_verifier_rejects_its_rows_in_the_whole_pipeline(tmp_path, monkeypatch, rescore, timeout):
+    """End to end, over several read units: every row the verifier fails on (raises, NaN, inf,
+    None, a string) is rejected with the reason; no row keeps its logged reward."""
+    from data import read_output
+
+    (tmp_path / "failing_verifier.py").write_text(FAILING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = [
+        {"batch": b, "task": t, "run": r, "step": 0, "reward": 100.0, "tokens": list(range(1, 3 + r)), "prompt_length": 1,
+         "logprobs": [-0.5] * (1 + r), "action_mask": [True] * (1 + r)}
+        for b in range(2) for t in range(3) for r in range(5)
+    ]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), str(tmp_path / "in" / "x.parquet"), row_group_size=4)
+    doc, out = rescore(str(tmp_path / "in" / "x.parquet"), "--strategy", "grpo", "--shard-rows", "4", "--max-reject-fraction", "0.9",
+                       "--reward-fn", "failing_verifier:judge", "--reward-fn-timeout", timeout)
+    rejected = {(r["batch"], r["task"], r["run"]): r["reject_reason"] for r in read_output(out, "rejected").to_pylist()}
+    assert len(rejected) == 18 and doc["totals"]["rows_rejected"] == 18
+    for (b, t, r), reason in rejected.items():
+        assert reason.startswith("model_reward: failing_verifier:judge ") and r in (0, 1, 2), reason
+    scored = read_output(out).to_pylist()
+    assert len(scored) == 12 and all(s["run"] in (3, 4) for s in scored)
+    assert all(s["reward"] == float(s["run"] + 1 + s["task"]) and s["reward_original"] == 100.0 for s in scored)
