@@ -148,13 +148,11 @@ def _check_sqlite_target(db: str, url: str) -> None:
         if not os.access(path, os.R_OK | os.W_OK):
             raise ConfigError(f"{safe_url(url)}: the SQLite database file {db} is not writable")
         return
-    parent = os.path.dirname(path)
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise ConfigError(f"{safe_url(url)}: {parent} is a file, not a directory, so {db} cannot be created")
-    if parent and not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{safe_url(url)}: {parent} is not writable, so {db} cannot be created")
+    from rescore.transforms.files.ownership import creation_problem
+
+    problem = creation_problem(path)
+    if problem:
+        raise ConfigError(f"{safe_url(url)}: {problem} (the SQLite database file {db} cannot be created)")
 
 
 _ASYNC_DRIVERS = {"sqlite+aiosqlite": "sqlite", "mysql+aiomysql": "mysql+pymysql", "mysql+asyncmy": "mysql+pymysql"}

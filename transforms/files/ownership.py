@@ -79,13 +79,22 @@ def check_output_path(output: str, flag: str = "--output") -> None:
         if not os.access(output, os.W_OK | os.X_OK):
             raise OutputError(f"{flag} {output} is not writable")
         return
-    parent = os.path.dirname(os.path.abspath(output))
+    problem = creation_problem(output)
+    if problem:
+        raise OutputError(f"{flag} {output}: {problem}")
+
+
+def creation_problem(path: str) -> str | None:
+    """Why the local `path` (which does not exist) cannot be created, or None: its nearest
+    existing ancestor is a file, or a directory this process cannot write."""
+    parent = os.path.dirname(os.path.abspath(path))
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
-        raise OutputError(f"{flag} {output}: {parent} is a file, not a directory")
+        return f"{parent} is a file, not a directory"
     if parent and not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{flag} {output}: {parent} is not writable, so {output} cannot be created")
+        return f"{parent} is not writable, so {path} cannot be created"
+    return None
 
 
 def check_not_input(output: str, files) -> None:
