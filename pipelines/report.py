@@ -321,7 +321,11 @@ def _task_codes(task) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    array = task if isinstance(task, (pa.Array, pa.ChunkedArray)) else pa.array(np.asarray(task).tolist() if np.asarray(task).dtype == object else task)
+    if isinstance(task, (pa.Array, pa.ChunkedArray)):
+        array = task
+    else:
+        task = np.asarray(task)
+        array = pa.array(task.tolist() if task.dtype == object else task)
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     return np.asarray(pc.dictionary_encode(array).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
