@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 
 from rescore.errors import ConfigError
 from rescore.pipelines.model_flags import add_model_flags, model_options
+from rescore.transforms.files.layout import table_name_problem
 from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.strategies import algorithms, names
 
@@ -438,6 +439,8 @@ def parse_args(argv: list[str]) -> RunConfig:
     output_table = args.output_table or config.get("output_table")
     if bool(output_db) != bool(output_table):
         raise ConfigError("--output-db URL and --output-table NAME go together")
+    if output_table and table_name_problem(output_table):  # nothing a user types is ever SQL
+        raise ConfigError(table_name_problem(output_table))
     if input_table and input_format != "parquet":
         raise ConfigError("--input-table reads a Trinity-RFT SQL buffer; it takes no --input-format")
 

@@ -7,12 +7,13 @@ import argparse
 from typing import Any
 
 from rescore.errors import ConfigError
-from rescore.transforms.rows.model_columns import ModelOptions
+from rescore.transforms.rows.model_columns import DEFAULT_REWARD_FN_TIMEOUT, ModelOptions
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 YAML_KEYS = {
     "teacher_model": str, "logprob_model": str, "reward_model": str, "reward_fn": str, "tokenizer": str,
     "dtype": str, "batch_size": int, "batch_tokens": int, "padding_side": str, "accelerator": str,
+    "reward_fn_timeout": float,
 }
 
 
@@ -22,12 +23,27 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--logprob-model", "--logprob_model", metavar="DIR", help="Hugging Face causal LM directory: fills logprobs (the input's kept as logprobs_original)")
     g.add_argument("--reward-model", "--reward_model", metavar="DIR", help="Hugging Face sequence-classification reward model: replaces reward (kept as reward_original)")
     g.add_argument("--reward-fn", "--reward_fn", metavar="MODULE:FUNCTION", help="Python verifier over prompt/response text or tokens: replaces reward (kept as reward_original)")
+    g.add_argument("--reward-fn-timeout", "--reward_fn_timeout", metavar="SECONDS", type=_seconds,
+                   help=f"with --reward-fn: seconds one verifier call may take before its row is rejected "
+                        f"(default {DEFAULT_REWARD_FN_TIMEOUT:g}; 0: no limit, the verifier runs in the worker's own process)")
     g.add_argument("--tokenizer", metavar="DIR", help="Hugging Face tokenizer directory, for a --reward-fn that takes text")
     g.add_argument("--model-dtype", "--model_dtype", choices=DTYPES, help="model weights' dtype (default auto: bfloat16/float16 on a GPU, float32 on CPU)")
     g.add_argument("--model-batch-size", "--model_batch_size", type=int, help="rows per model batch (default 16)")
     g.add_argument("--model-batch-tokens", "--model_batch_tokens", type=int, help="tokens per model batch instead of a row count (default 0: off)")
     g.add_argument("--model-padding-side", "--model_padding_side", choices=("right", "left"), help="padding of model batches (default right; results do not depend on it)")
     g.add_argument("--model-accelerator", "--model_accelerator", metavar="SPEC", help="accelerator resource hint for the model stage only, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'")
+
+
+def _seconds(text: str) -> float:
+    """--reward-fn-timeout's value: a finite number of seconds >= 0 (argparse's own message
+    otherwise, which the CLI prints as its one error line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of seconds >= 0 (0: no limit), got {text!r}") from None
+    if not (0.0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expects a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
@@ -43,13 +59,25 @@ def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
         "reward_fn": args.reward_fn, "tokenizer": args.tokenizer, "dtype": args.model_dtype,
         "batch_size": args.model_batch_size, "batch_tokens": args.model_batch_tokens,
         "padding_side": args.model_padding_side, "accelerator": args.model_accelerator,
+        "reward_fn_timeout": args.reward_fn_timeout,
     }
     values = {k: v for k, v in config.items() if v is not None}
     values.update({k: v for k, v in flags.items() if v is not None})
     for key, value in values.items():
         kind = YAML_KEYS[key]
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise ConfigError(f"models.{key} must be {'an integer' if kind is int else 'a string'}, got {value!r}")
+        ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+        if not ok or isinstance(value, bool):
+            what = {int: "an integer", float: "a number of seconds"}.get(kind, "a string")
+            raise ConfigError(f"models.{key} must be {what}, got {value!r}")
+    timeout = values.get("reward_fn_timeout")
+    if timeout is not None:
+        if not 0.0 <= float(timeout) < float("inf"):  # also NaN
+            raise ConfigError(f"--reward-fn-timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
+        if not values.get("reward_fn"):
+            raise ConfigError("--reward-fn-timeout limits a --reward-fn verifier: pass --reward-fn MODULE:FUNCTION or drop it")
+        values["reward_fn_timeout"] = float(timeout)
+    elif values.get("reward_fn"):
+        values["reward_fn_timeout"] = DEFAULT_REWARD_FN_TIMEOUT
     options = ModelOptions(**values)
     if options.reward_model and options.reward_fn:
         raise ConfigError("pass --reward-model or --reward-fn, not both")

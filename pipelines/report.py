@@ -318,20 +318,75 @@ def _legend(ax, ncol=3) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, fontsize=9, frameon=False)
 
 
-def group_table(batch: np.ndarray, task: np.ndarray, reward: np.ndarray):
-    """(batch of each group, rows, min reward, max reward) over the (batch, task) groups."""
+def _task_codes(task) -> np.ndarray:
+    """(n,) int64 codes of task ids, equal exactly where the ids are equal (ints or strings,
+    any characters: no id is turned into text and joined to another)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(task, (pa.Array, pa.ChunkedArray)):
+        array = task
+    else:
+        task = np.asarray(task)
+        array = pa.array(task.tolist() if task.dtype == object else task)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    return np.asarray(pc.dictionary_encode(array).indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def group_table(batch: np.ndarray, task, reward: np.ndarray):
+    """(batch of each group, rows, min reward, max reward) over the (batch, task) groups, in
+    (batch, task code) order. A group is the pair itself, (batch, task code) as two integers:
+    never a key built from text, where (1, 23) and (12, 3) could meet."""
     if not len(batch):
         z = np.zeros(0)
         return z.astype(np.int64), z.astype(np.int64), z, z
-    keys = np.char.add(np.char.add(batch.astype(str), "\x00"), task.astype(str))
-    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    pairs = np.stack([np.asarray(batch, dtype=np.int64), _task_codes(task)], axis=1)
+    uniq, inverse, counts = np.unique(pairs, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    reward = np.asarray(reward, dtype=np.float64)
     lo = np.full(len(uniq), np.inf)
     hi = np.full(len(uniq), -np.inf)
     np.minimum.at(lo, inverse, reward)
     np.maximum.at(hi, inverse, reward)
-    gb = np.zeros(len(uniq), np.int64)
-    gb[inverse] = batch
-    return gb, counts, lo, hi
+    return uniq[:, 0].copy(), counts.astype(np.int64), lo, hi
+
+
+def _all_tasks(data: RunData):
+    """The task ids of the written and the filtered rows as one array (one type)."""
+    import pyarrow as pa
+
+    parts = [pa.array(t.tolist() if t.dtype == object else t) for t in (data.task, data.filtered_task) if len(t)]
+    if not parts:
+        return pa.array([], pa.int64())
+    return pa.concat_arrays([p.cast(parts[0].type) for p in parts])
+
+
+@dataclass
+class GroupCounts:
+    """Per batch, over the (batch, task) groups in the output (written and, with
+    --keep-filtered, filtered rows): groups, groups solved by every run, by none."""
+
+    batch: np.ndarray
+    groups: np.ndarray
+    all_solved: np.ndarray
+    none_solved: np.ndarray
+    sizes: dict[int, int]
+    """rows in a group -> groups of that size."""
+
+
+def group_counts(data: RunData, solved_at: float) -> GroupCounts:
+    gb, rows, lo, hi = group_table(
+        np.concatenate([data.batch, data.filtered_batch]), _all_tasks(data),
+        np.concatenate([data.reward, data.filtered_reward]),
+    )
+    ids, at = np.unique(gb, return_inverse=True)
+    at = at.reshape(-1)
+    groups = np.bincount(at, minlength=len(ids))
+    all_solved = np.bincount(at, weights=(lo >= solved_at), minlength=len(ids)).astype(np.int64)
+    none_solved = np.bincount(at, weights=(hi < solved_at), minlength=len(ids)).astype(np.int64)
+    sizes, counts = np.unique(rows, return_counts=True)
+    return GroupCounts(ids, groups, all_solved, none_solved, dict(zip(sizes.tolist(), counts.tolist())))
 
 
 def chart_groups(doc, data: RunData, plt, path, solved_at: float) -> str:
@@ -339,14 +394,12 @@ def chart_groups(doc, data: RunData, plt, path, solved_at: float) -> str:
     x = np.array([b["batch"] for b in batches])
     groups = np.array([b["groups"] for b in batches], dtype=float)
     dead = np.array([b.get("groups_zero_std", 0) for b in batches]) / np.maximum(groups, 1)
-    gb, _, lo, hi = group_table(
-        np.concatenate([data.batch, data.filtered_batch]),
-        np.concatenate([data.task.astype(str), data.filtered_task.astype(str)]),
-        np.concatenate([data.reward, data.filtered_reward]),
-    )
-    seen = np.array([max(1, int((gb == b).sum())) for b in x])
-    all_solved = np.array([((gb == b) & (lo >= solved_at)).sum() for b in x]) / seen
-    none_solved = np.array([((gb == b) & (hi < solved_at)).sum() for b in x]) / seen
+    counts = group_counts(data, solved_at)
+    where = {int(b): i for i, b in enumerate(counts.batch.tolist())}
+    pick = lambda values: np.array([values[where[int(b)]] if int(b) in where else 0 for b in x], dtype=np.int64)  # noqa: E731
+    seen = np.maximum(pick(counts.groups), 1)
+    all_solved = pick(counts.all_solved) / seen
+    none_solved = pick(counts.none_solved) / seen
     fig, ax = plt.subplots(figsize=(7, 3.8))
     labels = ("zero reward spread (dead)", f"solved by all runs (reward ≥ {solved_at:g})", "solved by none")
     colors = ("#c44e52", "#55a868", "#8172b2")
@@ -525,16 +578,20 @@ def chart_length(doc, data: RunData, plt, path) -> str:
     return f"Overall r = {overall:.3f}.{sampled}{note}" if not np.isnan(overall) else "No correlation to show."
 
 
-def chart_sizes(doc, data: RunData, plt, path) -> str:
-    batch = np.concatenate([data.batch, data.filtered_batch])
-    task = np.concatenate([data.task.astype(str), data.filtered_task.astype(str)])
-    _, rows, _, _ = group_table(batch, task, np.concatenate([data.reward, data.filtered_reward]))
-    source = "rows per (batch, task) group in the output"
+def group_sizes(data: RunData) -> tuple[np.ndarray, str]:
+    """(rows of each group, what they count): the (batch, task) groups in the output, or with
+    --audit-columns and no filtered files, each group's size as read (before any filter)."""
+    _, rows, _, _ = group_table(
+        np.concatenate([data.batch, data.filtered_batch]), _all_tasks(data), np.concatenate([data.reward, data.filtered_reward])
+    )
     if "group_size" in data.audit and not data.has_filtered_files:
-        # the audit column holds each group's size as read, before any filter
-        gb, _, lo, _ = group_table(data.batch, data.task.astype(str), data.audit["group_size"])
-        rows = lo.astype(np.int64)
-        source = "rows per group as read (audit column group_size)"
+        _, _, lo, _ = group_table(data.batch, _all_tasks(data), data.audit["group_size"])
+        return lo.astype(np.int64), "rows per group as read (audit column group_size)"
+    return rows, "rows per (batch, task) group in the output"
+
+
+def chart_sizes(doc, data: RunData, plt, path) -> str:
+    rows, source = group_sizes(data)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     if len(rows):
         sizes, counts = np.unique(rows, return_counts=True)
@@ -673,7 +730,29 @@ def _stages_table(doc) -> str:
     return f'<div class="scroll"><table>{head}{"".join(rows)}</table></div>'
 
 
-def render_html(doc: dict[str, Any], images: dict[str, bytes], captions: dict[str, str] | None = None) -> str:
+def _groups_tables(counts: GroupCounts | None, sizes: tuple[np.ndarray, str] | None, solved_at: float) -> str:
+    """The numbers behind the groups and sizes charts, as tables (what a query over the
+    output's files gives: see tests/pipelines/test_report_numbers.py)."""
+    if counts is None:
+        return ""
+    head = (f"<tr><th>batch</th><th>groups in the output</th><th>solved by all runs (reward ≥ {solved_at:g})</th>"
+            "<th>solved by none</th></tr>")
+    rows = "".join(
+        f"<tr><td>{_fmt(int(b))}</td><td>{_fmt(int(g))}</td><td>{_fmt(int(a))}</td><td>{_fmt(int(n))}</td></tr>"
+        for b, g, a, n in zip(counts.batch.tolist(), counts.groups.tolist(), counts.all_solved.tolist(), counts.none_solved.tolist())
+    )
+    out = f'<h2>Groups per batch</h2><div class="scroll tall"><table id="groups">{head}{rows}</table></div>'
+    if sizes is not None:
+        values, what = sizes
+        found, number = np.unique(values, return_counts=True)
+        cells = "".join(f"<tr><td>{_fmt(int(k))}</td><td>{_fmt(int(v))}</td></tr>" for k, v in zip(found.tolist(), number.tolist()))
+        out += (f'<h2>Group sizes</h2><p>{html.escape(what.capitalize())}.</p><div class="scroll tall"><table id="sizes">'
+                f"<tr><th>rows in the group</th><th>groups</th></tr>{cells}</table></div>")
+    return out
+
+
+def render_html(doc: dict[str, Any], images: dict[str, bytes], captions: dict[str, str] | None = None, *,
+                groups: GroupCounts | None = None, sizes: tuple[np.ndarray, str] | None = None, solved_at: float = 1.0) -> str:
     captions = captions or {}
     t = doc["totals"]
     totals = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(t.get(k))}</td></tr>" for k in TOTAL_KEYS)
@@ -714,9 +793,10 @@ code {{ background: #f3f3f3; padding: 1px 4px; overflow-wrap: anywhere; }} .fail
 · config hash <code>{html.escape(doc.get('config_hash', '')[:16])}</code> · {plural(doc.get('input_files') or 0, 'input file')}
 · {plural(n_batches, 'batch', 'batches')}</p>
 {failed}
-<h2>Totals</h2><div class="scroll"><table>{totals}</table></div>
+<h2>Totals</h2><div class="scroll"><table id="totals">{totals}</table></div>
 <h2>Charts</h2><div class="charts">{figures}</div>
-<h2>Per batch</h2><div class="scroll tall"><table><tr>{head}</tr>{rows}</table></div>
+<h2>Per batch</h2><div class="scroll tall"><table id="batches"><tr>{head}</tr>{rows}</table></div>
+{_groups_tables(groups, sizes, solved_at)}
 <h2>Strategy stages</h2>{_stages_table(doc)}
 <h2>Reject reasons</h2><table>{reasons or '<tr><td>none</td></tr>'}</table>
 {f'<h2>Skipped input files</h2><ul>{skipped}</ul>' if skipped else ''}
@@ -728,9 +808,10 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     """Write report.html and report-*.png for the run in `output`; returns {name: path}."""
     if to is None and not storage.is_local(output):
         raise ReportError(f"{output} is not a local directory: pass --to LOCAL_DIR for the report files")
+    to = to or output
+    _check_target(to)  # before anything is read or drawn
     doc = load_metrics(output)
     data = read_run(output)
-    to = to or output
     os.makedirs(to, exist_ok=True)
     html_path = os.path.join(to, REPORT_HTML)
     if os.path.exists(html_path) and not _is_report(html_path):
@@ -760,9 +841,19 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
             images[name] = f.read()
     paths["html"] = os.path.join(to, REPORT_HTML)
     with open(paths["html"], "w", encoding="utf-8") as f:
-        f.write(render_html(doc, images, captions))
+        f.write(render_html(doc, images, captions, groups=group_counts(data, solved_at), sizes=group_sizes(data), solved_at=solved_at))
     _own(to, paths.values())
     return paths
+
+
+def _check_target(to: str) -> None:
+    """ReportError (one line) where the report cannot be written to `to`."""
+    from rescore.transforms.files import ownership
+
+    try:
+        ownership.check_output_path(to, "--to")
+    except ownership.OutputError as e:
+        raise ReportError(str(e)) from None
 
 
 def _own(directory: str, paths) -> None:

@@ -10,11 +10,9 @@ never the full logits.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +22,6 @@ import torch
 from rescore.errors import ModelConfigError
 
 INSTALL_HINT = "pip install 'rescore[models]' (transformers)"
-REWARD_FN_ARGS = ("prompt_tokens", "response_tokens", "prompt", "response", "reward", "batch", "task", "run", "step")
-"""What a --reward-fn may take, by parameter name."""
 
 
 def require_transformers():
@@ -172,56 +168,6 @@ def reward_scores(model, rows: Sequence[np.ndarray], *, pad_id: int | None) -> n
     return out
 
 
-# --- --reward-fn -----------------------------------------------------------------------------
+# --- --reward-fn: transforms/verifier.py (no torch: its worker process starts light) ---------
 
-
-@dataclass(frozen=True)
-class RewardFn:
-    """A verifier loaded from 'module:function' and the arguments it takes (REWARD_FN_ARGS)."""
-
-    spec: str
-    fn: Callable[..., Any]
-    args: tuple[str, ...]
-
-    @property
-    def needs_text(self) -> bool:
-        return "prompt" in self.args or "response" in self.args
-
-
-def load_reward_fn(spec: str) -> RewardFn:
-    """'package.module:function' -> RewardFn; ModelConfigError with the reason otherwise."""
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ModelConfigError(f"--reward-fn expects module:function, got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise ModelConfigError(f"--reward-fn {spec}: cannot import {module_name} ({type(e).__name__}: {e})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ModelConfigError(f"--reward-fn {spec}: {module_name} has no function {name!r}")
-    params = inspect.signature(fn).parameters
-    unknown = [p for p, v in params.items() if p not in REWARD_FN_ARGS and v.default is inspect.Parameter.empty
-               and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)]
-    if unknown:
-        raise ModelConfigError(
-            f"--reward-fn {spec}: unknown parameter {unknown[0]!r}; a verifier takes any of {', '.join(REWARD_FN_ARGS)}"
-        )
-    takes_all = any(v.kind == v.VAR_KEYWORD for v in params.values())
-    args = REWARD_FN_ARGS if takes_all else tuple(p for p in params if p in REWARD_FN_ARGS)
-    return RewardFn(spec, fn, args)
-
-
-def call_reward_fn(reward_fn: RewardFn, values: dict[str, Any]) -> tuple[float | None, str | None]:
-    """(reward, None) or (None, reject reason) for one row; the verifier's own errors reject
-    the row (with the error) instead of stopping the run."""
-    try:
-        result = reward_fn.fn(**{k: values[k] for k in reward_fn.args})
-    except Exception as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        return None, f"model_reward: {reward_fn.spec} raised {type(e).__name__}{': ' + first if first else ''}"
-    if isinstance(result, bool) or not isinstance(result, (int, float, np.floating, np.integer)):
-        return None, f"model_reward: {reward_fn.spec} returned {type(result).__name__}, not a number"
-    if not math.isfinite(float(result)):
-        return None, f"model_reward: {reward_fn.spec} returned {float(result)}"
-    return float(result), None
+from rescore.transforms.verifier import REWARD_FN_ARGS, RewardFn, call_reward_fn, load_reward_fn  # noqa: E402,F401

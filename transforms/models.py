@@ -31,7 +31,8 @@ from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
 from rescore.transforms import inference
 from rescore.transforms.files import storage
-from rescore.transforms.rows.model_columns import MODEL_REJECT, ModelOptions, extend_schema, side_schema
+from rescore.transforms.verifier import VerifierProcess
+from rescore.transforms.rows.model_columns import UNIT_RECORD, ModelOptions, extend_schema, unit_side_table
 from rescore.transforms.input_plan import InputPlan, read_unit
 
 MODEL_DIR = "model"
@@ -101,13 +102,17 @@ class _Model:
     loads = 0
     """Models this process has loaded (the benchmark checks there is one per run)."""
 
-    def __init__(self, kind: str, path: str, device_choice: str, dtype: str, padding_side: str, tokenizer: str | None):
+    def __init__(self, kind: str, path: str, device_choice: str, dtype: str, padding_side: str, tokenizer: str | None,
+                 reward_fn_timeout: float | None = None):
         _Model.loads += 1
         self.kind = kind
         self.device = devices.resolve(device_choice)
         self.padding_side = padding_side
         if kind == "reward_fn":
             self.fn = inference.load_reward_fn(path)
+            # With a timeout, every call runs in a worker process that can be killed (a stuck
+            # thread cannot); without one, here.
+            self.verifier = VerifierProcess(path, reward_fn_timeout) if reward_fn_timeout else None
             self.tokenizer = None
             if self.fn.needs_text:
                 self.tokenizer = inference.require_transformers().AutoTokenizer.from_pretrained(tokenizer)
@@ -127,19 +132,23 @@ class _Model:
         if self.kind == "reward":
             return [(float(v), None) for v in inference.reward_scores(self.model, rows, pad_id=self.pad_id)]
         if self.kind == "reward_fn":
-            return [self._verify(row, e) for row, e in zip(rows, examples)]
+            values = [self._verifier_values(row, e) for row, e in zip(rows, examples)]
+            if self.verifier is not None:
+                return self.verifier(values)
+            return [inference.call_reward_fn(self.fn, v) for v in values]
         values = inference.response_logprobs(
             self.model, rows, [int(e[1]) for e in examples], pad_id=self.pad_id, side=self.padding_side
         )
         return [(v, None) for v in values]
 
-    def _verify(self, row: np.ndarray, example: tuple):
+    def _verifier_values(self, row: np.ndarray, example: tuple) -> dict[str, Any]:
+        """What a verifier may take (inference.REWARD_FN_ARGS), as plain Python values."""
         p = int(example[1])
         values = {"prompt_tokens": row[:p].tolist(), "response_tokens": row[p:].tolist(), **example[2]}
         if self.tokenizer is not None:
             values["prompt"] = self.tokenizer.decode(values["prompt_tokens"])
             values["response"] = self.tokenizer.decode(values["response_tokens"])
-        return inference.call_reward_fn(self.fn, values)
+        return {k: values[k] for k in self.fn.args if k in values}
 
 
 def _beam_resource_warning(record: logging.LogRecord) -> bool:
@@ -173,7 +182,7 @@ class _Handler(ModelHandler):
     def load_model(self) -> _Model:
         _hide_beam_resource_warning()
         o = self._options
-        return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer)
+        return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer, o.reward_fn_timeout)
 
     def run_inference(self, batch, model, inference_args=None) -> Iterable[PredictionResult]:
         # example=None: the tokens stop here; only the computed values go on.
@@ -258,7 +267,7 @@ class _ModelInputs(beam.DoFn):
                 self._tokens.inc(length)
                 row_tokens = values[tokens.offsets[i] : tokens.offsets[i + 1]]
                 yield (unit_index, i), (row_tokens, p, {} if extras is None else extras[i])
-        yield beam.pvalue.TaggedOutput(self.UNITS, (unit_index, ("unit", n, reasons)))
+        yield beam.pvalue.TaggedOutput(self.UNITS, (unit_index, (UNIT_RECORD, n, reasons)))
 
     @staticmethod
     def _row_extras(table: pa.Table) -> list[dict]:
@@ -273,7 +282,8 @@ def _by_unit(keyed: tuple[tuple[int, int], PredictionResult]):
 
 
 class _WriteModelColumns(beam.DoFn):
-    """(unit, [unit info, row results]) -> the unit's side file; yields the unit index."""
+    """(unit, [unit record, row results] in any order) -> the unit's side file; yields the unit
+    index. The merge is rows/model_columns.unit_side_table: nothing depends on arrival order."""
 
     def __init__(self, staging: str, columns: tuple[str, ...]):
         self._staging = staging
@@ -281,40 +291,8 @@ class _WriteModelColumns(beam.DoFn):
 
     def process(self, element):
         unit, items = element
-        n, reasons = 0, {}
-        results: dict[str, dict[int, Any]] = {c: {} for c in self._columns}
-        for item in items:
-            if item[0] == "unit":
-                n, reasons = item[1], dict(item[2])
-                continue
-            kind, row, value, reason = item
-            column = "reward" if kind == "reward_fn" else kind
-            if reason is not None:
-                reasons.setdefault(row, reason)
-            else:
-                results[column][row] = value
-        schema = side_schema(self._columns)
-        arrays = [pa.array(np.arange(n, dtype=np.int32))]
-        for c in self._columns:
-            got = results[c]
-            if c == "reward":
-                arrays.append(pa.array([got.get(i) for i in range(n)], pa.float64()))
-            else:
-                arrays.append(_list_column([None if i in reasons else got.get(i) for i in range(n)]))
-        arrays.append(pa.array([reasons.get(i) for i in range(n)], pa.string()))
-        storage.write_parquet(pa.Table.from_arrays(arrays, schema=schema), side_file(self._staging, unit))
+        storage.write_parquet(unit_side_table(items, self._columns), side_file(self._staging, unit))
         yield unit
-
-
-def _list_column(values: list[np.ndarray | None]) -> pa.Array:
-    """list<float32> from per-row arrays (None: null), built from one flat buffer."""
-    lengths = np.array([0 if v is None else len(v) for v in values], dtype=np.int64)
-    offsets = np.zeros(len(values) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [v for v in values if v is not None and len(v)]
-    flat = np.concatenate(present).astype(np.float32) if present else np.zeros(0, np.float32)
-    nulls = pa.array([v is None for v in values], pa.bool_())
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=pa.list_(pa.float32()), mask=nulls)
 
 
 class ComputeModelColumns(beam.PTransform):

@@ -14,8 +14,13 @@ reads those files like any other input.
 Sink (`write_buffer`): the scored Parquet rows are inserted by workers into a pair of staging
 tables with ids fixed by file (file k starts after the rows of files 0..k-1), then one
 transaction drops nothing but what --overwrite allows and renames the staging tables to NAME
-and NAME_blob. A run killed before that leaves only `NAME__rescore_*` staging tables, which
-the next run removes; NAME never holds half the rows.
+and NAME_blob. A run killed before that leaves only `rescore_stage_HHHHHHHHHHHH_*` staging
+tables (H: a hash of NAME, so the names fit PostgreSQL's 63 bytes whatever NAME is), which the
+next run for NAME removes; NAME never holds half the rows.
+
+SQL text: every table name goes through the dialect's identifier quoting and every value
+through bind parameters; NAME itself is checked first (check_table_name: letters, digits and
+underscores, at most TABLE_NAME_MAX characters), so nothing a user types is ever SQL.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +45,15 @@ from apache_beam.metrics import Metrics
 from rescore.errors import ConfigError
 from rescore.transforms import fault_injection
 from rescore.transforms.files import storage
+from rescore.transforms.files.layout import TABLE_NAME_MAX, table_name_problem  # noqa: F401
 from rescore.transforms.rows import trinity_format as trxp
 
 log = logging.getLogger(__name__)
 
-STAGING_INFIX = "__rescore_"
+STAGING_PREFIX = "rescore_stage_"
+"""Staging tables: STAGING_PREFIX + 12 hex digits of sha256(NAME) + "_" + a run token (+ "_blob")."""
+OLD_STAGING_INFIX = "__rescore_"
+"""Staging tables of earlier versions, NAME + OLD_STAGING_INFIX + token: still removed."""
 INSERT_ROWS = 256
 """Rows per INSERT round trip (blobs are tens of KB each)."""
 STAGE_ROWS = 1024
@@ -112,7 +122,11 @@ def engine(url: str, *, must_exist: bool = True):
         if must_exist and db not in (None, "", ":memory:") and not os.path.exists(db):
             raise ConfigError(f"no SQLite database file {db} ({safe_url(url)})")
         if not must_exist and db not in (None, "", ":memory:") and not db.startswith("file:"):
-            os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+            _check_sqlite_target(db, url)
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"cannot create the directory of {db} ({safe_url(url)}): {e.strerror or e}") from None
         kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}
@@ -122,6 +136,23 @@ def engine(url: str, *, must_exist: bool = True):
     except Exception as e:  # noqa: BLE001  (NoSuchModuleError, a driver not installed)
         hint = " (pip install 'psycopg[binary]')" if parsed.get_backend_name() == "postgresql" else ""
         raise ConfigError(f"cannot open {safe_url(url)}: {_line(e)}{hint}") from None
+
+
+def _check_sqlite_target(db: str, url: str) -> None:
+    """ConfigError (one line) where a SQLite file cannot be written at `db`: the path is a
+    directory, a part of it is a file, or the nearest existing directory is not writable."""
+    path = os.path.abspath(db)
+    if os.path.isdir(path):
+        raise ConfigError(f"{safe_url(url)}: {db} is a directory, not a SQLite database file")
+    if os.path.exists(path):
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError(f"{safe_url(url)}: the SQLite database file {db} is not writable")
+        return
+    from rescore.transforms.files.ownership import creation_problem
+
+    problem = creation_problem(path)
+    if problem:
+        raise ConfigError(f"{safe_url(url)}: {problem} (the SQLite database file {db} cannot be created)")
 
 
 _ASYNC_DRIVERS = {"sqlite+aiosqlite": "sqlite", "mysql+aiomysql": "mysql+pymysql", "mysql+asyncmy": "mysql+pymysql"}
@@ -426,11 +457,24 @@ class StageBuffer(beam.PTransform):
 # ---------------------------------------------------------------------------------------------
 
 
+def check_table_name(table: str, flag: str = "--output-table") -> None:
+    """ConfigError (one line) unless `table` is a buffer name Rescore writes (layout.table_name_problem:
+    an identifier of at most TABLE_NAME_MAX characters, the same rule on every database)."""
+    problem = table_name_problem(table, flag)
+    if problem:
+        raise ConfigError(problem)
+
+
 def check_sink(url: str, table: str, overwrite: bool) -> None:
-    """Before the run: the database answers and NAME is free (or --overwrite)."""
+    """Before the run: NAME is a valid name, the database answers and NAME is free (or --overwrite)."""
+    check_table_name(table)
     eng = engine(url, must_exist=False)
     try:
-        names = set(_connect_check(eng, url).get_table_names())
+        inspector = _connect_check(eng, url)
+        try:
+            names = set(inspector.get_table_names())
+        except Exception as e:  # noqa: BLE001  (a file that is no SQLite database, no permission to list tables)
+            raise ConfigError(f"cannot use {safe_url(url)} as --output-db: {_line(e.__cause__ or e)}") from None
     finally:
         eng.dispose()
     taken = [n for n in (table, f"{table}_blob") if n in names]
@@ -501,8 +545,24 @@ def experience_blob(row: dict) -> tuple[bytes, dict[str, Any]]:
     return trxp.encode([(item, fields)]), columns
 
 
+def _staging_prefix(table: str) -> str:
+    return f"{STAGING_PREFIX}{hashlib.sha256(table.encode('utf-8')).hexdigest()[:12]}_"
+
+
 def staging_names(table: str, token: str) -> tuple[str, str]:
-    return f"{table}{STAGING_INFIX}{token}", f"{table}{STAGING_INFIX}{token}_blob"
+    """This run's staging tables for buffer `table`: 37 and 42 characters whatever `table` is
+    (their sequence and index names, `..._id_seq`, `ix_..._model_version`, fit 63 bytes too)."""
+    check_table_name(table)
+    if not re.fullmatch(r"[0-9a-f]{1,16}", token):
+        raise ValueError(f"internal error: staging token {token!r}")
+    staged = f"{_staging_prefix(table)}{token}"
+    return staged, f"{staged}_blob"
+
+
+def _leftover_staging(table: str, names) -> list[str]:
+    """Staging tables of `table` that earlier runs left (this version's and older ones')."""
+    prefixes = (_staging_prefix(table), f"{table}{OLD_STAGING_INFIX}")
+    return [n for n in names if n.startswith(prefixes)]
 
 
 def new_token() -> str:
@@ -514,8 +574,7 @@ def prepare_staging(url: str, table: str, token: str) -> None:
     sa = _sqlalchemy()
     eng = engine(url, must_exist=False)
     try:
-        prefix = f"{table}{STAGING_INFIX}"
-        names = [n for n in sa.inspect(eng).get_table_names() if n.startswith(prefix)]
+        names = _leftover_staging(table, sa.inspect(eng).get_table_names())
         md = sa.MetaData()
         for n in names:
             sa.Table(n, md)
@@ -561,6 +620,14 @@ def insert_rows(conn, table: str, token: str, rows: list[dict], first_id: int) -
     return len(rows)
 
 
+def clear_ids(conn, table: str, token: str, lo: int, hi: int) -> None:
+    """Delete the rows with lo <= id < hi from this run's staging tables."""
+    staged, _ = staging_names(table, token)
+    meta, blob = tables(staged)
+    for t in (blob, meta):
+        conn.execute(t.delete().where(t.c.id >= lo, t.c.id < hi))
+
+
 def commit_staging(url: str, table: str, token: str, overwrite: bool) -> int:
     """In one transaction: drop NAME (with --overwrite), rename the staging tables to NAME and
     NAME_blob. Returns the rows published."""
@@ -585,10 +652,12 @@ def commit_staging(url: str, table: str, token: str, overwrite: bool) -> int:
                 for n in taken:
                     conn.exec_driver_sql(f"DROP TABLE {q(n)}")
                 if eng.dialect.name == "postgresql":  # keep Trinity's own inserts after ours
-                    conn.exec_driver_sql(
-                        f"SELECT setval(pg_get_serial_sequence('{q(staged)}', 'id'), "
-                        f"COALESCE((SELECT max(id) FROM {q(staged)}), 0) + 1, false)"
-                    )
+                    # The table name reaches pg_get_serial_sequence as a bound value (its quoted
+                    # form, which that function parses as an identifier), never as SQL text.
+                    meta, _ = tables(staged)
+                    last = sa.select(sa.func.coalesce(sa.func.max(meta.c.id), 0)).scalar_subquery()
+                    sequence = sa.func.pg_get_serial_sequence(sa.bindparam("table", q(staged)), sa.bindparam("column", "id"))
+                    conn.execute(sa.select(sa.func.setval(sequence, last + 1, sa.false())))
                 conn.exec_driver_sql(f"ALTER TABLE {q(staged)} RENAME TO {q(table)}")
                 conn.exec_driver_sql(f"ALTER TABLE {q(staged_blob)} RENAME TO {q(table + '_blob')}")
                 count = conn.exec_driver_sql(f"SELECT count(*) FROM {q(table)}").scalar()
@@ -619,6 +688,10 @@ class _InsertFile(beam.DoFn):
         path, first_id = element
         pf = storage.open_parquet(path)
         present = [c for c in self._columns if c in pf.schema_arrow.names]
+        # A retried bundle (a worker lost mid-file) finds the ids it inserted before: they are
+        # this file's alone (fixed by file), so they are cleared and written again, not doubled.
+        with self._engine.begin() as conn:
+            clear_ids(conn, self._table, self._token, first_id, first_id + pf.metadata.num_rows)
         next_id = first_id
         for batch in pf.iter_batches(batch_size=INSERT_ROWS * 4, columns=present):
             rows = batch.to_pylist()

@@ -118,3 +118,117 @@ def test_postgres_round_trip_with_trinity(pg, tmp_path):
         assert torch.equal(e.tokens, src.tokens) and torch.equal(e.logprobs, src.logprobs)
         want = torch.tensor(expected[(e.eid.batch, e.eid.task, e.eid.run)], dtype=torch.float32) * src.action_mask.float()
         torch.testing.assert_close(e.advantages, want, atol=2e-6, rtol=1e-6)
+
+
+# --- names: SQL injection (issue 28, defect 5) and PostgreSQL's 63 bytes (defect 7) ------------
+
+PROBE = "a'||nextval('probe_seq')||'"
+
+
+def _probe_called(pg) -> bool:
+    eng = _engine(pg)
+    try:
+        with eng.connect() as conn:
+            return bool(conn.exec_driver_sql("SELECT is_called FROM probe_seq").scalar())
+    finally:
+        eng.dispose()
+
+
+def _small_buffer(pg, name):
+    from rescore.pipelines.sample import make_experience
+    from rescore.pipelines.sample_formats import write_trinity_buffer
+
+    table = make_experience(batches=1, tasks=2, runs=3, seed=1)
+    write_trinity_buffer(table, pg, name)
+    return table.num_rows
+
+
+def test_output_table_with_sql_in_it_is_refused_and_runs_nothing(pg, tmp_path):
+    """On the CLI (a real process's stderr): the probe name is refused up front, exit 2, one
+    line, and the server never ran nextval."""
+    import subprocess
+    import sys
+
+    from batched import ROOT
+
+    eng = _engine(pg)
+    with eng.begin() as conn:
+        conn.exec_driver_sql("DROP SEQUENCE IF EXISTS probe_seq")
+        conn.exec_driver_sql("CREATE SEQUENCE probe_seq")
+    eng.dispose()
+    _small_buffer(pg, "probe_src")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rescore", "--input", pg, "--input-table", "probe_src", "--strategy", "grpo",
+         "--output", str(tmp_path / "out"), "--output-db", pg, "--output-table", PROBE, RUNNER],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "is not a table name Rescore writes" in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert not _probe_called(pg)
+
+
+def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch):
+    """Below the up-front check (switched off here): the sink itself quotes every identifier and
+    binds every value, so even the probe name is only a (strange) table name, and nextval never
+    runs; the sequence of the published table still continues after the rows written."""
+    import sqlalchemy as sa
+
+    from rescore.pipelines import config
+    from rescore.pipelines.rescore import run
+    from rescore.transforms import sql_buffer
+
+    eng = _engine(pg)
+    with eng.begin() as conn:
+        conn.exec_driver_sql("DROP SEQUENCE IF EXISTS probe_seq")
+        conn.exec_driver_sql("CREATE SEQUENCE probe_seq")
+    rows = _small_buffer(pg, "probe_src2")
+    monkeypatch.setattr(config, "table_name_problem", lambda *a, **k: None)
+    monkeypatch.setattr(sql_buffer, "table_name_problem", lambda *a, **k: None)
+    doc = run(["--input", pg, "--input-table", "probe_src2", "--strategy", "grpo", "--output", str(tmp_path / "o"),
+               "--output-db", pg, "--output-table", PROBE, "--quiet", RUNNER])
+    assert doc["buffer"]["rows"] == rows
+    assert not _probe_called(pg)
+    names = set(sa.inspect(eng).get_table_names())
+    assert {PROBE, PROBE + "_blob"} <= names and not any(n.startswith(sql_buffer.STAGING_PREFIX) for n in names)
+    meta, _ = sql_buffer.tables(PROBE)
+    with eng.connect() as conn:
+        new_id = conn.execute(meta.insert().values(task_id="x", run_id=0, reward=0.0).returning(meta.c.id)).scalar()
+        conn.rollback()
+    assert new_id == rows + 1
+    eng.dispose()
+
+
+@pytest.mark.parametrize("name", ["t" * 58, "Select", "user"], ids=["58-chars", "mixed-case-reserved", "reserved"])
+def test_long_and_reserved_output_tables_are_written(pg, tmp_path, name):
+    """A 58-character NAME (NAME_blob: 63 bytes, PostgreSQL's most) is written whole: the
+    staging tables, their sequence and indexes have short hashed names whatever NAME is."""
+    import sqlalchemy as sa
+
+    from rescore.pipelines.rescore import run
+    from rescore.transforms import sql_buffer
+
+    src = f"src_{len(name)}_{name.lower()}"[:30]
+    rows = _small_buffer(pg, src)
+    doc = run(["--input", pg, "--input-table", src, "--strategy", "grpo", "--output", str(tmp_path / "o"),
+               "--output-db", pg, "--output-table", name, "--quiet", RUNNER])
+    assert doc["buffer"] == {"url": sql_buffer.safe_url(pg), "table": name, "rows": rows}
+    eng = _engine(pg)
+    names = set(sa.inspect(eng).get_table_names())
+    assert {name, name + "_blob"} <= names and not any(n.startswith(sql_buffer.STAGING_PREFIX) for n in names)
+    meta, _ = sql_buffer.tables(name)
+    with eng.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(meta)).scalar() == rows
+        new_id = conn.execute(meta.insert().values(task_id="x", run_id=0, reward=0.0).returning(meta.c.id)).scalar()
+        conn.rollback()
+    assert new_id == rows + 1
+    eng.dispose()
+
+
+def test_a_name_longer_than_postgresql_keeps_is_refused_before_the_run(pg, tmp_path):
+    from rescore.pipelines.rescore import main
+
+    _small_buffer(pg, "src_long")
+    code = main(["--input", pg, "--input-table", "src_long", "--strategy", "grpo", "--output", str(tmp_path / "o"),
+                 "--output-db", pg, "--output-table", "t" * 59, "--quiet", RUNNER])
+    assert code == 2 and not (tmp_path / "o").exists()

@@ -70,6 +70,31 @@ def report_chart(name: str) -> str:
     return f"report-{name}.png"
 
 
+TABLE_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
+"""--output-table: a Trinity buffer name Rescore writes (letters, digits, underscores, not
+starting with a digit), the same rule on every database (transforms/sql_buffer.py)."""
+TABLE_NAME_MAX = 58
+"""PostgreSQL keeps 63 bytes of an identifier (NAMEDATALEN - 1) and truncates the rest; a
+buffer is NAME and NAME_blob, so NAME has at most 63 - len("_blob") characters."""
+
+
+def table_name_problem(table: object, flag: str = "--output-table") -> str | None:
+    """Why `table` is not a buffer name Rescore writes (one line), or None."""
+    import re
+
+    if not isinstance(table, str) or not re.fullmatch(TABLE_NAME_PATTERN, table):
+        return (
+            f"{flag} {table!r} is not a table name Rescore writes: use letters, digits and underscores, "
+            "not starting with a digit (e.g. experience_rescored)"
+        )
+    if len(table) > TABLE_NAME_MAX:
+        return (
+            f"{flag} {table!r} has {len(table)} characters, more than {TABLE_NAME_MAX}: the buffer is "
+            f"{table}_blob too, and PostgreSQL keeps 63 bytes of a name"
+        )
+    return None
+
+
 def staging_dir(output: str) -> str:
     from rescore.transforms.files import storage  # storage imports Beam; the names above do not
 

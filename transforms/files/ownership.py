@@ -66,19 +66,35 @@ def _rescore_metrics(output: str) -> bool:
         return False
 
 
-def check_output_path(output: str) -> None:
-    """--output must be a directory or not exist yet (exit 2 before anything runs)."""
+def check_output_path(output: str, flag: str = "--output") -> None:
+    """`output` (a local directory to write) must be a writable directory or creatable: not a
+    file, not under a file, not a dangling symlink (OutputError, exit 2 before anything runs)."""
     if not storage.is_local(output):
         return
     if os.path.lexists(output) and not os.path.exists(output):
-        raise OutputError(f"--output {output} is a symlink to a path that does not exist")
+        raise OutputError(f"{flag} {output} is a symlink to a path that does not exist")
     if os.path.exists(output) and not os.path.isdir(output):
-        raise OutputError(f"--output {output} is a file, not a directory")
-    parent = os.path.dirname(os.path.abspath(output))
+        raise OutputError(f"{flag} {output} is a file, not a directory")
+    if os.path.isdir(output):
+        if not os.access(output, os.W_OK | os.X_OK):
+            raise OutputError(f"{flag} {output} is not writable")
+        return
+    problem = creation_problem(output)
+    if problem:
+        raise OutputError(f"{flag} {output}: {problem}")
+
+
+def creation_problem(path: str) -> str | None:
+    """Why the local `path` (which does not exist) cannot be created, or None: its nearest
+    existing ancestor is a file, or a directory this process cannot write."""
+    parent = os.path.dirname(os.path.abspath(path))
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
-        raise OutputError(f"--output {output}: {parent} is a file, not a directory")
+        return f"{parent} is a file, not a directory"
+    if parent and not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable, so {path} cannot be created"
+    return None
 
 
 def check_not_input(output: str, files) -> None:

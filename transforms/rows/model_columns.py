@@ -23,6 +23,15 @@ ORIGINAL = "_original"
 """A computed column that the input already has keeps the input's values as NAME_original."""
 
 
+DEFAULT_REWARD_FN_TIMEOUT = 60.0
+"""--reward-fn-timeout default, seconds per verifier call. A verifier call worth running takes
+milliseconds to seconds (parsing an answer, running a unit test); a call still running after a
+minute is stuck (an endless loop, a sandbox that never answers), and without a limit one such
+row stalls the whole run forever with no message. 60 s stays far above any sane call and far
+below a scheduler's or Dataflow's stuck-work alarms. 0 turns it off: the verifier then runs in
+the worker's own process (no worker process, no pickling of rows), as before the flag."""
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """The model flags of a run (see docs/models.md)."""
@@ -37,6 +46,8 @@ class ModelOptions:
     batch_tokens: int = 0
     padding_side: str = "right"
     accelerator: str | None = None
+    reward_fn_timeout: float | None = None
+    """Seconds per --reward-fn call (0: no limit); None without a --reward-fn."""
 
     @property
     def enabled(self) -> bool:
@@ -59,6 +70,64 @@ def side_schema(columns: tuple[str, ...]) -> pa.Schema:
     fields = [pa.field("row", pa.int32())]
     fields += [pa.field(c, pa.float64() if c == "reward" else LIST_TYPE) for c in columns]
     return pa.schema(fields + [pa.field(MODEL_REJECT, pa.string())])
+
+
+UNIT_RECORD = "unit"
+"""First field of the one record per read unit the model stage sends with its row results:
+("unit", rows, {row: reason the row went to no model})."""
+
+
+def unit_side_table(items, columns: tuple[str, ...]) -> pa.Table:
+    """A read unit's side file (side_schema) from everything the model stage sent for it: one
+    unit record and the row results (kind, row, value, reject reason or None) of each model.
+
+    The result does not depend on the order of `items` (Beam delivers a GroupByKey's values in
+    no particular order): the unit record's reasons (rows no model saw) come first, then, for a
+    row some model could not score, the reason of the first such model in `columns` order.
+    RuntimeError unless there is exactly one unit record and every result names a row of it.
+    """
+    items = list(items)
+    units = [item for item in items if item[0] == UNIT_RECORD]
+    if len(units) != 1:
+        raise RuntimeError(f"internal error: the model stage sent {len(units)} unit records for one read unit")
+    _, n, reasons = units[0]
+    reasons = dict(reasons)
+    results: dict[str, dict[int, object]] = {c: {} for c in columns}
+    failed: dict[int, dict[str, str]] = {}
+    for item in items:
+        if item[0] == UNIT_RECORD:
+            continue
+        kind, row, value, reason = item
+        column = "reward" if kind == "reward_fn" else kind
+        if column not in results or not 0 <= row < n:
+            raise RuntimeError(f"internal error: a model result for column {column!r}, row {row} of a {n}-row unit")
+        if reason is not None:
+            failed.setdefault(row, {})[column] = reason
+        else:
+            results[column][row] = value
+    for row, by_column in failed.items():
+        if row not in reasons:
+            reasons[row] = next(by_column[c] for c in columns if c in by_column)
+    arrays = [pa.array(np.arange(n, dtype=np.int32))]
+    for c in columns:
+        got = results[c]
+        if c == "reward":
+            arrays.append(pa.array([None if i in reasons else got.get(i) for i in range(n)], pa.float64()))
+        else:
+            arrays.append(_list_column([None if i in reasons else got.get(i) for i in range(n)]))
+    arrays.append(pa.array([reasons.get(i) for i in range(n)], pa.string()))
+    return pa.Table.from_arrays(arrays, schema=side_schema(columns))
+
+
+def _list_column(values: list) -> pa.Array:
+    """list<float32> from per-row arrays (None: null), built from one flat buffer."""
+    lengths = np.array([0 if v is None else len(v) for v in values], dtype=np.int64)
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    present = [v for v in values if v is not None and len(v)]
+    flat = np.concatenate(present).astype(np.float32) if present else np.zeros(0, np.float32)
+    nulls = pa.array([v is None for v in values], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=LIST_TYPE, mask=nulls)
 
 
 def extend_schema(schema: pa.Schema, columns: tuple[str, ...]) -> pa.Schema:
