@@ -5,7 +5,7 @@ only this module (and the verifier's own).
 A verifier that raises, or returns something that is not a finite number, rejects its row with
 the reason. With a timeout (the default, DEFAULT_REWARD_FN_TIMEOUT in rows/model_columns.py),
 the verifier runs in a worker process of its own (VerifierProcess): a call that does not return
-in time rejects its row (`model_reward: mod:fn timed out after 60s`), the worker is killed with
+in time rejects its row (`model_reward: reward_fn mod:fn timed out after 60s`), the worker is killed with
 everything it started (its own process group) and a fresh one takes the next row. A thread
 could not do that: Python cannot stop a thread stuck in a loop or a C call. A worker whose
 parent is gone (killed, os._exit) leaves on its own: it watches its parent's pid.
@@ -80,11 +80,11 @@ def call_reward_fn(reward_fn: RewardFn, values: dict[str, Any]) -> tuple[float |
         result = reward_fn.fn(**{k: values[k] for k in reward_fn.args})
     except Exception as e:
         first = next((line for line in str(e).splitlines() if line.strip()), "")
-        return None, f"model_reward: {reward_fn.spec} raised {type(e).__name__}{': ' + first if first else ''}"
+        return None, f"model_reward: reward_fn {reward_fn.spec} raised {type(e).__name__}{': ' + first if first else ''}"
     if isinstance(result, bool) or not isinstance(result, (int, float, np.floating, np.integer)):
-        return None, f"model_reward: {reward_fn.spec} returned {type(result).__name__}, not a number"
+        return None, f"model_reward: reward_fn {reward_fn.spec} returned {type(result).__name__}, not a number"
     if not math.isfinite(float(result)):
-        return None, f"model_reward: {reward_fn.spec} returned {float(result)}"
+        return None, f"model_reward: reward_fn {reward_fn.spec} returned {float(result)}"
     return float(result), None
 
 
@@ -126,7 +126,7 @@ def serve(read_fd: int, write_fd: int, spec: str, parent: int) -> None:
             try:
                 answer = call_reward_fn(fn, values)
             except BaseException as e:  # noqa: BLE001  (SystemExit, KeyboardInterrupt from the verifier)
-                answer = (None, f"model_reward: {spec} raised {type(e).__name__}")
+                answer = (None, f"model_reward: reward_fn {spec} raised {type(e).__name__}")
             outbox.send(answer)
 
 
@@ -216,13 +216,13 @@ class VerifierProcess:
                 while len(out) < len(rows):
                     if not recv.poll(self.timeout):
                         _reap(self._state)
-                        out.append((None, f"model_reward: {self.spec} timed out after {self.timeout:g}s"))
+                        out.append((None, f"model_reward: reward_fn {self.spec} timed out after {self.timeout:g}s"))
                         break
                     try:
                         out.append(recv.recv())
                     except (EOFError, OSError):
                         code = _reap(self._state)
-                        out.append((None, f"model_reward: {self.spec} ended its worker process (exit code {code})"))
+                        out.append((None, f"model_reward: reward_fn {self.spec} ended its worker process (exit code {code})"))
                         break
         return out
 

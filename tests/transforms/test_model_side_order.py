@@ -13,7 +13,7 @@ from rescore.schemas import check_rows
 from rescore.transforms.models import _WriteModelColumns, side_file
 from rescore.transforms.rows.model_columns import MODEL_REJECT, UNIT_RECORD, apply_model_rejects, join_model_columns, unit_side_table
 
-FAILED = "model_reward: v:fn raised ValueError: no answer"
+FAILED = "model_reward: reward_fn v:fn raised ValueError: no answer"
 UNIT = (UNIT_RECORD, 4, {3: "model_context: 40 tokens, more than the model's context of 32"})
 RESULTS = [("reward_fn", 0, 1.5, None), ("reward_fn", 1, None, FAILED), ("reward_fn", 2, -0.25, None)]
 
@@ -111,7 +111,7 @@ def test_a_failing_verifier_rejects_its_rows_in_the_whole_pipeline(tmp_path, mon
     rejected = {(r["batch"], r["task"], r["run"]): r["reject_reason"] for r in read_output(out, "rejected").to_pylist()}
     assert len(rejected) == 18 and doc["totals"]["rows_rejected"] == 18
     for (b, t, r), reason in rejected.items():
-        assert reason.startswith("model_reward: failing_verifier:judge ") and r in (0, 1, 2), reason
+        assert reason.startswith("model_reward: reward_fn failing_verifier:judge ") and r in (0, 1, 2), reason
     scored = read_output(out).to_pylist()
     assert len(scored) == 12 and all(s["run"] in (3, 4) for s in scored)
     assert all(s["reward"] == float(s["run"] + 1 + s["task"]) and s["reward_original"] == 100.0 for s in scored)

@@ -139,8 +139,8 @@ def test_reward_fn_signature_and_failures(tmp_path, monkeypatch):
     assert inference.call_reward_fn(fn, {"response_tokens": [1, 2], "reward": 0.5}) == (2.5, None)
     flaky = inference.load_reward_fn("verifiers:flaky")
     assert inference.call_reward_fn(flaky, {"response_tokens": []}) == (
-        None, "model_reward: verifiers:flaky raised ValueError: empty response")
-    assert inference.call_reward_fn(flaky, {"response_tokens": [1]})[1] == "model_reward: verifiers:flaky returned str, not a number"
+        None, "model_reward: reward_fn verifiers:flaky raised ValueError: empty response")
+    assert inference.call_reward_fn(flaky, {"response_tokens": [1]})[1] == "model_reward: reward_fn verifiers:flaky returned str, not a number"
     for spec, message in [("verifiers:bad_arg", "unknown parameter 'answer'"), ("verifiers", "expects module:function"),
                           ("no_such_module_xyz:f", "cannot import no_such_module_xyz"), ("verifiers:nope", "has no function 'nope'")]:
         with pytest.raises(inference.ModelConfigError, match=message):
@@ -212,7 +212,7 @@ def test_reward_fn_over_decoded_text_and_logprob_model(models, tmp_path, rescore
     for r in rows:
         response = r["tokens"][r["prompt_length"]:]
         if r["task"] == 2 and not response:
-            assert rejected[_key(r)] == "model_reward: my_verifier:count_w1 raised ValueError: nothing to check"
+            assert rejected[_key(r)] == "model_reward: reward_fn my_verifier:count_w1 raised ValueError: nothing to check"
             continue
         got = scored[_key(r)]
         assert got["reward"] == response.count(1) + 0.5 and got["reward_original"] == r["reward"]

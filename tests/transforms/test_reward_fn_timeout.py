@@ -69,8 +69,8 @@ def test_a_hanging_call_is_rejected_and_its_worker_killed_with_everything_it_sta
     out = v([_row(0, 0), _row(1, 1), _row(0, 2), _row(1, 2), _row(2, 0), _row(0, 3)])
     took = time.monotonic() - started
     assert out[0] == (3.0, None) and out[2] == (5.0, None) and out[5] == (6.0, None)
-    assert out[1] == (None, "model_reward: hanging_verifier:answer timed out after 1s")
-    assert out[3] == (None, "model_reward: hanging_verifier:answer timed out after 1s")
+    assert out[1] == (None, "model_reward: reward_fn hanging_verifier:answer timed out after 1s")
+    assert out[3] == (None, "model_reward: reward_fn hanging_verifier:answer timed out after 1s")
     assert out[4][0] is None and "ended its worker process (exit code 3)" in out[4][1]
     assert v.started == 4 and took < 30
     grandchild = int((verifier / "grandchild.pid").read_text())
@@ -129,8 +129,8 @@ def test_rescore_rejects_rows_whose_verifier_hangs(verifier, tmp_path, rescore):
                        "--reward-fn-timeout", "2")
     assert time.monotonic() - started < 120
     rejected = {(r["task"], r["run"]): r["reject_reason"] for r in read_output(out, "rejected").to_pylist()}
-    assert rejected == {(1, 1): "model_reward: hanging_verifier:answer timed out after 2s",
-                        (1, 2): "model_reward: hanging_verifier:answer timed out after 2s"}
+    assert rejected == {(1, 1): "model_reward: reward_fn hanging_verifier:answer timed out after 2s",
+                        (1, 2): "model_reward: reward_fn hanging_verifier:answer timed out after 2s"}
     scored = {(r["task"], r["run"]): r["reward"] for r in read_output(out).to_pylist()}
     assert scored == {(t, r): 3.0 + r for t in (0, 1) for r in range(4) if (t, r) not in rejected}
     assert doc["models"]["reward_fn_timeout"] == 2.0 and doc["totals"]["reject_reasons"] == {"model_reward": 2}
