@@ -24,7 +24,6 @@ import pickle
 import struct
 from typing import Any
 
-import numpy as np
 import torch
 
 from rescore.errors import BlobError
