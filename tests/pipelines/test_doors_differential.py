@@ -70,7 +70,7 @@ def _result(rows_scored, rows_rejected, totals, key):
     for r in rows_scored:
         k = key(r)
         assert k not in scored, f"{k} written twice"
-        scored[k] = (r["score"], r.get("advantages"))
+        scored[k] = (r["score"], r.get("advantages"), r["reward"])
     rejected = sorted(key(r) for r in rows_rejected)
     return scored, {c: totals[c] for c in COUNTS}, rejected
 
@@ -90,11 +90,12 @@ def _key(r):
     return (r["batch"], r["task"], r["run"], r["step"])
 
 
-def parquet_door(table, work):
+def parquet_door(table, work, parts=None):
+    """Two files (or one per table of `parts`: e.g. one per day, each with its own types)."""
     os.makedirs(work / "pq")
     half = table.num_rows // 2
-    pq.write_table(table.slice(0, half), work / "pq" / "a.parquet", row_group_size=7)
-    pq.write_table(table.slice(half), work / "pq" / "b.parquet", row_group_size=5)
+    for i, part in enumerate(parts or [table.slice(0, half), table.slice(half)]):
+        pq.write_table(part, work / "pq" / f"part{i}.parquet", row_group_size=7 - i % 2 * 2)
     doc = _run(["--input", str(work / "pq" / "*.parquet"), "--output", str(work / "pq-out")])
     return _result(_read(str(work / "pq-out"), "scored"), _read(str(work / "pq-out"), "rejected"), doc["totals"], _key)
 
@@ -160,8 +161,9 @@ def _verl_id(k, order):
     return {"batch": batch, "task": hashlib.sha1(task.encode()).hexdigest()[:16], "run": order[k]}
 
 
-def incremental_door(table, work):
-    """Day by day: batch b arrives on day b, each day one `--incremental` run into one table."""
+def incremental_door(table, work, parts=None):
+    """Day by day: batch b arrives on day b (or part i of `parts` on day i), each day one
+    `--incremental` run into one table."""
     pytest.importorskip("deltalake", reason="incremental runs write a Delta Lake table (the [test] extra installs deltalake)")
     from rescore.pipelines.load import load_scored
     from rescore.pipelines.rescore import main
@@ -170,8 +172,9 @@ def incremental_door(table, work):
     out = str(work / "table")
     totals = dict.fromkeys(COUNTS, 0)
     rejected = []
-    for day, batch in enumerate(sorted(set(table["batch"].to_pylist()))):
-        part = table.filter(pa.compute.equal(table["batch"], batch))
+    if parts is None:
+        parts = [table.filter(pa.compute.equal(table["batch"], b)) for b in sorted(set(table["batch"].to_pylist()))]
+    for day, part in enumerate(parts):
         pq.write_table(part, work / "days" / f"day{day}.parquet", row_group_size=6)
         code = main(["--input", str(work / "days" / "*.parquet"), "--output", out, "--incremental", "--run-name",
                      f"day{day}", RUNNER, "--quiet", "--max-reject-fraction", "1", *STRATEGY])
@@ -186,14 +189,17 @@ def incremental_door(table, work):
 
 # --- the comparison ---------------------------------------------------------------------------
 
-def assert_same(door, got, want, *, tokens=True, atol=0.0):
+def assert_same(door, got, want, *, tokens=True, atol=0.0, types=False):
+    """`types`: the reward's type too (the incremental table holds what a one-shot run writes;
+    a Trinity buffer's `reward` column is a float whatever the input's type, verl's a JSON number)."""
     (g_scored, g_counts, g_rejected), (w_scored, w_counts, w_rejected) = got, want
     assert g_counts == w_counts, (door, g_counts, w_counts)
     assert g_rejected == w_rejected, (door, g_rejected[:5], w_rejected[:5])
     assert set(g_scored) == set(w_scored), (door, sorted(set(g_scored) ^ set(w_scored))[:5])
-    for k, (score, adv) in w_scored.items():
-        g_score, g_adv = g_scored[k]
+    for k, (score, adv, reward) in w_scored.items():
+        g_score, g_adv, g_reward = g_scored[k]
         assert g_score == pytest.approx(score, abs=atol, rel=0), (door, k, g_score, score)
+        assert g_reward == reward and (not types or type(g_reward) is type(reward)), (door, k, g_reward, reward)
         if tokens:
             np.testing.assert_allclose(np.asarray(g_adv, np.float64), np.asarray(adv, np.float64), atol=atol, rtol=0,
                                        err_msg=f"{door} {k}")
@@ -207,7 +213,7 @@ def all_doors(table, work, pg=None):
         name = "exp_" + hashlib.sha1(str(work).encode()).hexdigest()[:8]
         assert_same("trinity-postgresql", buffer_door(table, work, pg, name), want)
     assert_same("verl", verl_door(table, work), want, tokens=False)
-    assert_same("incremental", incremental_door(table, work), want)
+    assert_same("incremental", incremental_door(table, work), want, types=True)
     return want
 
 
@@ -215,6 +221,32 @@ def test_doors_agree_on_odd_experience(tmp_path):
     table = experience(random.Random(7), batches=2, max_tasks=5)
     want = all_doors(table, tmp_path)
     assert want[1]["rows_rejected"] > 0 and len({k[1] for k in want[0]}) >= 4  # NaN rewards rejected; odd tasks scored
+
+
+def _typed_days():
+    rng = random.Random(3)
+    day1 = experience(rng, batches=1, reward_type=pa.int64())
+    day2 = experience(rng, batches=2, nan=False).filter(pa.compute.equal(pa.compute.field("batch"), 1))
+    day2 = day2.set_column(day2.schema.get_field_index("reward"), "reward",
+                           pa.array([-23.58 + i / 8 for i in range(day2.num_rows)], pa.float64()))
+    return day1, day2, pa.concat_tables([day1.cast(day2.schema), day2])
+
+
+def test_buffer_door_agrees_when_reward_types_change_between_files(tmp_path):
+    """Integer rewards in one file, float rewards (-23.58) in the next: one-shot keeps float64."""
+    day1, day2, whole = _typed_days()
+    want = parquet_door(whole, tmp_path, parts=[day1, day2])
+    assert want[0] and any(r == -23.58 for _, _, r in want[0].values())
+    assert_same("trinity-sqlite", buffer_door(whole, tmp_path, f"sqlite:///{tmp_path}/buffer.db"), want)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28 defect 2, fixed on branch h2")
+def test_incremental_door_agrees_when_reward_types_change_between_days(tmp_path):
+    """Day 1 integer rewards, day 2 float rewards (-23.58): the one-shot Parquet door keeps
+    float64 rewards; so must the table fed day by day (today it keeps int64: -23.58 -> -23)."""
+    day1, day2, whole = _typed_days()
+    want = parquet_door(whole, tmp_path, parts=[day1, day2])
+    assert_same("incremental", incremental_door(whole, tmp_path, parts=[day1, day2]), want, types=True)
 
 
 @pytest.fixture(scope="module")
