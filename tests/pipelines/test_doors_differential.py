@@ -249,6 +249,20 @@ def test_incremental_door_agrees_when_reward_types_change_between_days(tmp_path)
     assert_same("incremental", incremental_door(whole, tmp_path, parts=[day1, day2]), want, types=True)
 
 
+@pytest.mark.xfail(strict=True, reason="issue 28 defect 11, fixed on branch h2")
+def test_parquet_door_agrees_when_mask_types_differ_between_files(tmp_path):
+    """A bool `action_mask` in one file and int8 / uint8 in others (all listed as accepted):
+    the same scores and advantages as all-bool files (today: refused, exit 2)."""
+    table = experience(random.Random(5), batches=2, nan=False)
+    want = parquet_door(table, tmp_path / "bool")
+    third = table.num_rows // 3
+    parts = [table.slice(0, third), table.slice(third, third), table.slice(2 * third)]
+    for i, mask in ((1, pa.int8()), (2, pa.uint8())):
+        schema = parts[i].schema.set(parts[i].schema.get_field_index("action_mask"), pa.field("action_mask", pa.list_(mask)))
+        parts[i] = parts[i].cast(schema)
+    assert_same("parquet, mixed masks", parquet_door(table, tmp_path / "mixed", parts=parts), want, types=True)
+
+
 @pytest.fixture(scope="module")
 def pg():
     from test_postgres_buffers import _server
