@@ -288,11 +288,9 @@ def _meta_columns(meta_row: dict) -> tuple[dict[str, Any], str | None]:
     reason = None
     checks = (
         ("sql_id", "id", lambda v: _as_int(v, "id", "bad_id")),
-        ("task", "task_id", lambda v: _text(v, "task_id", "bad_task") if isinstance(v, (str, int)) and not isinstance(v, bool)
-         else _fail(f"bad_task: task_id is {_short(v)}, not text")),
+        ("task", "task_id", lambda v: _id_text(v, "task_id", "bad_task")),
         ("run", "run_id", lambda v: _as_int(v, "run_id", "bad_run")),
-        ("msg_id", "msg_id", lambda v: _text(v, "msg_id", "bad_msg_id") if isinstance(v, (str, int)) and not isinstance(v, bool)
-         else _fail(f"bad_msg_id: msg_id is {_short(v)}, not text")),
+        ("msg_id", "msg_id", lambda v: _id_text(v, "msg_id", "bad_msg_id")),
         ("model_version", "model_version", lambda v: _as_int(v, "model_version", "bad_model_version")),
         ("reward", "reward", _reward),
     )
@@ -309,8 +307,11 @@ def _meta_columns(meta_row: dict) -> tuple[dict[str, Any], str | None]:
     return out, reason
 
 
-def _fail(reason: str):
-    raise ValueError(reason)
+def _id_text(value, what: str, category: str) -> str:
+    """A text id column's value (SQLite may hand back an integer, or bytes that are not UTF-8)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{category}: {what} is {_short(value)}, not text")
+    return _text(value, what, category)
 
 
 def _reward(value) -> float:
