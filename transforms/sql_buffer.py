@@ -262,40 +262,120 @@ def id_ranges(lo: int, hi: int, count: int, shard_rows: int) -> list[tuple[int, 
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _as_int(value, what: str) -> int:
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _as_int(value, what: str, category: str = "bad_eid") -> int:
     if isinstance(value, bool):
-        raise ValueError(f"bad_eid: {what} is {value!r}, not an integer")
+        raise ValueError(f"{category}: {what} is {_short(value)}, not an integer")
     if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    raise ValueError(f"bad_eid: {what} is {value!r}, not an integer")
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        try:
+            number = int(value)
+        except ValueError:  # digits int() does not read ('²')
+            raise ValueError(f"{category}: {what} is {_short(value)}, not an integer") from None
+    else:
+        raise ValueError(f"{category}: {what} is {_short(value)}, not an integer")
+    if not INT64[0] <= number <= INT64[1]:
+        raise ValueError(f"{category}: {what} {_short(number)} is beyond the int64 range")
+    return number
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return str(v)
 
 
 def _json(value) -> str | None:
     if not value:
         return None
-    return json.dumps(value, sort_keys=True, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+    return json.dumps(value, sort_keys=True, default=_plain)
+
+
+def _text(value, what: str, category: str) -> str:
+    """`value` as text that has a UTF-8 form (ValueError with the reason otherwise)."""
+    text = value if isinstance(value, str) else str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{category}: {what} is not valid UTF-8 text") from None
+    return text
+
+
+def _meta_columns(meta_row: dict) -> tuple[dict[str, Any], str | None]:
+    """NAME's columns of one row as STAGED_SCHEMA values, and the first reason one of them is
+    unusable (SQLite stores whatever it is given: 'n/a' in `reward`, 'two' in `run_id`). An
+    unusable value is left null in the row, so the rejected row can still be written."""
+    out: dict[str, Any] = {"sql_id": None, "task": None, "run": None, "msg_id": None, "model_version": None, "reward": None}
+    reason = None
+    checks = (
+        ("sql_id", "id", lambda v: _as_int(v, "id", "bad_id")),
+        ("task", "task_id", lambda v: _id_text(v, "task_id", "bad_task")),
+        ("run", "run_id", lambda v: _as_int(v, "run_id", "bad_run")),
+        ("msg_id", "msg_id", lambda v: _id_text(v, "msg_id", "bad_msg_id")),
+        ("model_version", "model_version", lambda v: _as_int(v, "model_version", "bad_model_version")),
+        ("reward", "reward", _reward),
+    )
+    for key, column, check in checks:
+        value = meta_row.get(column)
+        if value is None:
+            if column == "id":
+                reason = reason or "bad_id: id is null"
+            continue
+        try:
+            out[key] = check(value)
+        except ValueError as e:
+            reason = reason or str(e)
+    return out, reason
+
+
+def _id_text(value, what: str, category: str) -> str:
+    """A text id column's value (SQLite may hand back an integer, or bytes that are not UTF-8)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{category}: {what} is {_short(value)}, not text")
+    return _text(value, what, category)
+
+
+def _reward(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"bad_reward: reward is {_short(value)}, not a number")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"bad_reward: reward {_short(value)} is beyond the range of a float") from None
 
 
 def row_columns(meta_row: dict, blob) -> dict[str, Any]:
     """One buffer row (its NAME columns and its blob) as STAGED_SCHEMA values.
 
-    A blob that cannot be read safely, or whose tensors disagree in length, gives a row whose
-    `source_error` says why (with the ids NAME holds, so the rejected row can be traced)."""
+    A blob that cannot be read safely, whose tensors disagree in length, or a NAME column that
+    holds the wrong type gives a row whose `source_error` says why (with the ids NAME holds
+    that could be read, so the rejected row can be traced). Whatever the database holds, the
+    values returned fit STAGED_SCHEMA: one bad row never fails its range."""
     row: dict[str, Any] = {f.name: None for f in STAGED_SCHEMA}
-    row.update(
-        sql_id=int(meta_row["id"]),
-        task=None if meta_row["task_id"] is None else str(meta_row["task_id"]),
-        run=meta_row["run_id"],
-        msg_id=meta_row["msg_id"],
-        model_version=meta_row["model_version"],
-        reward=meta_row["reward"],
-    )
+    meta, meta_error = _meta_columns(meta_row)
+    row.update(meta)
+    if isinstance(blob, (bytearray, memoryview)):
+        blob = bytes(blob)
+    if blob is not None and not isinstance(blob, bytes):  # SQLite: TEXT or a number in the blob column
+        row["source_error"] = f"bad_blob: experience_bytes holds {type(blob).__name__}, not bytes"
+        return row
+    row["trinity_blob"] = blob
+    if meta_error:
+        row["source_error"] = meta_error
+        return row
     if blob is None:
         row["source_error"] = f"missing_blob: no row {meta_row['id']} in the _blob table"
         return row
-    row["trinity_blob"] = bytes(blob)
     try:
         items = trxp.decode(blob)
         if len(items) != 1:
@@ -305,21 +385,26 @@ def row_columns(meta_row: dict, blob) -> dict[str, Any]:
         if not isinstance(eid, dict):
             raise ValueError("bad_blob: eid is not a mapping")
         # EID's default batch is "" (unset): Trinity groups all such rows as one batch; so does 0 here
-        row["batch"] = 0 if eid.get("batch") in ("", None) else _as_int(eid.get("batch"), "eid.batch")
+        batch = eid.get("batch")
+        row["batch"] = 0 if isinstance(batch, str) and batch == "" or batch is None else _as_int(batch, "eid.batch")
         row["step"] = _as_int(eid.get("step", 0), "eid.step")
         if row["task"] is None:
-            row["task"] = str(eid.get("task", ""))
+            row["task"] = _text(eid.get("task", ""), "eid.task", "bad_eid")
         if row["run"] is None:
             row["run"] = _as_int(eid.get("run", 0), "eid.run")
         if row["msg_id"] is None and eid.get("suffix") is not None:
-            row["msg_id"] = str(eid["suffix"])
+            row["msg_id"] = _text(eid["suffix"], "eid.suffix", "bad_eid")
         if "tokens" not in t:
             raise ValueError("bad_blob: no tokens tensor (a DPO or SFT buffer?)")
         for name in ("chosen", "rejected"):
             if name in t:
                 raise ValueError("bad_blob: a DPO experience (chosen/rejected tokens); Rescore scores RL experience")
-        tokens = t["tokens"].reshape(-1)
-        prompt_length = _as_int(item.get("prompt_length", 1), "prompt_length")
+        tokens = t["tokens"]
+        if tokens.dim() != 1 or tokens.dtype not in _TOKEN_DTYPES:
+            raise ValueError(f"bad_blob: tokens is {tokens.dtype} of shape {list(tokens.shape)}, expected one integer per token")
+        if tokens.dtype == torch.uint64 and len(tokens) and int(tokens.max()) > INT64[1]:
+            raise ValueError("bad_blob: a token id is beyond the int64 range")
+        prompt_length = _as_int(item.get("prompt_length", 1), "prompt_length", "bad_prompt_length")
         response = len(tokens) - prompt_length
         for name in trxp.RESPONSE_FIELDS:
             if name in t and t[name].dim() != 1:
@@ -329,23 +414,53 @@ def row_columns(meta_row: dict, blob) -> dict[str, Any]:
                     f"length_mismatch: {name} has {len(t[name])} values but tokens - prompt_length is "
                     f"{len(tokens)} - {prompt_length} = {response}"
                 )
+        mask = t.get("action_mask")
+        if mask is not None and mask.dtype != torch.bool and bool(((m := mask.to(torch.float64)) != 0).logical_and(m != 1).any()):
+            raise ValueError("bad_action_mask: action_mask values must be 0 or 1")
         row["tokens"] = tokens.to(torch.int64).tolist()
         row["prompt_length"] = prompt_length
         if "logprobs" in t:
             row["logprobs"] = t["logprobs"].to(torch.float32).tolist()
         if "teacher_logprobs" in t:
             row["teacher_logprobs"] = t["teacher_logprobs"].to(torch.float32).tolist()
-        if "action_mask" in t:
-            row["action_mask"] = t["action_mask"].to(torch.bool).tolist()
+        if mask is not None:
+            row["action_mask"] = mask.to(torch.bool).tolist()
         for name in ("prompt_text", "response_text"):
             if isinstance(item.get(name), str):
-                row[name] = item[name]
+                row[name] = _text(item[name], name, "bad_blob")
         row["info"] = _json(item.get("info"))
-    except (trxp.BlobError, ValueError) as e:
+    except (trxp.BlobError, ValueError, TypeError, RuntimeError, OverflowError) as e:  # RecursionError too
         keep = {k: row[k] for k in ("sql_id", "task", "run", "msg_id", "model_version", "reward", "trinity_blob")}
         row = {f.name: None for f in STAGED_SCHEMA} | keep
-        row["source_error"] = _line(e)
+        reason = _line(e)
+        row["source_error"] = reason if ":" in reason.split(" ", 1)[0] else f"bad_blob: {reason}"
     return row
+
+
+_TOKEN_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
+
+
+def _sqlite_text(data: bytes):
+    """SQLite's text as str, or the bytes where they are not UTF-8 (SQLite stores what it is
+    given; pysqlite's default would fail the whole fetch): row_columns rejects that row."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def source_engine(url: str):
+    """engine(url) for reading a buffer: on SQLite, text that is not UTF-8 reaches row_columns
+    as bytes (one rejected row) instead of failing the fetch of its whole range."""
+    eng = engine(url)
+    if eng.dialect.name == "sqlite":
+        from sqlalchemy import event
+
+        @event.listens_for(eng, "connect")
+        def _text_factory(dbapi_connection, _record):
+            dbapi_connection.text_factory = _sqlite_text
+
+    return eng
 
 
 def _range_batches(url: str, table: str, lo: int, hi: int, eng):
@@ -370,7 +485,7 @@ def _range_batches(url: str, table: str, lo: int, hi: int, eng):
 def read_range(url: str, table: str, lo: int, hi: int, eng=None) -> pa.Table:
     """The decoded rows with lo <= id < hi, in id order (STAGED_SCHEMA)."""
     own = eng is None
-    eng = eng or engine(url)
+    eng = eng or source_engine(url)
     try:
         parts = list(_range_batches(url, table, lo, hi, eng))
     finally:
@@ -421,7 +536,7 @@ class _StageRange(beam.DoFn):
         self._url, self._table, self._directory = url, table, directory
 
     def setup(self):
-        self._engine = engine(self._url)
+        self._engine = source_engine(self._url)
         self._rows = Metrics.counter("rescore", "buffer_rows_staged")
 
     def process(self, id_range):

@@ -12,8 +12,12 @@ A line becomes a row with
     step   = 0                     (verl dumps single-turn responses)
     reward = score
 and `input`, `output`, `gts` (JSON text unless a string), `extra` (the other keys as JSON),
-`source_file`, `source_line` passed through. A line that is not JSON or lacks a field gets a
-`source_error` and is rejected with it.
+`source_file`, `source_line` passed through. Lines are split on "\n" only (a trailing "\r" is
+dropped): U+2028, U+2029, U+0085 and the other characters `str.splitlines` breaks on are legal
+inside verl's `ensure_ascii=False` JSON strings. A line that is not valid UTF-8, not JSON (or
+cut short at the end of the file), not an object, lacks a field, has a field of the wrong type
+or holds a lone surrogate escape gets a `source_error` and is rejected with it: one bad line is
+one rejected row, never a failed run.
 """
 
 from __future__ import annotations
@@ -54,71 +58,159 @@ def task_id(prompt: str) -> str:
     return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
 
 
+INT64 = (-(2**63), 2**63 - 1)
+JSON_SPACE = b" \t\r"
+"""JSON's whitespace besides the newline: a line holding only these is blank (skipped)."""
+
+
 def _error(path: str, number: int, reason: str) -> dict:
     row = {f.name: None for f in SCHEMA}
     row.update(source_file=path, source_line=number, source_error=reason)
     return row
 
 
-def parse_lines(path: str, lines) -> pa.Table:
-    """The rows of one dump file (`lines`: its text lines, numbered from 1)."""
-    rows = []
-    runs: dict[tuple[int, str], int] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+def split_lines(data: bytes):
+    """(number, line bytes, terminated) for each line of a dump, split on b"\n" only.
+
+    verl writes `json.dumps(entry, ensure_ascii=False) + "\n"`: U+2028, U+2029, U+0085 and the
+    other characters `str.splitlines` breaks on (\x0b \x0c \x1c-\x1e) are legal inside a JSON
+    string and never end a line. A trailing b"\r" (a file passed through Windows) is dropped;
+    `terminated` is False for a last line without its newline (a dump cut short)."""
+    parts = data.split(b"\n")
+    last = parts.pop()  # b"" when the file ends with a newline
+    for number, part in enumerate(parts, start=1):
+        yield number, part.removesuffix(b"\r"), True
+    if last:
+        yield len(parts) + 1, last.removesuffix(b"\r"), False
+
+
+def _text(raw: bytes, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Reject(f"bad_utf8: line {number} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+
+
+class _Reject(Exception):
+    """A line that becomes a rejected row; the message is the reason."""
+
+
+def _unencodable(value) -> bool:
+    """Does a parsed JSON value hold a lone surrogate (a "\\ud800" escape) anywhere? Such text
+    has no UTF-8 form: it cannot be written, hashed or compared with what verl meant."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _as_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def parse_line(path: str, number: int, raw: bytes, terminated: bool = True) -> dict:
+    """One line as a row (SCHEMA's columns without `run`), or a rejected row with its reason.
+    Never raises for any bytes: a line is data, never code (json only, no eval or pickle)."""
+    truncated = _Reject(f"truncated_line: line {number}, the last, has no newline and is not complete JSON "
+                        "(a dump cut short)")
+    try:
         try:
-            entry = json.loads(line)
+            text = _text(raw, number)
+        except _Reject:
+            if not terminated:
+                raise truncated from None
+            raise
+        if number == 1:
+            text = text.removeprefix("\ufeff")  # a byte order mark some editors add
+        try:
+            entry = json.loads(text)
+        except RecursionError:
+            raise _Reject(f"bad_json: line {number} is nested too deeply") from None
         except ValueError as e:
-            rows.append(_error(path, number, f"bad_json: line {number} is not JSON ({str(e).splitlines()[0][:120]})"))
-            continue
+            if not terminated:
+                raise truncated from None
+            raise _Reject(f"bad_json: line {number} is not JSON ({str(e).splitlines()[0][:120]})") from None
         if not isinstance(entry, dict):
-            rows.append(_error(path, number, f"bad_json: line {number} is not a JSON object"))
-            continue
+            raise _Reject(f"bad_json: line {number} is a JSON {type(entry).__name__}, not an object")
         missing = [k for k in ("input", "output", "score", "step") if k not in entry]
         if missing:
-            rows.append(_error(path, number, f"missing_field: line {number} has no {missing[0]!r}"))
-            continue
+            raise _Reject(f"missing_field: line {number} has no {missing[0]!r}")
+        if _unencodable(entry):
+            raise _Reject(f"bad_text: line {number} holds a lone surrogate escape (e.g. \"\\ud800\"), which no UTF-8 text can hold")
         score, step, prompt = entry["score"], entry["step"], entry["input"]
         if isinstance(score, bool) or not isinstance(score, (int, float)):
-            rows.append(_error(path, number, f"bad_reward: line {number} score is {score!r}, not a number"))
-            continue
+            raise _Reject(f"bad_reward: line {number} score is {_short(score)}, not a number")
+        try:
+            reward = float(score)
+        except OverflowError:
+            raise _Reject(f"bad_reward: line {number} score {_short(score)} is beyond the range of a float") from None
         if isinstance(step, bool) or not isinstance(step, int):
-            rows.append(_error(path, number, f"bad_step: line {number} step is {step!r}, not an integer"))
-            continue
-        if not isinstance(prompt, str):
-            prompt = json.dumps(prompt, sort_keys=True)
-        output = entry["output"] if isinstance(entry["output"], str) else json.dumps(entry["output"])
-        key = (step, prompt)
-        run = runs.get(key, 0)
-        runs[key] = run + 1
+            raise _Reject(f"bad_step: line {number} step is {_short(step)}, not an integer")
+        if not INT64[0] <= step <= INT64[1]:
+            raise _Reject(f"bad_step: line {number} step {_short(step)} is beyond the int64 range")
+        prompt = _as_text(prompt)
         gts = entry.get("gts")
         extra = {k: v for k, v in entry.items() if k not in KNOWN}
-        rows.append(
-            {
-                "batch": step,
-                "task": task_id(prompt),
-                "run": run,
-                "step": 0,
-                "reward": float(score),
-                "input": prompt,
-                "output": output,
-                "gts": gts if gts is None or isinstance(gts, str) else json.dumps(gts, default=str),
-                "extra": json.dumps(extra, sort_keys=True, default=str) if extra else None,
-                "source_file": path,
-                "source_line": number,
-                "source_error": None,
-            }
-        )
+        return {
+            "batch": step,
+            "task": task_id(prompt),
+            "run": None,
+            "step": 0,
+            "reward": reward,
+            "input": prompt,
+            "output": entry["output"] if isinstance(entry["output"], str) else json.dumps(entry["output"]),
+            "gts": gts if gts is None or isinstance(gts, str) else json.dumps(gts, default=str),
+            "extra": json.dumps(extra, sort_keys=True, default=str) if extra else None,
+            "source_file": path,
+            "source_line": number,
+            "source_error": None,
+        }
+    except _Reject as e:
+        return _error(path, number, str(e))
+    except RecursionError:
+        return _error(path, number, f"bad_json: line {number} is nested too deeply")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_lines(path: str, lines) -> pa.Table:
+    """The rows of one dump file. `lines`: its bytes, or (number, line bytes, terminated)
+    triples (`split_lines`). Every line that is not blank gives exactly one row."""
+    if isinstance(lines, (bytes, bytearray)):
+        lines = split_lines(bytes(lines))
+    rows = []
+    runs: dict[tuple[int, str], int] = {}
+    for number, raw, terminated in lines:
+        if not raw.strip(JSON_SPACE):
+            continue
+        row = parse_line(path, number, raw, terminated)
+        if row["source_error"] is None:
+            key = (row["batch"], row["input"])
+            row["run"] = runs.get(key, 0)
+            runs[key] = row["run"] + 1
+        rows.append(row)
     return pa.Table.from_pylist(rows, schema=SCHEMA)
 
 
 def read_file(path: str) -> pa.Table:
     if storage.is_local(path):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return parse_lines(path, f.read().splitlines())
+        with open(path, "rb") as f:
+            return parse_lines(path, f.read())
     with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
-        return parse_lines(path, f.read().decode("utf-8", errors="replace").splitlines())
+        return parse_lines(path, f.read())
 
 
 def staged_name(path: str) -> str:

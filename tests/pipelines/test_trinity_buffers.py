@@ -474,3 +474,48 @@ def test_async_driver_names_from_trinity_configs_map_to_sync_drivers():
     eng = sql_buffer.engine("sqlite+aiosqlite:///:memory:")
     assert eng.dialect.driver == "pysqlite"
     eng.dispose()
+
+
+def test_hostile_rows_are_rejected_and_the_run_scores_the_rest(tmp_path, rescore):
+    """Issue 28, defect 6: blobs whose safetensors header lies, an `info` nested 100,000 deep,
+    text in SQLite's numeric columns, text that is not UTF-8, a blob column holding a number:
+    each is one rejected row with its reason; the run succeeds and scores the rest exactly."""
+    import trinity_hostile as hostile
+
+    url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
+    lies = ["negative_shape", "overflowing_shape", "offsets_beyond", "huge_header_length", "wrong_dtype",
+            "deep_info", "deep_tensor_header", "bool_not_0_1", "surrogate_text"]
+    ids = _insert(url, "experience", [("0", 20 + i, 1.0, hostile.HOSTILE[name][0]) for i, name in enumerate(lies)])
+    con = sqlite3.connect(url[len("sqlite:///"):])
+    odd = [  # (task_id, run_id, reward, model_version, blob) as SQL expressions
+        ("'0'", "30", "'n/a'", "0", "?"),
+        ("'0'", "'two'", "1.0", "0", "?"),
+        ("'0'", "31", "1.0", "'v2'", "?"),
+        ("CAST(x'ff00' AS TEXT)", "32", "1.0", "0", "?"),
+        ("'0'", "33", "1.0", "0", "1000000000"),
+        ("'0'", "34", "1.0", "0", "'TRXP as text'"),
+    ]
+    first = ids[-1] + 1
+    for i, (task, run, reward, version, blob) in enumerate(odd):
+        con.execute(f"INSERT INTO experience (id, task_id, run_id, msg_id, model_version, reward, consumed) "
+                    f"VALUES ({first + i}, {task}, {run}, 'm{i}', {version}, {reward}, 0)")
+        params = (hostile.valid_blob(),) if blob == "?" else ()
+        con.execute(f"INSERT INTO experience_blob (id, experience_bytes) VALUES ({first + i}, {blob})", params)
+    con.commit()
+    con.close()
+    doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo", "--max-reject-fraction", "1")
+    assert os.path.exists(os.path.join(out, "_SUCCESS"))
+    rejected = {r["sql_id"]: r["reject_reason"] for r in read_output(out, "rejected").to_pylist()}
+    assert sorted(rejected) == ids + list(range(first, first + len(odd)))
+    for i, name in zip(ids, lies):
+        assert rejected[i].startswith(hostile.HOSTILE[name][1]), (name, rejected[i])
+    assert [rejected[first + i].split(":")[0] for i in range(len(odd))] == [
+        "bad_reward", "bad_run", "bad_model_version", "bad_task", "bad_blob", "bad_blob"]
+    assert rejected[first] == "bad_reward: reward is 'n/a', not a number"
+    assert rejected[first + 4] == "bad_blob: experience_bytes holds int, not bytes"
+    totals = doc["totals"]
+    assert (totals["rows_read"], totals["rows_written"], totals["rows_rejected"]) == (12 + len(lies) + len(odd), 12, len(lies) + len(odd))
+    scored = read_output(out).to_pylist()
+    expected = reference.rescore(scored, "grpo")["scored"]
+    for r in scored:
+        assert r["score"] == pytest.approx(expected[(r["batch"], r["task"], r["run"], r["step"])][0], abs=1e-5)

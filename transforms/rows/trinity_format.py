@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import pickle
 import struct
 from typing import Any
 
-import numpy as np
 import torch
 
 from rescore.errors import BlobError
@@ -57,6 +57,14 @@ _ALLOWED_GLOBALS = {
 }
 
 
+def _bytearray(*args):
+    """bytearray(bytes) or bytearray(str, encoding) as pickles of protocol < 5 write it; never
+    bytearray(n), which would allocate n bytes on the pickle's say."""
+    if not args or not isinstance(args[0], (bytes, str)):
+        raise BlobError("unsafe_pickle: the metadata pickle calls bytearray with a size; nothing was allocated")
+    return bytearray(*args)
+
+
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in _ALLOWED_GLOBALS:
@@ -64,6 +72,8 @@ class _PlainUnpickler(pickle.Unpickler):
                 f"unsafe_pickle: the metadata pickle names {module}.{name}; only plain values "
                 "(dict, list, str, numbers, numpy scalars) are unpickled, nothing was run"
             )
+        if (module, name) == ("builtins", "bytearray"):
+            return _bytearray
         return super().find_class(module, name)
 
     def persistent_load(self, pid):
@@ -94,16 +104,57 @@ _ST_DTYPES = {
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
+MAX_DEPTH = 100
+"""Deepest nesting of containers a metadata item may have (Trinity's are a few levels deep)."""
+MAX_VALUES = 100_000
+"""Most values (containers, strings, numbers) a metadata item may hold, counted as a tree: a
+pickle can name one list many times, so a few bytes can describe 2**60 values to print."""
+MAX_DIMS = 32
+
+
+def check_plain(value: Any, what: str = "metadata") -> None:
+    """BlobError unless `value` nests at most MAX_DEPTH containers deep and holds at most
+    MAX_VALUES values counted as a tree (shared references counted each time). Iterative: a
+    value nested 100,000 deep is refused here, never by a RecursionError later (json, str,
+    pickle all recurse)."""
+    stack = [(value, 0)]
+    seen = 0
+    while stack:
+        v, depth = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise BlobError(f"bad_blob: {what} holds more than {MAX_VALUES:,} values")
+        if isinstance(v, dict):
+            children = [*v.keys(), *v.values()]
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            children = v
+        else:
+            continue
+        if depth >= MAX_DEPTH and children:
+            raise BlobError(f"bad_blob: {what} is nested more than {MAX_DEPTH} levels deep")
+        stack.extend((c, depth + 1) for c in children)
+
+
+def _nonnegative_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def load_tensors(data: bytes) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors payload (what safetensors.torch.load returns)."""
+    """The tensors of a safetensors payload (what safetensors.torch.load returns).
+
+    Every number of the header is checked before it is used: a header that lies (negative or
+    huge shapes, offsets beyond the data, a length beyond the section, an unknown dtype) is a
+    BlobError; nothing is allocated on its say beyond the bytes present."""
     if len(data) < 8:
         raise BlobError("bad_blob: tensor section is shorter than its header")
     (n,) = struct.unpack("<Q", data[:8])
     if n > len(data) - 8:
         raise BlobError(f"bad_blob: tensor header of {n} bytes overruns the {len(data)}-byte section")
     try:
-        header = json.loads(data[8 : 8 + n])
-    except ValueError:
+        header = json.loads(bytes(data[8 : 8 + n]).decode("utf-8"))
+    except RecursionError:
+        raise BlobError("bad_blob: tensor header is nested too deeply") from None
+    except ValueError:  # UnicodeDecodeError too
         raise BlobError("bad_blob: tensor header is not JSON") from None
     if not isinstance(header, dict):
         raise BlobError("bad_blob: tensor header is not a mapping")
@@ -112,20 +163,32 @@ def load_tensors(data: bytes) -> dict[str, torch.Tensor]:
     for key, spec in header.items():
         if key == "__metadata__":
             continue
-        try:
-            dtype = _ST_DTYPES[spec["dtype"]]
-            shape = [int(s) for s in spec["shape"]]
-            start, end = (int(x) for x in spec["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise BlobError(f"bad_blob: tensor {key!r} has an unreadable or unsupported spec {spec!r}"[:300]) from None
-        count = int(np.prod(shape)) if shape else 1
+        shown = f"tensor {key[:60]!r}"
+        if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str) or spec["dtype"] not in _ST_DTYPES:
+            raise BlobError(f"bad_blob: {shown} has an unreadable or unsupported spec {_short(spec)}")
+        dtype = _ST_DTYPES[spec["dtype"]]
+        shape, offsets = spec.get("shape"), spec.get("data_offsets")
+        if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(map(_nonnegative_int, shape)):
+            raise BlobError(f"bad_blob: {shown} has shape {_short(shape)}, not a list of at most {MAX_DIMS} sizes >= 0")
+        if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_nonnegative_int, offsets)):
+            raise BlobError(f"bad_blob: {shown} has data_offsets {_short(offsets)}, not [start, end]")
+        start, end = offsets
+        count = math.prod(shape)  # Python ints: no overflow
         itemsize = torch.empty(0, dtype=dtype).element_size()
-        if not 0 <= start <= end <= len(body) or end - start != count * itemsize:
-            raise BlobError(f"bad_blob: tensor {key!r} data offsets {start}..{end} do not fit its shape {shape}")
+        if not start <= end <= len(body) or end - start != count * itemsize:
+            raise BlobError(f"bad_blob: {shown} data offsets {start}..{end} do not fit its shape {_short(shape)} "
+                            f"of {spec['dtype']} in {len(body)} bytes")
         raw = bytearray(body[start:end])  # a private, writable copy
+        if dtype == torch.bool and raw.translate(None, b"\x00\x01"):
+            raise BlobError(f"bad_blob: {shown} is BOOL but holds bytes other than 0 and 1")
         t = torch.frombuffer(raw, dtype=dtype) if count else torch.empty(0, dtype=dtype)
         out[key] = t.reshape(shape)
     return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def save_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -145,7 +208,21 @@ def save_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
 
 
 def decode(blob: bytes) -> list[tuple[dict, dict[str, torch.Tensor]]]:
-    """[(metadata item, {field: tensor})] for each experience of a TRXP blob; BlobError if unreadable."""
+    """[(metadata item, {field: tensor})] for each experience of a TRXP blob; BlobError if unreadable.
+
+    The blob is untrusted input: whatever its bytes, this returns or raises BlobError (a
+    reason), never another exception, and runs no code (see _PlainUnpickler)."""
+    try:
+        return _decode(blob)
+    except BlobError:
+        raise
+    except RecursionError:
+        raise BlobError("bad_blob: nested too deeply to read") from None
+    except Exception as e:  # noqa: BLE001  (defence in depth: the checks above should come first)
+        raise BlobError(f"bad_blob: unreadable ({type(e).__name__}: {_line(e)})") from None
+
+
+def _decode(blob) -> list[tuple[dict, dict[str, torch.Tensor]]]:
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise BlobError("bad_blob: experience_bytes is not binary")
     blob = bytes(blob)
@@ -170,6 +247,7 @@ def decode(blob: bytes) -> list[tuple[dict, dict[str, torch.Tensor]]]:
     for index, item in enumerate(metadata["items"]):
         if not isinstance(item, dict):
             raise BlobError(f"bad_blob: metadata item {index} is not a mapping")
+        check_plain(item, f"metadata item {index}")
         prefix = f"{index}:"
         fields = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         out.append((item, fields))
