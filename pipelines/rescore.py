@@ -184,8 +184,10 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     scoring = build_chain(cfg.strategies, cfg.params)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files
+    # NAME_original of a computed column is the input's NAME (rollout_correction's behaviour log-probs)
+    file_needs = [n.removesuffix("_original") if n.removesuffix("_original") in computed and n.endswith("_original") else n for n in scoring.needs]
     plan = plan_input(
-        cfg.inputs, needs=tuple(n for n in scoring.needs if n not in computed), shard_rows=cfg.shard_rows,
+        cfg.inputs, needs=tuple(dict.fromkeys(n for n in file_needs if n not in computed or n.endswith("logprobs") and n + "_original" in scoring.needs)), shard_rows=cfg.shard_rows,
         skip_bad_files=cfg.skip_bad_files,
     )
     models_info = None

@@ -90,7 +90,13 @@ def scored_rows(
         scored, source, extra_columns = expand_copies(scored, copy_plans or {}, task_type)
         score, row_value, valid = score[source], row_value[source], valid[source]
         copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
-    extra_columns += strategy_columns.output_columns(scoring, scored, schemas.extra[2 if copies else 0 :])
+    stage_fields = schemas.extra[2 if copies else 0 :]
+    correction: list = []
+    if scoring.correction is not None:  # rejected tokens zeroed in action_mask before the advantages
+        n_corr = len(strategy_columns.correction_fields(scoring, table.schema))
+        stage_fields, corr_fields = stage_fields[:-n_corr], stage_fields[-n_corr:]
+        scored, correction = strategy_columns.corrected(scoring, scored, row_value, corr_fields)
+    extra_columns += strategy_columns.output_columns(scoring, scored, stage_fields) + correction
     if schemas.audit:
         at = pa.array(kept if not copies else kept[source])
         extra_columns += [_audit_column(rec, f).take(at) for f in schemas.audit]

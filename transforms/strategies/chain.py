@@ -27,6 +27,7 @@ from rescore.transforms.strategies.base import (
     FILTER,
     KINDS,
     AddsColumns,
+    CorrectsTokens,
     DropsGroups,
     GroupedRows,
     MasksRows,
@@ -97,6 +98,12 @@ class StrategyChain:
         """The filter stage when it masks rows in place (MasksRows with masks set), else None."""
         f = self.stage(FILTER)
         return f if isinstance(f, MasksRows) and f.masks else None
+
+    @property
+    def correction(self) -> CorrectsTokens | None:
+        """The filter stage when it corrects tokens (rollout_correction), else None."""
+        f = self.stage(FILTER)
+        return f if isinstance(f, CorrectsTokens) else None
 
     @property
     def column_stages(self) -> list[AddsColumns]:
