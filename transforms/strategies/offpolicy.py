@@ -252,15 +252,20 @@ def openrlhf_gate(
 # --- verl's diagnostics -----------------------------------------------------------------------
 
 
+def _masked_mean(x: Tensor, mask: Tensor, axis: int | None = None) -> Tensor:
+    """verl's masked_mean: sum(x m) / (sum(m) + 1e-8)."""
+    if axis is None:
+        return (x * mask).sum() / (mask.sum() + 1e-8)
+    return (x * mask).sum(axis) / (mask.sum(axis) + 1e-8)
+
+
 def offpolicy_metrics(logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> dict[str, float]:
-    """verl's compute_offpolicy_metrics over rows that have an action token (verl asserts one)."""
-    rows = mask.sum(-1) > 0
-    logprobs, behaviour, mask = logprobs[rows], behaviour[rows], mask[rows]
-    if not bool(rows.any()):
+    """verl's compute_offpolicy_metrics over (B, T) rows (an empty row counts as verl counts it:
+    a sequence mean of 0); {} where no row has an action token (verl asserts one)."""
+    if not bool((mask > 0).any()):
         return {}
-    mean_train = _seq_mean(logprobs, mask)
-    mean_rollout = _seq_mean(behaviour, mask)
-    tokens = mask.sum()
+    mean_train = _masked_mean(logprobs, mask, -1)
+    mean_rollout = _masked_mean(behaviour, mask, -1)
     log_ratio = logprobs - behaviour
     log_ppl_diff = mean_rollout - mean_train
     rho = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
@@ -268,8 +273,8 @@ def offpolicy_metrics(logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> dict
     return {
         "training_ppl": float(torch.exp(-mean_train).mean()),
         "training_log_ppl": float((-mean_train).mean()),
-        "kl": float(((behaviour - logprobs) * mask).sum() / tokens),
-        "k3_kl": float(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum() / tokens),
+        "kl": float(_masked_mean(behaviour - logprobs, mask)),
+        "k3_kl": float(_masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask)),
         "rollout_ppl": float(torch.exp(-mean_rollout).mean()),
         "rollout_log_ppl": float((-mean_rollout).mean()),
         "log_ppl_diff": float(log_ppl_diff.mean()),
@@ -277,7 +282,7 @@ def offpolicy_metrics(logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> dict
         "log_ppl_diff_max": float(log_ppl_diff.max()),
         "log_ppl_diff_min": float(log_ppl_diff.min()),
         "ppl_ratio": float(torch.exp(log_ppl_diff).mean()),
-        "chi2_token": float((rho.square() * mask).sum() / tokens - 1.0),
+        "chi2_token": float(_masked_mean(rho.square(), mask) - 1.0),
         "chi2_seq": float(torch.exp(2.0 * seq).mean() - 1.0),
     }
 
