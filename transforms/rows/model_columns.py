@@ -37,10 +37,21 @@ class ModelOptions:
     batch_tokens: int = 0
     padding_side: str = "right"
     accelerator: str | None = None
+    entropy: bool = False
+    """--entropy: per-token entropy from --logprob-model's forward pass."""
+    sum_pi_squared: bool = False
+    """--sum-pi-squared: per-token sum over the vocabulary of p^2, from the same pass."""
+    ref_model: str | None = None
+    """--ref-model: a reference causal LM filling ref_logprobs (the log-prob code path)."""
 
     @property
     def enabled(self) -> bool:
-        return bool(self.teacher_model or self.logprob_model or self.reward_model or self.reward_fn)
+        return bool(self.teacher_model or self.logprob_model or self.reward_model or self.reward_fn or self.ref_model)
+
+    @property
+    def token_stats(self) -> tuple[str, ...]:
+        """The per-token statistics --logprob-model's pass also writes."""
+        return tuple(n for n, on in (("entropy", self.entropy), ("sum_pi_squared", self.sum_pi_squared)) if on)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -52,6 +63,10 @@ class ModelOptions:
             out.append("logprobs")
         if self.reward_model or self.reward_fn:
             out.append("reward")
+        if self.logprob_model:
+            out.extend(self.token_stats)
+        if self.ref_model:
+            out.append("ref_logprobs")
         return tuple(out)
 
 
