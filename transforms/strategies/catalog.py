@@ -455,7 +455,7 @@ def _correction_preset(name: str, summary: str, **defaults: Any) -> None:
         "".join(p.title() for p in name.split("_")) + "Params", fields, bases=(RolloutCorrectionParams,), frozen=True
     )
     cls.__module__ = __name__
-    register(name, kind=FILTER, implementation="offpolicy:RolloutCorrection", summary=summary)(cls)
+    register(name, kind=FILTER, implementation="offpolicy:preset", summary=summary)(cls)
 
 
 _GEO = {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"}

@@ -471,3 +471,17 @@ def light_features(need: str, rows: WrittenRows) -> dict[str, np.ndarray]:
     name, _, params = need[len(FEATURE) :].partition(":")
     stage = create(name, json.loads(params))
     return stage.light_features(rows)
+
+
+_PRESETS: dict[type, type] = {}
+
+
+def preset(**values):
+    """The factory of the presets (catalog.py registers each under the framework's name): a
+    RolloutCorrection that is also an instance of the preset's own declaration."""
+    from rescore.transforms.strategies.registry import spec
+
+    params = spec(values["name"]).params
+    if params not in _PRESETS:
+        _PRESETS[params] = type(params.__name__.removesuffix("Params"), (RolloutCorrection, params), {})
+    return _PRESETS[params](**values)
