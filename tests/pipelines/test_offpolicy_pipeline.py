@@ -138,3 +138,30 @@ def test_every_row_rejected_publishes_an_empty_scored_set(tmp_path, rescore):
     assert doc["totals"]["rows_filtered"] == had
     scored = by_id(read_output(out, "scored"))
     assert all(sum(r["action_mask_original"]) == 0 for r in scored.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", [None, 6])
+def test_staleness_cap_drops_rows_behind_the_newest_or_a_given_version(tmp_path, rescore, given):
+    rows = _rows(15)
+    rng = random.Random(15)
+    for r in rows:
+        r["model_version"] = rng.randint(0, 5)
+        r["logprobs_original"] = list(r["logprobs"])  # on-policy: only the staleness cap drops rows
+    schema = SCHEMA.append(pa.field("model_version", pa.int64()))
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=8, schema=schema)
+    params = {"max_staleness": 2, **({"current_model_version": given} if given is not None else {})}
+    sets = [f"--set={k}={json.dumps(v)}" for k, v in params.items()]
+    doc, out = rescore(glob, "--strategy", "rollout_correction,grpo", *sets, "--keep-filtered", "--buckets", "3")
+    current = 5 if given is None else given
+    stale = {_key(r) for r in rows if r["model_version"] < current - 2}
+    filtered = by_id(read_output(out, "filtered"))
+    assert set(filtered) == stale and stale
+    assert all(f"more than max_staleness 2 behind {current}" in f["filter_reason"] for f in filtered.values())
+    assert doc["params"]["rollout_correction"]["current_model_version"] == current
+    expected = reference.rescore_plan([r for r in rows if _key(r) not in stale], ["grpo"], {})["scored"]
+    scored = by_id(read_output(out, "scored"))
+    assert set(scored) == set(expected)
+    for key, row in scored.items():
+        assert math.isclose(row["score"], expected[key][0], rel_tol=1e-5, abs_tol=1e-6)
+        assert row["is_weights"] == [float(m) for m in row["action_mask"]]

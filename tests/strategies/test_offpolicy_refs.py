@@ -295,7 +295,7 @@ def test_no_setting_changes_nothing():
         ({"rollout_rs": "seq_mean_k1"}, "rollout_rs_threshold"),
         ({"rollout_rs": "seq_max_k2", "rollout_rs_threshold": "0.5_2"}, "upper bound only"),
         ({"rollout_is": "token", "rollout_is_threshold": "3_2"}, "lower <= upper"),
-        ({"max_staleness": 2}, "current_model_version"),
+        ({"max_staleness": -1}, "max_staleness"),
         ({"behaviour_logprobs": "logprobs"}, "behaviour_logprobs"),
         ({"is_correction_level": "seq", "is_correction_mode": "clip"}, "clip"),
     ],

@@ -92,8 +92,6 @@ def check(p: dict, strategy: str) -> None:
             parse_rs(p["rollout_rs"], p["rollout_rs_threshold"])
     except ValueError as e:
         raise ConfigError(f"{strategy}: {e}") from None
-    if p["max_staleness"] is not None and p["current_model_version"] is None:
-        raise ConfigError(f"{strategy}: max_staleness needs current_model_version (the version rows are measured against)")
     if p["is_correction_level"] != "off":
         low, high = p["is_correction_threshold"]
         if not low <= high:
