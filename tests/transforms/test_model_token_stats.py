@@ -94,3 +94,19 @@ def test_entropy_without_logprob_model_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["rescore: error: --entropy comes from --logprob-model's forward pass: pass --logprob-model DIR too"]
     assert not os.path.exists(tmp_path / "out" / "_SUCCESS")
+
+
+@pytest.mark.slow
+def test_model_stage_benchmark_times_the_whole_chain():
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/model_stage.py", "--rows", "8", "--hidden", "32", "--layers", "1", "--vocab", "200",
+         "--repeats", "1", "--chain", "decoupled_geo_rs,grpo"],
+        cwd=root, capture_output=True, text=True, timeout=600, check=True,
+    )
+    chain = json.loads(proc.stdout.strip().splitlines()[-1])["chain"]
+    assert chain["strategy"] == "decoupled_geo_rs,grpo" and chain["tokens_per_s"] > 0
+    assert chain["rows_written"] + chain["rows_filtered"] == 8
