@@ -410,6 +410,8 @@ class RolloutCorrection(RolloutCorrectionParams):
     def _stale(self, rows: GroupedRows) -> Tensor:
         if self.max_staleness is None:
             return torch.zeros(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        if self.current_model_version is None:  # the launcher sets it to the input's newest version
+            raise RuntimeError(f"internal error: {self.name}: max_staleness without a current_model_version")
         version = rows.columns[self.model_version_key]
         return version < (self.current_model_version - self.max_staleness)
 
