@@ -102,6 +102,16 @@ def test_verl_presets_through_the_job(tmp_path, rescore, preset):
     assert 0 < int(((new_mask.sum(-1) == 0) & (mask.sum(-1) > 0)).sum()) < len(rows)  # some rows dropped, not all
     _check(rows, out, weights.batch["rollout_is_weights"] * mask, new_mask.double())
     assert doc["totals"]["rows_filtered"] == len({_key(r) for r in read_output(out, "filtered").to_pylist()})
+    # verl's off-policy diagnostics of each batch (over all its rows, before any rejection)
+    for entry in doc["batches"]:
+        members = [r for r in rows if r["batch"] == entry["batch"]]
+        want = verl.compute_offpolicy_metrics(*_padded(members))
+        got = entry["rollout_correction"]
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert math.isclose(got[name], value, rel_tol=1e-5, abs_tol=1e-7), name
+    total = verl.compute_offpolicy_metrics(*_padded(rows))
+    assert all(math.isclose(doc["totals"]["rollout_correction"][k], v, rel_tol=1e-5, abs_tol=1e-7) for k, v in total.items())
 
 
 @pytest.mark.slow

@@ -376,6 +376,56 @@ def _rows_tensors(p: RolloutCorrectionParams, rows: WrittenRows) -> tuple[np.nda
     return lengths, cols[0], cols[1], padded(offsets, flat_mask), bad
 
 
+METRIC_SUMS = (
+    "rows", "tokens", "kl", "k3_kl", "rho2", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
+    "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq",
+)
+"""The per-row terms of verl's off-policy metrics that add up over a batch (light columns
+x.offpolicy_m_NAME; ScoreGroups sums them per group, the summary per batch)."""
+
+
+def metric_terms(logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> dict[str, np.ndarray]:
+    """(B,) float64 per row: the summands of offpolicy_metrics (verl's formulas, sequence means
+    with its 1e-8), and `log_ppl_diff` also for the batch max / min."""
+    mean_train = _masked_mean(logprobs, mask, -1)
+    mean_rollout = _masked_mean(behaviour, mask, -1)
+    log_ratio = (logprobs - behaviour) * (mask > 0)
+    diff = mean_rollout - mean_train
+    seq = _seq_sum(log_ratio, mask).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    terms = {
+        "rows": torch.ones(mask.shape[0], dtype=torch.float64),
+        "tokens": mask.sum(-1),
+        "kl": ((behaviour - logprobs) * mask).sum(-1),
+        "k3_kl": ((torch.exp(log_ratio) - log_ratio - 1) * mask).sum(-1),
+        "rho2": (torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)).square() * mask).sum(-1),
+        "training_ppl": torch.exp(-mean_train),
+        "training_log_ppl": -mean_train,
+        "rollout_ppl": torch.exp(-mean_rollout),
+        "rollout_log_ppl": -mean_rollout,
+        "log_ppl_diff": diff,
+        "log_ppl_abs_diff": diff.abs(),
+        "ppl_ratio": torch.exp(diff),
+        "chi2_seq": torch.exp(2.0 * seq),
+    }
+    return {k: v.numpy().astype(np.float64) for k, v in terms.items()}
+
+
+def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[str, float]:
+    """verl's compute_offpolicy_metrics of a batch from the sums of metric_terms over its rows
+    (and the max / min of log_ppl_diff)."""
+    n, tokens = sums["rows"], sums["tokens"]
+    seq = {k: sums[k] / n for k in ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio")}
+    return {
+        **seq,
+        "kl": sums["kl"] / (tokens + 1e-8),
+        "k3_kl": sums["k3_kl"] / (tokens + 1e-8),
+        "log_ppl_diff_max": high,
+        "log_ppl_diff_min": low,
+        "chi2_token": sums["rho2"] / (tokens + 1e-8) - 1.0,
+        "chi2_seq": sums["chi2_seq"] / n - 1.0,
+    }
+
+
 class RolloutCorrection(RolloutCorrectionParams):
     """A filter stage: rows that every token of which a rejection mask removes are dropped
     (ExplainsDrops says which), the others written with `is_weights` and the rejections zeroed
@@ -405,7 +455,29 @@ class RolloutCorrection(RolloutCorrectionParams):
         kept[bad] = 0.0
         had = mask.sum(-1).numpy() > 0
         kept = np.where(had | bad, kept, -1.0)  # -1: nothing to train on in the input already
-        return {"offpolicy_kept": kept, "offpolicy_reason": reason}
+        out = {"offpolicy_kept": kept, "offpolicy_reason": reason}
+        terms = metric_terms(logprobs, behaviour, mask)
+        for k, v in terms.items():
+            out["offpolicy_m_" + k] = np.where(bad, 0.0, v)
+        return out
+
+    def group_metric_sums(self, rows: GroupedRows) -> dict[str, np.ndarray]:
+        """(G,) per group: the sums of metric_terms over its rows (rows whose log-probs did not
+        line up count nowhere), and log_ppl_diff's max and min (NaN where no row counts)."""
+        offsets = rows.offsets.cpu().numpy()
+        g = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        counted = rows.columns["offpolicy_m_rows"].cpu().numpy() > 0
+        out = {}
+        for k in METRIC_SUMS:
+            v = rows.columns["offpolicy_m_" + k].cpu().numpy()
+            out[k] = np.array([math.fsum(v[offsets[i] : offsets[i + 1]]) for i in range(len(offsets) - 1)])
+        d = rows.columns["offpolicy_m_log_ppl_diff"].cpu().numpy()
+        high = np.full(len(offsets) - 1, -np.inf)
+        low = np.full(len(offsets) - 1, np.inf)
+        np.maximum.at(high, g[counted], d[counted])
+        np.minimum.at(low, g[counted], d[counted])
+        out["log_ppl_diff_max"], out["log_ppl_diff_min"] = high, low
+        return out
 
     def _stale(self, rows: GroupedRows) -> Tensor:
         if self.max_staleness is None:
