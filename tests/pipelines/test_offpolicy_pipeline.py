@@ -175,3 +175,24 @@ def test_staleness_cap_drops_rows_behind_the_newest_or_a_given_version(tmp_path,
     for key, row in scored.items():
         assert math.isclose(row["score"], expected[key][0], rel_tol=1e-5, abs_tol=1e-6)
         assert row["is_weights"] == [float(m) for m in row["action_mask"]]
+
+
+@pytest.mark.slow
+def test_audit_columns_give_the_sequence_log_ratio_and_the_mask(tmp_path, rescore):
+    verl = _ref(refs_offpolicy.verl)
+    rows = _rows(16)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=8, schema=SCHEMA)
+    doc, out = rescore(glob, "--strategy", "rollout_correction,grpo", '--set=rollout_rs="token_k1"',
+                       '--set=rollout_rs_threshold="0.8_1.25"', "--audit-columns", "--buckets", "3")
+    lp, bp, mask = _padded(rows)
+    new_mask, _ = verl.compute_rollout_rejection_mask(lp - bp, mask, rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
+    index = {_key(r): i for i, r in enumerate(rows)}
+    scored = by_id(read_output(out, "scored"))
+    reasons = set()
+    for key, row in scored.items():
+        i = index[key]
+        assert math.isclose(row["offpolicy_seq_log_ratio"], float(((lp[i] - bp[i]) * mask[i]).sum()), rel_tol=1e-9, abs_tol=1e-9)
+        touched = bool((new_mask[i] < mask[i]).any())
+        assert row["offpolicy_mask_reason"] == ("rollout_rs" if touched else None)
+        reasons.add(row["offpolicy_mask_reason"])
+    assert reasons == {"rollout_rs", None}

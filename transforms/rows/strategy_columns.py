@@ -76,13 +76,24 @@ def correction_fields(chain: StrategyChain, input_schema: pa.Schema) -> list[pa.
     return fields + [pa.field(ACTION_MASK, pa.list_(pa.int8()))]
 
 
-def corrected(chain: StrategyChain, table: pa.Table, advantage: np.ndarray, fields: list[pa.Field]) -> tuple[pa.Table, list[pa.Array]]:
+CORRECTION_AUDIT = [pa.field("offpolicy_seq_log_ratio", pa.float64()), pa.field("offpolicy_mask_reason", pa.string())]
+"""--audit-columns of a run with a correction: each row's sum over action tokens of
+logprobs - behaviour, and the first mask that removed any of its tokens (null: none)."""
+
+
+def corrected(
+    chain: StrategyChain, table: pa.Table, advantage: np.ndarray, fields: list[pa.Field], audit: dict | None = None
+) -> tuple[pa.Table, list[pa.Array]]:
     """(`table` with its action_mask replaced by the corrected one, the correction's columns
     for `fields` = correction_fields(...)): the rejections of chain.correction applied to the
-    rows being written; `advantage` (n,) is each row's scalar advantage."""
+    rows being written; `advantage` (n,) is each row's scalar advantage. `audit`, when given,
+    receives the CORRECTION_AUDIT columns by name."""
     stage = chain.correction
     rows = ArrowRows(table)
-    weights, mask = stage.token_correction(rows, advantage)
+    weights, mask, values = stage.corrected_rows(rows, advantage)
+    if audit is not None:
+        for f in CORRECTION_AUDIT:
+            audit[f.name] = pa.array(values[f.name].tolist() if f.name.endswith("reason") else values[f.name], f.type)
     lengths = rows.response()[0]
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])

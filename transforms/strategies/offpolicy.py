@@ -302,6 +302,8 @@ class Correction:
     advantage)."""
     reason: Tensor
     """(B,) int64 index in REASONS of the first mask that left the row no token (0: none)."""
+    touched: Tensor | None = None
+    """(B,) int64 index in REASONS of the first mask that removed any of the row's tokens."""
 
 
 def correct(p: RolloutCorrectionParams, logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> Correction:
@@ -309,6 +311,7 @@ def correct(p: RolloutCorrectionParams, logprobs: Tensor, behaviour: Tensor, mas
     log_ratio = (logprobs - behaviour) * (mask > 0)  # padding and non-action tokens: ratio 1
     had = mask.sum(-1) > 0
     reason = torch.zeros(mask.shape[0], dtype=torch.int64)
+    touched = torch.zeros(mask.shape[0], dtype=torch.int64)
     current = mask
 
     def reject(keep: Tensor, code: int) -> None:
@@ -316,6 +319,7 @@ def correct(p: RolloutCorrectionParams, logprobs: Tensor, behaviour: Tensor, mas
         after = current * keep
         emptied = had & (reason == 0) & (after.sum(-1) == 0)
         reason[emptied] = code
+        touched[(touched == 0) & (after.sum(-1) < current.sum(-1))] = code
         current = after
 
     # SkyRL's token masks first: its TIS ratio and sequence mask read the mask they leave.
@@ -346,7 +350,7 @@ def correct(p: RolloutCorrectionParams, logprobs: Tensor, behaviour: Tensor, mas
         coef, keep = openrlhf_gate(logprobs, behaviour, mask, p.is_correction_level, p.is_correction_mode, p.is_correction_gating, low, high)
         weights = coef * mask
         reject(keep, REASONS.index("is_correction_gate"))
-    return Correction(weights, current, reason)
+    return Correction(weights, current, reason, touched)
 
 
 def _rows_tensors(p: RolloutCorrectionParams, rows: WrittenRows) -> tuple[np.ndarray, Tensor, Tensor, Tensor, np.ndarray]:
@@ -518,18 +522,30 @@ class RolloutCorrection(RolloutCorrectionParams):
     def token_correction(self, rows: WrittenRows, advantage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(flat is_weights (T,), flat corrected mask (T,)) over the rows' response tokens;
         `advantage` (n,) is each row's scalar advantage (the OPSM reads its sign)."""
+        weights, mask, _ = self.corrected_rows(rows, advantage)
+        return weights, mask
+
+    def corrected_rows(self, rows: WrittenRows, advantage: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """token_correction's (weights, mask) and the audit values of each row: the sequence
+        log ratio sum_t m_t (logprobs_t - behaviour_t) and the first mask that removed any of
+        its tokens (None: none)."""
         lengths, logprobs, behaviour, mask, bad = _rows_tensors(self, rows)
         c = correct(self, logprobs, behaviour, mask)
         new_mask = c.mask
+        why = np.array([REASONS[i] or None for i in c.touched.tolist()], dtype=object)
         if self.off_policy_mask_threshold is not None:
             keep = off_policy_sequence_mask(logprobs, behaviour, mask, torch.as_tensor(advantage, dtype=torch.float64), self.off_policy_mask_threshold)
+            hit = (~keep).numpy() & (new_mask.sum(-1) > 0).numpy()
+            why[hit & (why == None)] = "off_policy_mask"  # noqa: E711  (an object array)
             new_mask = new_mask * keep.unsqueeze(-1).to(new_mask.dtype)
         weights = c.weights
         if bad.any():
             b = torch.from_numpy(bad)
             new_mask[b] = 0.0
             weights[b] = 0.0
-        return unpadded(weights, lengths), unpadded(new_mask, lengths)
+            why[bad] = "behaviour_logprobs"
+        audit = {"offpolicy_seq_log_ratio": _seq_sum((logprobs - behaviour) * (mask > 0), mask).numpy(), "offpolicy_mask_reason": why}
+        return unpadded(weights, lengths), unpadded(new_mask, lengths), audit
 
     def metrics(self, rows: WrittenRows) -> dict[str, float]:
         """verl's off-policy diagnostics over these rows."""
