@@ -196,3 +196,29 @@ def test_audit_columns_give_the_sequence_log_ratio_and_the_mask(tmp_path, rescor
         assert row["offpolicy_mask_reason"] == ("rollout_rs" if touched else None)
         reasons.add(row["offpolicy_mask_reason"])
     assert reasons == {"rollout_rs", None}
+
+
+@pytest.mark.slow
+def test_token_weighted_advantage_counts_only_the_tokens_left(tmp_path, rescore):
+    """reinforce_plus_plus_baseline whitens over the batch weighted by action tokens: after a
+    token-level rejection it weighs each row by the tokens left (verl rejects before the
+    advantage), i.e. the reference over rows whose action_mask is the corrected one."""
+    verl = _ref(refs_offpolicy.verl)
+    rows = _rows(17)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=8, schema=SCHEMA)
+    doc, out = rescore(glob, "--strategy", "rollout_correction,reinforce_plus_plus_baseline", '--set=rollout_rs="token_k1"',
+                       '--set=rollout_rs_threshold="0.8_1.25"', "--buckets", "3")
+    lp, bp, mask = _padded(rows)
+    new_mask, _ = verl.compute_rollout_rejection_mask(lp - bp, mask, rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25")
+    corrected = []
+    for i, r in enumerate(rows):
+        m = [bool(v) for v in new_mask[i, : len(r["action_mask"])].tolist()]
+        if sum(r["action_mask"]) > 0 and not any(m):
+            continue  # filtered
+        corrected.append({**r, "action_mask": m})
+    assert sum(1 for i, r in enumerate(rows) if bool((new_mask[i] < mask[i]).any())) > 3
+    expected = reference.rescore_plan(corrected, ["reinforce_plus_plus_baseline"], {})["scored"]
+    scored = by_id(read_output(out, "scored"))
+    assert set(scored) == set(expected)
+    for key, row in scored.items():
+        assert math.isclose(row["score"], expected[key][0], rel_tol=1e-5, abs_tol=1e-6), key

@@ -129,6 +129,10 @@ class StrategyChain:
         responses): their action mask is all zeros, as Trinity zeroes it before the advantage
         step, so they weigh nothing in token-weighted statistics; and the (n,) masked flags."""
         f = self.stage(FILTER)
+        if isinstance(f, CorrectsTokens) and "offpolicy_kept" in rows.columns:
+            # the action tokens a correction leaves (token-weighted statistics count only those)
+            kept = rows.columns["offpolicy_kept"].clamp(min=0).to(rows.action_tokens.dtype)
+            rows = replace(rows, action_tokens=torch.where(kept < rows.action_tokens, kept, rows.action_tokens))
         masked = f.masked(rows) if isinstance(f, MasksRows) else None
         if masked is None or not bool(masked.any()):
             return rows, None
