@@ -163,13 +163,17 @@ def _offpolicy_summaries(n: int, g_key: np.ndarray, g: pa.Table) -> list[dict[st
     from rescore.transforms.strategies.offpolicy import METRIC_SUMS, metrics_from_sums
 
     present = np.asarray(g[OFFPOLICY_PREFIX + "rows"].is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    values = {k: np.nan_to_num(g[OFFPOLICY_PREFIX + k].to_numpy(zero_copy_only=False).astype(np.float64)) for k in METRIC_SUMS}
+    values = {
+        k: np.nan_to_num(g[OFFPOLICY_PREFIX + k].to_numpy(zero_copy_only=False).astype(np.float64))
+        for k in METRIC_SUMS
+        if OFFPOLICY_PREFIX + k in g.column_names
+    }
     high = g[OFFPOLICY_PREFIX + "log_ppl_diff_max"].fill_null(-np.inf).to_numpy().astype(np.float64)
     low = g[OFFPOLICY_PREFIX + "log_ppl_diff_min"].fill_null(np.inf).to_numpy().astype(np.float64)
     out: list[dict[str, float] | None] = []
     for k in range(n):
         chosen = (g_key == k) & present
-        sums = {name: math.fsum(values[name][chosen].tolist()) for name in METRIC_SUMS}
+        sums = {name: math.fsum(v[chosen].tolist()) for name, v in values.items()}
         if sums["rows"] == 0 or sums["tokens"] == 0:
             out.append(None)
             continue

@@ -382,13 +382,15 @@ def _rows_tensors(p: RolloutCorrectionParams, rows: WrittenRows) -> tuple[np.nda
 
 METRIC_SUMS = (
     "rows", "tokens", "kl", "k3_kl", "rho2", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
-    "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq",
+    "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq", "is_w", "is_w2",
 )
 """The per-row terms of verl's off-policy metrics that add up over a batch (light columns
 x.offpolicy_m_NAME; ScoreGroups sums them per group, the summary per batch)."""
 
 
-def metric_terms(logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> dict[str, np.ndarray]:
+def metric_terms(
+    logprobs: Tensor, behaviour: Tensor, mask: Tensor, weights: Tensor | None = None, upper: float = math.inf
+) -> dict[str, np.ndarray]:
     """(B,) float64 per row: the summands of offpolicy_metrics (verl's formulas, sequence means
     with its 1e-8), and `log_ppl_diff` also for the batch max / min."""
     mean_train = _masked_mean(logprobs, mask, -1)
@@ -411,13 +413,22 @@ def metric_terms(logprobs: Tensor, behaviour: Tensor, mask: Tensor) -> dict[str,
         "ppl_ratio": torch.exp(diff),
         "chi2_seq": torch.exp(2.0 * seq),
     }
+    if weights is not None:  # verl's rollout_is: the weights clamped to [0, upper] (its mean and ESS)
+        w = weights.clamp(min=0.0, max=upper)
+        terms["is_w"] = (w * mask).sum(-1)
+        terms["is_w2"] = (w.square() * mask).sum(-1)
     return {k: v.numpy().astype(np.float64) for k, v in terms.items()}
 
 
 def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[str, float]:
     """verl's compute_offpolicy_metrics of a batch from the sums of metric_terms over its rows
-    (and the max / min of log_ppl_diff)."""
+    (and the max / min of log_ppl_diff); with rollout_is weights also compute_is_metrics'
+    rollout_is_eff_sample_size."""
     n, tokens = sums["rows"], sums["tokens"]
+    extra = {}
+    if "is_w" in sums:
+        mean = sums["is_w"] / (tokens + 1e-8)
+        extra["rollout_is_eff_sample_size"] = 1.0 / (sums["is_w2"] / (mean + 1e-8) ** 2 / (tokens + 1e-8))
     seq = {k: sums[k] / n for k in ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio")}
     return {
         **seq,
@@ -427,6 +438,7 @@ def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[s
         "log_ppl_diff_min": low,
         "chi2_token": sums["rho2"] / (tokens + 1e-8) - 1.0,
         "chi2_seq": sums["chi2_seq"] / n - 1.0,
+        **extra,
     }
 
 
@@ -460,7 +472,8 @@ class RolloutCorrection(RolloutCorrectionParams):
         had = mask.sum(-1).numpy() > 0
         kept = np.where(had | bad, kept, -1.0)  # -1: nothing to train on in the input already
         out = {"offpolicy_kept": kept, "offpolicy_reason": reason}
-        terms = metric_terms(logprobs, behaviour, mask)
+        upper = parse_is_threshold(self.rollout_is_threshold)[0] if self.rollout_is is not None else math.inf
+        terms = metric_terms(logprobs, behaviour, mask, c.weights if self.rollout_is is not None else None, upper)
         for k, v in terms.items():
             out["offpolicy_m_" + k] = np.where(bad, 0.0, v)
         return out
@@ -473,6 +486,8 @@ class RolloutCorrection(RolloutCorrectionParams):
         counted = rows.columns["offpolicy_m_rows"].cpu().numpy() > 0
         out = {}
         for k in METRIC_SUMS:
+            if "offpolicy_m_" + k not in rows.columns:  # the weights' sums: rollout_is only
+                continue
             v = rows.columns["offpolicy_m_" + k].cpu().numpy()
             out[k] = np.array([math.fsum(v[offsets[i] : offsets[i + 1]]) for i in range(len(offsets) - 1)])
         d = rows.columns["offpolicy_m_log_ppl_diff"].cpu().numpy()
