@@ -174,6 +174,20 @@ def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
     return _one_process(options) and not options.view_as(TestOptions).dry_run and not cfg.models.enabled
 
 
+def _file_needs(needs: tuple[str, ...], computed: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns the input files must have: what the strategies need, less what a model
+    computes; a need for NAME_original of a computed NAME (rollout_correction's behaviour
+    log-probs under --logprob-model) is a need for the input's NAME."""
+    out = []
+    for name in needs:
+        base = name.removesuffix("_original")
+        if name != base and base in computed:
+            out.append(base)
+        elif name not in computed:
+            out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
 def _with_newest_model_version(scoring, plan: InputPlan, cfg: RunConfig):
     """A rollout_correction with max_staleness but no current_model_version measures staleness
     from the newest model_version in the input: read here, one column, on the launcher, and
@@ -209,10 +223,8 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     scoring = build_chain(cfg.strategies, cfg.params)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files
-    # NAME_original of a computed column is the input's NAME (rollout_correction's behaviour log-probs)
-    file_needs = [n.removesuffix("_original") if n.removesuffix("_original") in computed and n.endswith("_original") else n for n in scoring.needs]
     plan = plan_input(
-        cfg.inputs, needs=tuple(dict.fromkeys(n for n in file_needs if n not in computed or n.endswith("logprobs") and n + "_original" in scoring.needs)), shard_rows=cfg.shard_rows,
+        cfg.inputs, needs=_file_needs(scoring.needs, computed), shard_rows=cfg.shard_rows,
         skip_bad_files=cfg.skip_bad_files,
     )
     scoring = _with_newest_model_version(scoring, plan, cfg)
