@@ -3,6 +3,7 @@ Beam RunInference) against a plain transformers loop over the same rows and batc
 
     python benchmarks/model_stage.py [--rows 256] [--batch-size 16] [--hidden 256] [--layers 4]
                                      [--device cpu|cuda] [--dtype auto] [--repeats 2] [--model DIR]
+                                     [--chain decoupled_geo_rs,grpo]
 
 Builds a random-weight Llama causal LM from a config (nothing downloaded; or --model DIR) and
 deterministic rows (prompts of 32-64 tokens, responses of 64-192), written as one Parquet file.
@@ -15,6 +16,9 @@ Then, interleaved, --repeats times each (median):
 Both take the model already on the device (loading is reported apart) and compute the same
 values (checked). Prints one JSON line: tokens/s of each, their ratio (target >= 0.9), the
 number of model copies the stage loaded (target 1 per process) and, on a GPU, peak GPU memory.
+With --chain STRATEGY, also the whole job over the same rows (their logged log-probs random):
+--logprob-model with --entropy --sum-pi-squared, then STRATEGY (a rollout_correction preset and
+an advantage), its wall time (model load and Beam start included), tokens/s and peak GPU memory.
 """
 
 from __future__ import annotations
@@ -109,6 +113,27 @@ def run_loop(table: pa.Table, model, batch_size: int) -> tuple[float, list]:
     return time.perf_counter() - started, out
 
 
+def run_chain(table: pa.Table, model_dir: str, work: str, batch_size: int, device: str, dtype: str, strategy: str) -> tuple[float, dict]:
+    """The whole job on the in-process runner: --logprob-model (with --entropy and
+    --sum-pi-squared) refreshing logprobs, the logged ones kept as logprobs_original, then
+    `strategy` (a correction stage and an advantage). Returns (seconds, metrics.json)."""
+    from rescore.pipelines.rescore import run
+
+    rng = np.random.default_rng(1)
+    lengths = np.array([len(t) for t in table["tokens"].to_pylist()]) - table["prompt_length"].to_numpy()
+    logged = pa.array([(-rng.exponential(1.0, n)).tolist() for n in lengths], pa.list_(pa.float32()))
+    path = os.path.join(work, "chain-in.parquet")
+    os.makedirs(work, exist_ok=True)
+    pq.write_table(table.append_column("logprobs", logged), path)
+    started = time.perf_counter()
+    doc = run([
+        "--input", path, "--output", os.path.join(work, "chain-out"), "--runner=FnApiRunner", "--quiet",
+        "--strategy", strategy, "--logprob-model", model_dir, "--entropy", "--sum-pi-squared",
+        "--model-batch-size", str(batch_size), "--model-dtype", dtype, "--device", device,
+    ])
+    return time.perf_counter() - started, doc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=256)
@@ -120,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--model", help="a Hugging Face causal LM directory instead of the random one")
+    ap.add_argument("--chain", metavar="STRATEGY", help="also time the whole job: --logprob-model (+ --entropy --sum-pi-squared) and STRATEGY, e.g. decoupled_geo_rs,grpo")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"device": "cuda", "skipped": "torch sees no CUDA device"}))
@@ -167,6 +193,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         if device.type == "cuda":
             result["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if args.chain:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            seconds, doc = run_chain(table, model_dir, os.path.join(tmp, "chain"), args.batch_size, args.device, args.dtype, args.chain)
+            result["chain"] = {
+                "strategy": args.chain, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds),
+                "rows_written": doc["totals"]["rows_written"], "rows_filtered": doc["totals"]["rows_filtered"],
+            }
+            if device.type == "cuda":
+                result["chain"]["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         print(json.dumps(result))
     return 0
 

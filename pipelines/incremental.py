@@ -602,6 +602,10 @@ def run(cfg) -> dict[str, Any]:
     if not cfg.wait:
         raise ConfigError("--incremental waits for the run to finish before it commits it; drop --no-wait")
     scoring = build_chain(cfg.strategies, cfg.params)
+    stage = scoring.correction
+    if stage is not None and stage.max_staleness is not None and stage.current_model_version is None:
+        # the newest version of the whole input is not what an incremental run reads
+        raise ConfigError(f"{stage.name}: max_staleness with --incremental needs current_model_version (the newest version is measured over one-shot input only)")
     chash = rs.config_hash(scoring.name, scoring.params, cfg.algorithm)
     options = PipelineOptions(cfg.beam_args)
     rs._check_local_device(cfg, options)

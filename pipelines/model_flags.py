@@ -14,6 +14,7 @@ YAML_KEYS = {
     "teacher_model": str, "logprob_model": str, "reward_model": str, "reward_fn": str, "tokenizer": str,
     "dtype": str, "batch_size": int, "batch_tokens": int, "padding_side": str, "accelerator": str,
     "reward_fn_timeout": float,
+    "entropy": bool, "sum_pi_squared": bool, "ref_model": str,
 }
 
 
@@ -21,6 +22,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model stage (needs the [models] extra; see docs/models.md)")
     g.add_argument("--teacher-model", "--teacher_model", metavar="DIR", help="Hugging Face causal LM directory: fills teacher_logprobs")
     g.add_argument("--logprob-model", "--logprob_model", metavar="DIR", help="Hugging Face causal LM directory: fills logprobs (the input's kept as logprobs_original)")
+    g.add_argument("--entropy", action="store_true", default=None, help="with --logprob-model: also write per-token entropy (same forward pass)")
+    g.add_argument("--sum-pi-squared", "--sum_pi_squared", action="store_true", default=None, help="with --logprob-model: also write per-token sum_pi_squared, the sum over the vocabulary of p^2 (same forward pass)")
+    g.add_argument("--ref-model", "--ref_model", metavar="DIR", help="Hugging Face causal LM directory: fills ref_logprobs (the reference policy, for KL)")
     g.add_argument("--reward-model", "--reward_model", metavar="DIR", help="Hugging Face sequence-classification reward model: replaces reward (kept as reward_original)")
     g.add_argument("--reward-fn", "--reward_fn", metavar="MODULE:FUNCTION", help="Python verifier over prompt/response text or tokens: replaces reward (kept as reward_original)")
     g.add_argument("--reward-fn-timeout", "--reward_fn_timeout", metavar="SECONDS", type=_seconds,
@@ -60,11 +64,16 @@ def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
         "batch_size": args.model_batch_size, "batch_tokens": args.model_batch_tokens,
         "padding_side": args.model_padding_side, "accelerator": args.model_accelerator,
         "reward_fn_timeout": args.reward_fn_timeout,
+        "entropy": args.entropy, "sum_pi_squared": args.sum_pi_squared, "ref_model": args.ref_model,
     }
     values = {k: v for k, v in config.items() if v is not None}
     values.update({k: v for k, v in flags.items() if v is not None})
     for key, value in values.items():
         kind = YAML_KEYS[key]
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"models.{key} must be true or false, got {value!r}")
+            continue
         ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
         if not ok or isinstance(value, bool):
             what = {int: "an integer", float: "a number of seconds"}.get(kind, "a string")
@@ -79,6 +88,9 @@ def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
     elif values.get("reward_fn"):
         values["reward_fn_timeout"] = DEFAULT_REWARD_FN_TIMEOUT
     options = ModelOptions(**values)
+    for flag, on in (("--entropy", options.entropy), ("--sum-pi-squared", options.sum_pi_squared)):
+        if on and not options.logprob_model:
+            raise ConfigError(f"{flag} comes from --logprob-model's forward pass: pass --logprob-model DIR too")
     if options.reward_model and options.reward_fn:
         raise ConfigError("pass --reward-model or --reward-fn, not both")
     if options.dtype not in DTYPES:

@@ -174,6 +174,45 @@ def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
     return _one_process(options) and not options.view_as(TestOptions).dry_run and not cfg.models.enabled
 
 
+def _file_needs(needs: tuple[str, ...], computed: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns the input files must have: what the strategies need, less what a model
+    computes; a need for NAME_original of a computed NAME (rollout_correction's behaviour
+    log-probs under --logprob-model) is a need for the input's NAME."""
+    out = []
+    for name in needs:
+        base = name.removesuffix("_original")
+        if name != base and base in computed:
+            out.append(base)
+        elif name not in computed:
+            out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def _with_newest_model_version(scoring, plan: InputPlan, cfg: RunConfig):
+    """A rollout_correction with max_staleness but no current_model_version measures staleness
+    from the newest model_version in the input: read here, one column, on the launcher, and
+    recorded in the resolved params (metrics.json, config hash)."""
+    stage = scoring.correction
+    if stage is None or stage.max_staleness is None or stage.current_model_version is not None:
+        return scoring
+    import pyarrow.compute as pc
+
+    from rescore.transforms.input_plan import read_unit
+    from rescore.transforms.strategies import build_chain
+
+    newest = None
+    for unit in plan.units:
+        table = read_unit(unit, [stage.model_version_key])
+        if stage.model_version_key not in table.column_names:
+            continue
+        top = pc.max(table[stage.model_version_key]).as_py()
+        if top is not None:
+            newest = top if newest is None else max(newest, top)
+    if newest is None:
+        raise ConfigError(f"{stage.name}: max_staleness needs a {stage.model_version_key!r} value in the input, or current_model_version")
+    return build_chain(cfg.strategies, {**cfg.params, f"{stage.name}.current_model_version": int(newest)})
+
+
 def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:
     """Plan the input, prepare the output and build the pipeline (not run)."""
     options = PipelineOptions(cfg.beam_args)
@@ -185,9 +224,10 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files
     plan = plan_input(
-        cfg.inputs, needs=tuple(n for n in scoring.needs if n not in computed), shard_rows=cfg.shard_rows,
+        cfg.inputs, needs=_file_needs(scoring.needs, computed), shard_rows=cfg.shard_rows,
         skip_bad_files=cfg.skip_bad_files,
     )
+    scoring = _with_newest_model_version(scoring, plan, cfg)
     models_info = None
     if cfg.models.enabled:
         from rescore.transforms.models import plan_with_models

@@ -77,10 +77,17 @@ NEEDED_COLUMNS: dict[str, Column] = {
 }
 """Optional columns outside the core contract that some strategies need (mix_chord: expert;
 on_policy_distill: teacher_logprobs)."""
+_LOGPROB_LIST = Column("logprobs_original", False, _list_of(_is_float), "a list of floats")
+"""Any other needed column named *logprobs or *logprobs_original is a per-token list
+(rollout_correction's behaviour log-probs)."""
 
 NEEDED_WHY = {
     "logprobs": "the behaviour policy's log-probs of the response tokens",
     "expert": "True for expert (SFT) rows, False for the model's own rollouts",
+    "logprobs_original": (
+        "the behaviour (rollout) policy's log-probs; --logprob-model keeps the input's logprobs under "
+        "this name, or name another column with the behaviour_logprobs parameter"
+    ),
     "teacher_logprobs": (
         "the teacher model's log-probs of each response token; pass --teacher-model DIR to compute "
         "them, or score the logged responses with the teacher (e.g. a prompt_logprobs pass in vLLM) "
@@ -139,7 +146,7 @@ def validate_file_schema(
         if name not in names:
             why = f" ({NEEDED_WHY[name]})" if name in NEEDED_WHY else ""
             raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs{why}")
-        col = NEEDED_COLUMNS.get(name)
+        col = NEEDED_COLUMNS.get(name) or (_LOGPROB_LIST if name.endswith(("logprobs", "logprobs_original")) else None)
         if col is not None and not col.accepts(schema.field(name).type):
             raise SchemaError(f"{path}: column {name!r} has type {schema.field(name).type}, expected {col.expected}")
         t = schema.field(name).type

@@ -111,6 +111,11 @@ def pad(rows: Sequence[np.ndarray], *, pad_id: int = 0, side: str = "right", dev
     )
 
 
+TOKEN_STATS = ("entropy", "sum_pi_squared")
+"""Per-token statistics of the policy's whole distribution that the log-prob forward pass can
+also give: entropy -sum_v p_v log p_v and sum_pi_squared sum_v p_v^2 (v over the vocabulary)."""
+
+
 def response_logprobs(
     model, rows: Sequence[np.ndarray], prompt_lengths: Sequence[int], *, pad_id: int = 0, side: str = "right",
 ) -> list[np.ndarray]:
@@ -120,10 +125,21 @@ def response_logprobs(
     without a response gives an empty array. The log-softmax runs in float32 over the response
     positions of one row at a time, so the extra memory is R_i x vocab, not B x L x vocab.
     """
-    out: list[np.ndarray | None] = [None] * len(rows)
+    return [v["logprobs"] for v in response_token_values(model, rows, prompt_lengths, pad_id=pad_id, side=side)]
+
+
+def response_token_values(
+    model, rows: Sequence[np.ndarray], prompt_lengths: Sequence[int], *, pad_id: int = 0, side: str = "right",
+    stats: Sequence[str] = (),
+) -> list[dict[str, np.ndarray]]:
+    """Per row, {"logprobs": (R_i,) float32, and each of `stats` (TOKEN_STATS): (R_i,) float32}
+    over its response tokens, all from one forward pass (response_logprobs' rules). The
+    statistics of position t use the same float32 log-softmax row as its log-prob."""
+    names = ("logprobs", *stats)
+    out: list[dict[str, np.ndarray] | None] = [None] * len(rows)
     work = [i for i, r in enumerate(rows) if len(r) - int(prompt_lengths[i]) > 0]
     for i in set(range(len(rows))) - set(work):
-        out[i] = np.zeros(0, dtype=np.float32)
+        out[i] = {n: np.zeros(0, dtype=np.float32) for n in names}
     if work:
         device = next(model.parameters()).device
         # Left padding needs explicit position ids; a model whose forward takes none (ALiBi
@@ -142,8 +158,15 @@ def response_logprobs(
                 # logits at position t predict token t + 1: positions P-1 .. n-2 score tokens P .. n-1.
                 step = logits[b, s + p - 1 : s + n - 1].float()
                 target = batch.input_ids[b, s + p : s + n].unsqueeze(-1)
-                values = torch.log_softmax(step, dim=-1).gather(-1, target).squeeze(-1)
-                out[i] = values.cpu().numpy().astype(np.float32, copy=False)
+                logp = torch.log_softmax(step, dim=-1)
+                row = {"logprobs": logp.gather(-1, target).squeeze(-1)}
+                if stats:
+                    probs = logp.exp()
+                    if "entropy" in stats:
+                        row["entropy"] = -(probs * logp).sum(-1)
+                    if "sum_pi_squared" in stats:
+                        row["sum_pi_squared"] = probs.square().sum(-1)
+                out[i] = {n: row[n].cpu().numpy().astype(np.float32, copy=False) for n in names}
     return out  # type: ignore[return-value]
 
 

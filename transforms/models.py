@@ -54,10 +54,10 @@ def plan_with_models(plan: InputPlan, options: ModelOptions, staging: str) -> tu
     """
     for name in ("tokens", "prompt_length"):
         if plan.schema.get_field_index(name) < 0:
-            flag = "--teacher-model" if options.teacher_model else "--logprob-model" if options.logprob_model else "--reward-model" if options.reward_model else "--reward-fn"
+            flag = "--teacher-model" if options.teacher_model else "--logprob-model" if options.logprob_model else "--ref-model" if options.ref_model else "--reward-model" if options.reward_model else "--reward-fn"
             raise inference.ModelConfigError(f"{flag} scores the logged tokens, but no input file has a {name!r} column")
     contexts = []
-    for flag, path in (("--teacher-model", options.teacher_model), ("--logprob-model", options.logprob_model), ("--reward-model", options.reward_model)):
+    for flag, path in (("--teacher-model", options.teacher_model), ("--logprob-model", options.logprob_model), ("--reward-model", options.reward_model), ("--ref-model", options.ref_model)):
         if path:
             config = inference.check_model_dir(path, flag)
             contexts.append(inference.context_length(config))
@@ -103,9 +103,10 @@ class _Model:
     """Models this process has loaded (the benchmark checks there is one per run)."""
 
     def __init__(self, kind: str, path: str, device_choice: str, dtype: str, padding_side: str, tokenizer: str | None,
-                 reward_fn_timeout: float | None = None):
+                 reward_fn_timeout: float | None = None, stats: tuple[str, ...] = ()):
         _Model.loads += 1
         self.kind = kind
+        self.stats = stats
         self.device = devices.resolve(device_choice)
         self.padding_side = padding_side
         if kind == "reward_fn":
@@ -136,6 +137,11 @@ class _Model:
             if self.verifier is not None:
                 return self.verifier(values)
             return [inference.call_reward_fn(self.fn, v) for v in values]
+        if self.stats:  # log-probs and token statistics from one forward pass: {column: values}
+            values = inference.response_token_values(
+                self.model, rows, [int(e[1]) for e in examples], pad_id=self.pad_id, side=self.padding_side, stats=self.stats
+            )
+            return [(v, None) for v in values]
         values = inference.response_logprobs(
             self.model, rows, [int(e[1]) for e in examples], pad_id=self.pad_id, side=self.padding_side
         )
@@ -182,7 +188,8 @@ class _Handler(ModelHandler):
     def load_model(self) -> _Model:
         _hide_beam_resource_warning()
         o = self._options
-        return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer, o.reward_fn_timeout)
+        stats = o.token_stats if self._kind == "logprobs" else ()
+        return _Model(self._kind, self._path, self._device, o.dtype, o.padding_side, o.tokenizer, o.reward_fn_timeout, stats)
 
     def run_inference(self, batch, model, inference_args=None) -> Iterable[PredictionResult]:
         # example=None: the tokens stop here; only the computed values go on.
@@ -210,6 +217,8 @@ def handlers(options: ModelOptions, device: str) -> list[tuple[str, str, _Handle
         out.append(("teacher_logprobs", "teacher_logprobs", _Handler("teacher_logprobs", options.teacher_model, options, device)))
     if options.logprob_model:
         out.append(("logprobs", "logprobs", _Handler("logprobs", options.logprob_model, options, device)))
+    if options.ref_model:
+        out.append(("ref_logprobs", "ref_logprobs", _Handler("ref_logprobs", options.ref_model, options, device)))
     if options.reward_model:
         out.append(("reward", "reward", _Handler("reward", options.reward_model, options, device)))
     elif options.reward_fn:
@@ -312,7 +321,7 @@ class ComputeModelColumns(beam.PTransform):
 
     def expand(self, pbegin):
         models = handlers(self._options, self._device)
-        needs_context = any(kind in ("teacher_logprobs", "logprobs") for _, kind, _ in models)
+        needs_context = any(kind in ("teacher_logprobs", "logprobs", "ref_logprobs") for _, kind, _ in models)
         hints = {"accelerator": self._options.accelerator} if self._options.accelerator else {}
         read = beam.ParDo(
             _ModelInputs(self._plan, self._context, needs_context, extras=bool(self._options.reward_fn))

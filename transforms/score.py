@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import torch
 from apache_beam.metrics import Metrics
 
@@ -21,7 +22,7 @@ from rescore.transforms.device import to_device
 from rescore.transforms.rows.audit import AUDIT_FIELDS, audit_values, filter_reasons
 from rescore.transforms.rows.copies import copy_groups
 from rescore.transforms.rows.groups import batch_stats_per_row, duplicate_records, prepare_bucket, to_grouped_rows
-from rescore.transforms.rows.metrics import group_metrics
+from rescore.transforms.rows.metrics import OFFPOLICY_PREFIX, group_metrics
 from rescore.transforms.rows.outcomes import scored_outcomes
 from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.segments import segment_sum
@@ -122,15 +123,19 @@ class _ScoreBucket(beam.DoFn):
             for item in copy_groups(light, rows.offsets.cpu().numpy(), kept, scores.informative.cpu().numpy()):
                 yield beam.pvalue.TaggedOutput(self.COPY_GROUPS, item)
 
-    @staticmethod
-    def _metrics(rows: GroupedRows, scores: ChainScores):
-        return group_metrics(
+    def _metrics(self, rows: GroupedRows, scores: ChainScores):
+        table = group_metrics(
             rows.group_batch.cpu().numpy(),
             rows.sizes.cpu().numpy(),
             scores.group_mean.cpu().numpy(),
             scores.group_std.cpu().numpy(),
             {k: v.cpu().numpy() for k, v in scores.dropped.items()},
         )
+        correction = self._plan.correction
+        if correction is not None:  # verl's off-policy diagnostics, summed per group (rows/metrics.py)
+            for name, values in correction.group_metric_sums(rows).items():
+                table = table.append_column(OFFPOLICY_PREFIX + name, pa.array(values, pa.float64()))
+        return table
 
 
 class ScoredGroups(NamedTuple):

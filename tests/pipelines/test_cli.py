@@ -45,7 +45,7 @@ def test_run_writes_outputs_and_a_summary(data_dir):
 
 
 BAD_CONFIGS = [
-        (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: asymre, constant, correct_bias, dr_grpo,"),
+        (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: asymre, bypass_pg_geo_rs, bypass_pg_geo_rs_seq_tis,"),
         (["--strategy", "grpo", "--set", "gamma=1"], "unknown parameter 'gamma' for strategy 'grpo'; valid parameters:"),
         (["--strategy", "grpo", "--set", "std_cal_level=global"], "parameter 'std_cal_level' must be one of group, batch"),
         (["--strategy", "grpo", "--set", "epsilon"], "--set expects KEY=VALUE"),

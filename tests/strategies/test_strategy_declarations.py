@@ -73,6 +73,41 @@ RESOLVED_DEFAULTS = {
     "zero_variance_filter": {"zero_variance_filter_tol": 1e-06},
 }
 
+# rollout_correction (issue 32) and its framework presets: the neutral defaults, then each
+# preset's own (verl RolloutCorrectionConfig classmethods, TRL, SkyRL, OpenRLHF defaults).
+_CORRECTION = {
+    "behaviour_logprobs": "logprobs_original", "rollout_is": None, "rollout_is_threshold": "2.0", "rollout_rs": None,
+    "rollout_rs_threshold": None, "vllm_importance_sampling_mode": None, "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None, "off_policy_mask_threshold": None, "tis_ratio_type": None,
+    "token_tis_ratio_clip_high": 2.0, "sequence_tis_ratio_clip_high": 5.0, "sequence_mask_metric": None,
+    "geo_mask_high": 1.01, "geo_mask_low": 0.99, "product_mask_high": 2.0, "product_mask_low": 0.5,
+    "outlier_token_is_threshold_low": None, "outlier_token_is_threshold_high": None, "token_mask_is_threshold_low": None,
+    "token_mask_is_threshold_high": None, "is_correction_level": "off", "is_correction_mode": "mask",
+    "is_correction_gating": "ratio", "is_correction_threshold": [0.5, 5.0], "max_staleness": None,
+    "current_model_version": None, "model_version_key": "model_version",
+}
+_GEO = {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"}
+_K3 = {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"}
+_TOKEN, _SEQ = {"rollout_is": "token"}, {"rollout_is": "sequence"}
+for _name, _over in {
+    "rollout_correction": {}, "decoupled_token_is": _TOKEN, "decoupled_seq_is": _SEQ,
+    "decoupled_token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+    "decoupled_seq_is_rs": {**_SEQ, "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"},
+    "decoupled_geo_rs": _GEO, "decoupled_geo_rs_seq_tis": {**_SEQ, **_GEO}, "decoupled_geo_rs_token_tis": {**_TOKEN, **_GEO},
+    "decoupled_k3_rs": _K3, "decoupled_k3_rs_seq_tis": {**_SEQ, **_K3}, "decoupled_k3_rs_token_tis": {**_TOKEN, **_K3},
+    "bypass_ppo_clip_geo_rs": _GEO, "bypass_ppo_clip_k3_rs": _K3, "bypass_pg_is": _SEQ,
+    "bypass_pg_token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}, "bypass_pg_geo_rs": _GEO,
+    "bypass_pg_geo_rs_seq_tis": {**_SEQ, **_GEO}, "bypass_pg_geo_rs_token_tis": {**_TOKEN, **_GEO},
+    "trl_sequence_mask": {"vllm_importance_sampling_mode": "sequence_mask"},
+    "trl_sequence_truncate": {"vllm_importance_sampling_mode": "sequence_truncate"},
+    "trl_token_mask": {"vllm_importance_sampling_mode": "token_mask"},
+    "trl_token_truncate": {"vllm_importance_sampling_mode": "token_truncate"},
+    "skyrl_geometric_mask": {"sequence_mask_metric": "geometric"}, "skyrl_product_mask": {"sequence_mask_metric": "product"},
+    "skyrl_token_tis": {"tis_ratio_type": "token"}, "skyrl_sequence_tis": {"tis_ratio_type": "sequence"},
+    "openrlhf_token_mask": {"is_correction_level": "token"}, "openrlhf_seq_mask": {"is_correction_level": "seq"},
+}.items():
+    RESOLVED_DEFAULTS[_name] = {**_CORRECTION, **_over}
+
 
 def test_resolved_defaults_are_unchanged_in_value_and_order():
     assert names() == sorted(RESOLVED_DEFAULTS)

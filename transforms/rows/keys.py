@@ -38,6 +38,9 @@ a null crosses as NaN (a value that abstains, e.g. normalize_then_sum's reward c
 OPTIONAL_FEATURE = "@optional:"
 """Need `@optional:NAME`: the number column NAME where a file has it (x.NAME; NaN where the file
 has no such column or the row has a null: a missing value, never 0)."""
+OFFPOLICY_FEATURE = "@offpolicy:"
+"""Need `@offpolicy:NAME:PARAMS`: light columns x.offpolicy_kept and x.offpolicy_reason, what
+the rollout correction leaves of each row (transforms/strategies/offpolicy.py)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -138,9 +141,18 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
                 values = pa.array(np.full(n, np.nan))
             columns[EXTRA_PREFIX + column_name] = values
             continue
+        if name.startswith(OFFPOLICY_FEATURE):
+            from rescore.transforms.rows.strategy_columns import ArrowRows
+            from rescore.transforms.strategies.offpolicy import light_features as offpolicy_features
+
+            for key, values in offpolicy_features(name, ArrowRows(valid)).items():
+                columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
+            continue
         if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue
         column = valid[name].combine_chunks()
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            continue  # a token column a strategy reads where rows are written (behaviour log-probs)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
             # Strings cross as a fixed 64-bit hash; a null as 0 ("none").
             text = column.cast(pa.string())

@@ -35,6 +35,11 @@ GROUP_METRICS = pa.schema(
 """One row per task group: its rows, the statistics the strategy used, and the rows each
 stage dropped."""
 
+OFFPOLICY_PREFIX = "offpolicy/"
+"""Optional group-metric columns of a rollout_correction run: per group, the sums of verl's
+off-policy metric terms (transforms/strategies/offpolicy.py METRIC_SUMS) and log_ppl_diff's max
+and min; summarised per batch as `rollout_correction` in metrics.json."""
+
 COPY_METRICS = pa.schema([("batch", pa.int64()), ("groups_duplicated", pa.int64()), ("rows_duplicated", pa.int64())])
 """One row per batch with copies: what the copy plan asked for."""
 
@@ -114,6 +119,7 @@ def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarr
         d = dropped_by_kind[kind]
         gone = gone + d
         stage_sums.append((_per_key(n, g_key, d), np.bincount(g_key[(d > 0) & (gone == size)], minlength=n)))
+    offpolicy = _offpolicy_summaries(n, g_key, g)
     out = []
     for k in range(n):
         lo, hi, groups_k = int(bounds[k]), int(bounds[k + 1]), int(n_groups[k])
@@ -143,7 +149,35 @@ def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarr
                 strategies[name]["duplicated_count"] = summary["rows_duplicated"]
                 strategies[name]["duplicated_groups"] = summary["groups_duplicated"]
         summary["strategies"] = strategies
+        if offpolicy is not None and offpolicy[k] is not None:
+            summary["rollout_correction"] = offpolicy[k]
         out.append(summary)
+    return out
+
+
+def _offpolicy_summaries(n: int, g_key: np.ndarray, g: pa.Table) -> list[dict[str, float] | None] | None:
+    """Per key, verl's off-policy metrics from the groups' offpolicy/ sums (exactly rounded
+    sums, so arrival order does not matter); None without them."""
+    if OFFPOLICY_PREFIX + "rows" not in g.column_names:
+        return None
+    from rescore.transforms.strategies.offpolicy import METRIC_SUMS, metrics_from_sums
+
+    present = np.asarray(g[OFFPOLICY_PREFIX + "rows"].is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    values = {
+        k: np.nan_to_num(g[OFFPOLICY_PREFIX + k].to_numpy(zero_copy_only=False).astype(np.float64))
+        for k in METRIC_SUMS
+        if OFFPOLICY_PREFIX + k in g.column_names
+    }
+    high = g[OFFPOLICY_PREFIX + "log_ppl_diff_max"].fill_null(-np.inf).to_numpy().astype(np.float64)
+    low = g[OFFPOLICY_PREFIX + "log_ppl_diff_min"].fill_null(np.inf).to_numpy().astype(np.float64)
+    out: list[dict[str, float] | None] = []
+    for k in range(n):
+        chosen = (g_key == k) & present
+        sums = {name: math.fsum(v[chosen].tolist()) for name, v in values.items()}
+        if sums["rows"] == 0 or sums["tokens"] == 0:
+            out.append(None)
+            continue
+        out.append({name: float(v) for name, v in metrics_from_sums(sums, float(high[chosen].max()), float(low[chosen].min())).items()})
     return out
 
 
@@ -160,7 +194,7 @@ def summarize(
     whose batch could not be read; copies of a batch with no group or row are in the totals only.
     """
     tables = {  # one chunk per column: a table per read unit or bucket makes thousands of chunks
-        "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables]).combine_chunks(),
+        "groups": pa.concat_tables([GROUP_METRICS.empty_table(), *group_tables], promote_options="default").combine_chunks(),
         "rows": pa.concat_tables([ROW_METRICS.empty_table(), *row_tables]).combine_chunks(),
         "copies": pa.concat_tables([COPY_METRICS.empty_table(), *copy_tables]).combine_chunks(),
     }

@@ -48,10 +48,21 @@ class ModelOptions:
     accelerator: str | None = None
     reward_fn_timeout: float | None = None
     """Seconds per --reward-fn call (0: no limit); None without a --reward-fn."""
+    entropy: bool = False
+    """--entropy: per-token entropy from --logprob-model's forward pass."""
+    sum_pi_squared: bool = False
+    """--sum-pi-squared: per-token sum over the vocabulary of p^2, from the same pass."""
+    ref_model: str | None = None
+    """--ref-model: a reference causal LM filling ref_logprobs (the log-prob code path)."""
 
     @property
     def enabled(self) -> bool:
-        return bool(self.teacher_model or self.logprob_model or self.reward_model or self.reward_fn)
+        return bool(self.teacher_model or self.logprob_model or self.reward_model or self.reward_fn or self.ref_model)
+
+    @property
+    def token_stats(self) -> tuple[str, ...]:
+        """The per-token statistics --logprob-model's pass also writes."""
+        return tuple(n for n, on in (("entropy", self.entropy), ("sum_pi_squared", self.sum_pi_squared)) if on)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -63,6 +74,10 @@ class ModelOptions:
             out.append("logprobs")
         if self.reward_model or self.reward_fn:
             out.append("reward")
+        if self.logprob_model:
+            out.extend(self.token_stats)
+        if self.ref_model:
+            out.append("ref_logprobs")
         return tuple(out)
 
 
@@ -103,6 +118,9 @@ def unit_side_table(items, columns: tuple[str, ...]) -> pa.Table:
             raise RuntimeError(f"internal error: a model result for column {column!r}, row {row} of a {n}-row unit")
         if reason is not None:
             failed.setdefault(row, {})[column] = reason
+        elif isinstance(value, dict):  # log-probs with token statistics (--entropy, --sum-pi-squared)
+            for name, values in value.items():
+                results[name][row] = values
         else:
             results[column][row] = value
     for row, by_column in failed.items():

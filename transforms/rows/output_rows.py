@@ -44,7 +44,7 @@ def output_schemas(
     """The output schemas of a run over input of `schema` (the plan's unified schema)."""
     extra = (copy_fields(task_type) if scoring.duplicates else []) + strategy_columns.output_fields(scoring, schema)
     metadata = {**(schema.metadata or {}), **{k.encode(): v.encode() for k, v in file_metadata.items()}}
-    audit = list(AUDIT_FIELDS) if audit_columns else []
+    audit = list(AUDIT_FIELDS) + (strategy_columns.CORRECTION_AUDIT if scoring.correction is not None else []) if audit_columns else []
     scored = output_schema(schema, extra + audit).with_metadata(metadata)
     added = {f.name for f in (*SCORE_FIELDS, *extra, *audit)}
     rejected = rejected_schema(schema).with_metadata(metadata)
@@ -90,10 +90,19 @@ def scored_rows(
         scored, source, extra_columns = expand_copies(scored, copy_plans or {}, task_type)
         score, row_value, valid = score[source], row_value[source], valid[source]
         copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
-    extra_columns += strategy_columns.output_columns(scoring, scored, schemas.extra[2 if copies else 0 :])
+    stage_fields = schemas.extra[2 if copies else 0 :]
+    correction: list = []
+    correction_audit: dict = {}
+    if scoring.correction is not None:  # rejected tokens zeroed in action_mask before the advantages
+        n_corr = len(strategy_columns.correction_fields(scoring, table.schema))
+        stage_fields, corr_fields = stage_fields[:-n_corr], stage_fields[-n_corr:]
+        scored, correction = strategy_columns.corrected(scoring, scored, row_value, corr_fields, correction_audit)
+    extra_columns += strategy_columns.output_columns(scoring, scored, stage_fields) + correction
     if schemas.audit:
         at = pa.array(kept if not copies else kept[source])
-        extra_columns += [_audit_column(rec, f).take(at) for f in schemas.audit]
+        extra_columns += [
+            correction_audit[f.name] if f.name in correction_audit else _audit_column(rec, f).take(at) for f in schemas.audit
+        ]
     token_values = None
     if scoring.token_level:
         token_values, score = strategy_columns.token_values(scoring, scored, score, row_value)

@@ -14,7 +14,7 @@ from rescore.schemas.lists import flat_list
 from rescore.transforms.strategies.base import ADVANTAGE, MasksRows, OutputColumn, TokenColumn
 from rescore.transforms.strategies.chain import StrategyChain
 
-__all__ = ["ArrowRows", "output_fields", "output_columns", "token_values", "masked_flags"]
+__all__ = ["ArrowRows", "output_fields", "output_columns", "token_values", "masked_flags", "correction_fields", "corrected"]
 
 ACTION_MASK = "action_mask"
 
@@ -58,7 +58,58 @@ def output_fields(chain: StrategyChain, input_schema: pa.Schema) -> list[pa.Fiel
     fields = [_field(c) for s in chain.column_stages for c in s.output_columns(input_schema.names)]
     if chain.masking is not None and ACTION_MASK in input_schema.names:
         fields.append(input_schema.field(ACTION_MASK))
-    return fields
+    return fields + correction_fields(chain, input_schema)
+
+
+ACTION_MASK_ORIGINAL = "action_mask_original"
+
+
+def correction_fields(chain: StrategyChain, input_schema: pa.Schema) -> list[pa.Field]:
+    """The columns an off-policy correction adds: is_weights, then the input's action_mask as
+    action_mask_original (or, for an input without one, the written action_mask itself)."""
+    stage = chain.correction
+    if stage is None:
+        return []
+    fields = [_field(c) for c in stage.correction_columns(input_schema.names)]
+    if ACTION_MASK in input_schema.names:
+        return fields + [input_schema.field(ACTION_MASK).with_name(ACTION_MASK_ORIGINAL)]
+    return fields + [pa.field(ACTION_MASK, pa.list_(pa.int8()))]
+
+
+CORRECTION_AUDIT = [pa.field("offpolicy_seq_log_ratio", pa.float64()), pa.field("offpolicy_mask_reason", pa.string())]
+"""--audit-columns of a run with a correction: each row's sum over action tokens of
+logprobs - behaviour, and the first mask that removed any of its tokens (null: none)."""
+
+
+def corrected(
+    chain: StrategyChain, table: pa.Table, advantage: np.ndarray, fields: list[pa.Field], audit: dict | None = None
+) -> tuple[pa.Table, list[pa.Array]]:
+    """(`table` with its action_mask replaced by the corrected one, the correction's columns
+    for `fields` = correction_fields(...)): the rejections of chain.correction applied to the
+    rows being written; `advantage` (n,) is each row's scalar advantage. `audit`, when given,
+    receives the CORRECTION_AUDIT columns by name."""
+    stage = chain.correction
+    rows = ArrowRows(table)
+    weights, mask, values = stage.corrected_rows(rows, advantage)
+    if audit is not None:
+        for f in CORRECTION_AUDIT:
+            audit[f.name] = pa.array(values[f.name].tolist() if f.name.endswith("reason") else values[f.name], f.type)
+    lengths = rows.response()[0]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = [pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.asarray(weights, dtype=np.float32))).cast(fields[0].type)]
+    if ACTION_MASK in table.column_names:
+        original = table[ACTION_MASK].combine_chunks()
+        values = original.flatten()
+        new_values = pa.array(mask != 0) if pa.types.is_boolean(values.type) else pa.array(mask.astype(np.int64)).cast(values.type)
+        rebuilt = pa.LargeListArray.from_arrays(pa.array(offsets), new_values, mask=original.is_null()).cast(original.type)
+        table = table.set_column(table.schema.get_field_index(ACTION_MASK), table.schema.field(ACTION_MASK), rebuilt)
+        out.append(original.cast(fields[1].type))
+    else:
+        rebuilt = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(mask.astype(np.int8))).cast(fields[1].type)
+        table = table.append_column(fields[1], rebuilt)
+        out.append(rebuilt)
+    return table, out
 
 
 def output_columns(chain: StrategyChain, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:

@@ -22,6 +22,7 @@ runtime-checkable protocol that the chain and the row layer test with `isinstanc
                     (mask_response_truncated)
     ExplainsScores  explains its scores in the audit columns (baseline, group and batch std)
     ExplainsDrops   says why it dropped a row (--keep-filtered's filter_reason)
+    CorrectsTokens  rewrites action_mask and adds is_weights where rows are written (rollout_correction)
     DropsGroups     names the metrics.json counter of the whole groups it drops, besides
                     filtered_groups (grpo's std_threshold: std_threshold_skipped)
 
@@ -271,6 +272,20 @@ class MasksRows(Protocol):
 
     def masked(self, rows: GroupedRows) -> Tensor | None:
         """(n,) bool the rows whose advantages are zeroed, or None."""
+
+
+@runtime_checkable
+class CorrectsTokens(Protocol):
+    """Rewrites the written rows' action mask and adds per-token importance weights (the
+    off-policy correction, rollout_correction): rejected tokens are zeroed in `action_mask`
+    (the input's kept as `action_mask_original`), so their advantages are 0."""
+
+    def correction_columns(self, input_names: Collection[str]) -> list[OutputColumn]:
+        """The per-token columns it adds (is_weights)."""
+
+    def token_correction(self, rows: WrittenRows, advantage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(flat weights (T,), flat corrected 0/1 mask (T,)) over the response tokens; `advantage`
+        (n,) is each row's scalar advantage."""
 
 
 @runtime_checkable

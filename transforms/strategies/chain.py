@@ -27,6 +27,7 @@ from rescore.transforms.strategies.base import (
     FILTER,
     KINDS,
     AddsColumns,
+    CorrectsTokens,
     DropsGroups,
     GroupedRows,
     MasksRows,
@@ -99,6 +100,12 @@ class StrategyChain:
         return f if isinstance(f, MasksRows) and f.masks else None
 
     @property
+    def correction(self) -> CorrectsTokens | None:
+        """The filter stage when it corrects tokens (rollout_correction), else None."""
+        f = self.stage(FILTER)
+        return f if isinstance(f, CorrectsTokens) else None
+
+    @property
     def column_stages(self) -> list[AddsColumns]:
         """The stages that write extra output columns, in output order (advantage, filter)."""
         return [s for s in (self.stage(ADVANTAGE), self.stage(FILTER)) if isinstance(s, AddsColumns)]
@@ -122,6 +129,10 @@ class StrategyChain:
         responses): their action mask is all zeros, as Trinity zeroes it before the advantage
         step, so they weigh nothing in token-weighted statistics; and the (n,) masked flags."""
         f = self.stage(FILTER)
+        if isinstance(f, CorrectsTokens) and "offpolicy_kept" in rows.columns:
+            # the action tokens a correction leaves (token-weighted statistics count only those)
+            kept = rows.columns["offpolicy_kept"].clamp(min=0).to(rows.action_tokens.dtype)
+            rows = replace(rows, action_tokens=torch.where(kept < rows.action_tokens, kept, rows.action_tokens))
         masked = f.masked(rows) if isinstance(f, MasksRows) else None
         if masked is None or not bool(masked.any()):
             return rows, None

@@ -242,6 +242,12 @@ def _checked(strategy: str, key: str, value: Any, hint: Any, meta: Mapping[str, 
         return value
     if inner is bool:
         return flag(strategy, key, value)
+    if inner is str:  # free text another check reads (verl's "0.999_1.001" thresholds)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
+            raise ConfigError(f"{strategy}: parameter {key!r} must be a string or a number, got {value!r}")
+        return str(value).strip()
     if inner is int:
         if value is None and optional:
             return None
