@@ -42,7 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from rescore.errors import ConflictError, InputError
+from rescore.errors import ConflictError, InputError, SchemaError
 from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
@@ -271,6 +271,14 @@ def parse_state(doc: Any, where: str) -> State:
     return State(None, doc.get("config_hash"), doc.get("strategy"), inputs, dict(files), list(runs))
 
 
+def open_table(output: str, *, version: int | None = None, storage_options: dict | None = None):
+    """The table's DeltaTable, or InputError (exit 2, one line) where its path or its
+    `_delta_log` cannot be read (pipelines/load.py: open_table)."""
+    from rescore.pipelines import load
+
+    return load.open_table(output, version=version, storage_options=storage_options, error=InputError)
+
+
 def is_table(output: str, storage_options: dict | None = None) -> bool:
     if storage.is_local(output):
         return os.path.isdir(os.path.join(output, DELTA_LOG))
@@ -288,9 +296,7 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
         )
     if not is_table(output):
         return State()
-    from deltalake import DeltaTable
-
-    dt = DeltaTable(table_uri(output), storage_options=storage_options)
+    dt = open_table(output, storage_options=storage_options)
     version = dt.version()
     for commit in _commits(output, dt):
         text = commit.get(STATE_KEY)
@@ -545,22 +551,114 @@ def _scored_reader(work: str, touched: set[int], schema: pa.Schema):
     return pa.RecordBatchReader.from_batches(schema, batches()), counted
 
 
+# --- column types: the table only widens (schemas/widening.py) -----------------------------
+
+
+def table_schema(output: str, storage_options: dict | None = None) -> pa.Schema | None:
+    """The Arrow schema of the table's latest version (None without a table)."""
+    if not is_table(output, storage_options):
+        return None
+    return pa.schema(open_table(output, storage_options=storage_options).schema().to_arrow())
+
+
+def check_table_types(output: str, paths: list[str] | tuple[str, ...], *, storage_options: dict | None = None) -> None:
+    """Before any work: every column of every input file that the table also holds has a type
+    the table's type widens with (schemas/widening.py); else SchemaError (exit 2) naming the
+    file, the column, its type and the table's. Score columns are the run's own, not checked."""
+    from rescore.schemas.experience import REJECT_REASON, SCORE_COLUMNS
+    from rescore.schemas.widening import describe, widen
+
+    have = table_schema(output, storage_options)
+    if have is None:
+        return
+    own = {*SCORE_COLUMNS, REJECT_REASON}
+    for path in paths:
+        schema = storage.open_parquet(path).schema_arrow
+        for f in schema:
+            if f.name in own or f.name not in have.names:
+                continue
+            t = have.field(f.name).type
+            if widen(t, f.type) is None:
+                raise SchemaError(
+                    f"{path}: column {f.name!r} is {describe(f.type)}, but the table {output} stores it as {describe(t)}, "
+                    "and neither widens to the other (a column's type may only widen: int -> float, int32 -> int64, "
+                    f"list<int32> -> list<int64>, ...); write it as {describe(t)}, or pass --overwrite to rescore every "
+                    "batch with the new type, or use another --output"
+                )
+
+
+def commit_schema(have: pa.Schema | None, rows: pa.Schema) -> tuple[pa.Schema, bool]:
+    """The schema a commit writes, and whether the table's own columns must widen: the table's
+    columns (widened where this run's rows are wider) then this run's new ones, each in a type
+    Delta stores without loss. A change that cannot widen raises SchemaError (checked before
+    the work by check_table_types; here for what the run itself adds)."""
+    from rescore.schemas.widening import Mismatch, storable_schema, widen_schemas
+
+    rows = storable_schema(rows)
+    if have is None:
+        return rows, False
+    try:
+        target = storable_schema(widen_schemas([("the table", have), ("this run's rows", rows)]))
+    except Mismatch as e:
+        raise SchemaError(f"cannot commit to the table: {e}") from None
+    target = pa.schema([f.with_nullable(True) for f in target])
+    widened = any(target.field(f.name).type != f.type for f in have)
+    return target, widened
+
+
+def _converted(reader: pa.RecordBatchReader, schema: pa.Schema) -> pa.RecordBatchReader:
+    """`reader`'s batches with exactly `schema` (columns widened, missing ones null)."""
+    from rescore.schemas.widening import cast_table
+
+    def batches():
+        for rb in reader:
+            for out in cast_table(pa.Table.from_batches([rb]), schema).to_batches():
+                yield out
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _kept_rows(output: str, version: int, touched: set[int], schema: pa.Schema,
+               storage_options: dict | None = None) -> pa.RecordBatchReader:
+    """The rows of table version `version` outside the touched batches, converted to `schema`
+    (a commit that widens a column rewrites them with the new type)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+    from rescore.pipelines.load import local_files
+
+    dt = open_table(output, version=version, storage_options=storage_options)
+    have = pa.schema(dt.schema().to_arrow())
+    files = local_files(output, dt)
+    data = pads.dataset(files, schema=have, format="parquet") if files is not None else dt.to_pyarrow_dataset()
+    keep = pa.array(sorted(touched), pa.int64())
+    where = ~pc.field("batch").isin(keep) if touched else None
+    return _converted(data.scanner(filter=where, batch_size=65536).to_reader(), schema)
+
+
 def commit(output: str, state: State, new_state: State, touched: set[int], data, *, rebuild: bool,
            storage_options: dict | None = None) -> int:
     """Replace the touched batches' rows by `data` and record `new_state`, in one Delta commit
     against the version `state` was read at (never retried). Returns the new table version."""
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
+    from deltalake import CommitProperties, write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError
 
     props = CommitProperties(custom_metadata={STATE_KEY: json.dumps(new_state.document(), separators=(",", ":"))},
                              max_commit_retries=0)
     uri = table_uri(output)
+    have = None if state.version is None or rebuild else pa.schema(
+        open_table(output, version=state.version, storage_options=storage_options).schema().to_arrow())
+    schema, widened = commit_schema(have, data.schema)
+    data = _converted(data, schema)
     try:
         if state.version is None:
             write_deltalake(uri, data, mode="error", commit_properties=props, storage_options=storage_options)
         else:
-            dt = DeltaTable(uri, version=state.version, storage_options=storage_options)
-            if rebuild:
+            dt = open_table(output, version=state.version, storage_options=storage_options)
+            if widened:  # a column widens: every row is rewritten with its new type, in this one commit
+                kept = _kept_rows(output, state.version, touched, schema, storage_options)
+                both = pa.RecordBatchReader.from_batches(schema, (b for r in (kept, data) for b in r))
+                write_deltalake(dt, both, mode="overwrite", schema_mode="overwrite", commit_properties=props)
+            elif rebuild:
                 write_deltalake(dt, data, mode="overwrite", schema_mode="overwrite", commit_properties=props)
             elif not touched:  # files without rows of any batch: only the bookkeeping changes
                 write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
@@ -576,7 +674,7 @@ def commit(output: str, state: State, new_state: State, touched: set[int], data,
         if state.version is None and "exist" in str(e).lower():
             raise ConflictError(f"another run created the table {output} while this one ran; this run published nothing: run it again") from None
         raise
-    return DeltaTable(uri, storage_options=storage_options).version()
+    return open_table(output, storage_options=storage_options).version()
 
 
 def _first_line(e: BaseException) -> str:
@@ -606,6 +704,9 @@ def run(cfg) -> dict[str, Any]:
     options = PipelineOptions(cfg.beam_args)
     rs._check_local_device(cfg, options)
     dry_run = options.view_as(TestOptions).dry_run
+    from rescore.pipelines.load import check_table_path
+
+    check_table_path(cfg.output, ConfigError)  # before anything is written there
     if storage.is_local(cfg.output) and os.path.isfile(cfg.output):
         raise ConfigError(f"--output {cfg.output} is a file; incremental output is a directory (a Delta table)")
     if not is_table(cfg.output) and storage.exists(storage.join(cfg.output, SUCCESS)):
@@ -678,6 +779,8 @@ def run(cfg) -> dict[str, Any]:
                               skip_bad_files=cfg.skip_bad_files)
             for warning in plan.warnings:
                 log.warning(warning)
+            if not rebuild and state.version is not None:
+                check_table_types(cfg.output, plan.files)
             plan = restrict(plan, chosen.touched, cfg.shard_rows, whole)
             plan_fps = {u.path: u.fingerprint for u in plan.units if u.fingerprint is not None}
             run_cfg = replace(cfg, output=work, incremental=False)
@@ -702,9 +805,7 @@ def run(cfg) -> dict[str, Any]:
 
             schema = output_schema(plan.schema)  # used only when no row is left to commit
         else:  # only deleted files, and no other file holds their batches: remove their rows
-            from deltalake import DeltaTable
-
-            schema = pa.schema(DeltaTable(table_uri(cfg.output)).schema().to_arrow())
+            schema = pa.schema(open_table(cfg.output).schema().to_arrow())
 
         fault_injection.maybe_kill_at("before_commit")
         _check_unchanged(plan_fps, files)

@@ -47,10 +47,8 @@ def describe(path: str, *, batches: bool = False) -> list[str]:
     pairs = _batch_rows(ids)
     lines = []
     if kind == "table":
-        from deltalake import DeltaTable
-
         state = incremental.load_state(path)
-        dt = DeltaTable(incremental.table_uri(path))
+        dt = incremental.open_table(path)
         lines += [
             f"{path}: incremental Delta Lake table, version {dt.version()}",
             f"  strategy        {state.strategy}  (config {(state.config_hash or '')[:12]})",
@@ -126,6 +124,11 @@ def main(argv: list[str]) -> int:
     except (NotFinishedOutputError, InputError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001  (whatever a damaged output makes a library raise: one line, exit 1)
+        last = [line.strip() for line in str(e).splitlines() if line.strip()]
+        print(f"rescore: error: {args.path if 'args' in locals() else 'show'}: cannot be described "
+              f"({last[0] if last else type(e).__name__})", file=sys.stderr)
+        return 1
     try:
         print("\n".join(lines))
         sys.stdout.flush()
