@@ -99,18 +99,39 @@ def _read_table(path: str, columns: list[str] | None, storage_options: dict | No
     import pyarrow.dataset as pads
 
     dt = open_table(path, storage_options=storage_options, error=OutputError)
+    read = None if columns is None or "batch" in columns else [*columns, "batch"]
     try:
         files = local_files(path, dt)
         if files is None:  # deletion vectors, column mapping, partitions or an object store: delta-rs reads it
-            return dt.to_pyarrow_dataset().to_table(columns=columns)
-        schema = pa.schema(dt.schema().to_arrow())
-        if not files:
-            return schema.empty_table().select(columns) if columns else schema.empty_table()
-        return pads.dataset(files, schema=schema, format="parquet").to_table(columns=columns)
+            table = dt.to_pyarrow_dataset().to_table(columns=read or columns)
+        else:
+            schema = pa.schema(dt.schema().to_arrow())
+            if not files:
+                table = schema.empty_table().select(read or columns) if columns else schema.empty_table()
+            else:
+                table = pads.dataset(files, schema=schema, format="parquet").to_table(columns=read or columns)
     except (OSError, ValueError, pa.ArrowException, RuntimeError) as e:
         if isinstance(e, OutputError):
             raise
         raise OutputError(f"{path}: the Delta table's files cannot be read ({_first_line(e)})") from None
+    _check_rows(path, dt, table)
+    return table.drop_columns(["batch"]) if read else table
+
+
+def _check_rows(path: str, dt, table: pa.Table) -> None:
+    """The rows read are those the table's latest Rescore commit recorded, batch by batch: a
+    `_delta_log` damaged so that a replaced file is live again (or a live one is dropped) is an
+    error, never rows published twice or lost."""
+    from rescore.errors import InputError
+    from rescore.pipelines import incremental
+
+    try:
+        state = incremental.state_of(path, dt, required=False)
+    except InputError as e:
+        raise OutputError(str(e)) from None
+    problem = incremental.verify_rows(path, state, counts=incremental.batch_counts(table["batch"]))
+    if problem:
+        raise OutputError(problem)
 
 
 def local_files(path: str, dt) -> list[str] | None:
