@@ -12,7 +12,9 @@ is none (the change is refused, before any work):
 - equal types, and null with anything: that type;
 - bool with an integer: the integer (True is 1); bool with a float: the float;
 - integers: the wider of the two; signed with unsigned: the signed type wider than both
-  (int8 + uint8 -> int16, int32 + uint32 -> int64); int64 + uint64: none;
+  (int8 + uint8 -> int16, int32 + uint32 -> int64); uint64 with a signed integer: int64, each
+  value checked when it is converted (a uint64 beyond int64 fails loudly, never wraps; for ids
+  and rewards the plan checks it from the footers before any work);
 - integer with float: float64, or float32 where every value of the integer fits it exactly
   (8- and 16-bit integers); two floats: the wider. An integer beyond 2**53 widened to float64
   is rounded, as int -> float always is (rewards are scored as float64 anyway);
@@ -23,7 +25,7 @@ is none (the change is refused, before any work):
 - structs: the union of their fields, each widened; timestamps of one time zone: the finer
   unit; date32 + date64: date64; decimals: the precision and scale that hold both;
 - dictionary-encoded columns: as their value type;
-- anything else (int + string, a list + a scalar, uint64 + a signed integer): none.
+- anything else (int + string, a list + a scalar, bool + string): none.
 
 Nothing here imports Beam or deltalake.
 """
@@ -59,8 +61,7 @@ def _widen_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     if sa == sb:
         return a if a.bit_width >= b.bit_width else b
     signed, unsigned = (a, b) if sa else (b, a)
-    bits = max(signed.bit_width, unsigned.bit_width * 2)
-    return _SIGNED.get(bits)  # int64 + uint64: no integer holds both
+    return _SIGNED[min(64, max(signed.bit_width, unsigned.bit_width * 2))]  # uint64: int64, checked
 
 
 def _widen_scalar(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:

@@ -20,6 +20,7 @@ CASES = [
     (pa.int8(), pa.uint8(), pa.int16()),
     (pa.int32(), pa.uint32(), pa.int64()),
     (pa.uint16(), pa.uint32(), pa.uint32()),
+    (pa.uint64(), pa.int8(), pa.int64()),  # values checked when converted
     (L(pa.int32()), L(pa.int64()), L(pa.int64())),
     (L(pa.bool_()), L(pa.int8()), L(pa.int8())),
     (L(pa.int32()), pa.large_list(pa.int64()), pa.large_list(pa.int64())),
@@ -33,7 +34,6 @@ CASES = [
 ]
 REFUSED = [
     (pa.int64(), pa.string()),
-    (pa.uint64(), pa.int64()),
     (L(pa.int64()), pa.int64()),
     (L(pa.int64()), L(pa.string())),
     (pa.bool_(), pa.string()),
@@ -109,3 +109,5 @@ def test_storable_types_hold_every_value_in_delta_types():
     assert cast(pa.array([200], pa.uint8()), storable(pa.uint8())).to_pylist() == [200]
     with pytest.raises(pa.ArrowInvalid):  # checked: a uint64 beyond int64 never wraps
         cast(pa.array([2**64 - 1], pa.uint64()), storable(pa.uint64()))
+    with pytest.raises(pa.ArrowInvalid):
+        cast(pa.array([2**63], pa.uint64()), widen(pa.uint64(), pa.int64()))
