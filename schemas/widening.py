@@ -111,7 +111,7 @@ def widen(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         value = widen(a.value_type, b.value_type)
         if value is None:
             return None
-        field = pa.field(a.value_field.name, value)
+        field = pa.field(a.value_field.name, value, nullable=a.value_field.nullable or b.value_field.nullable)
         return pa.large_list(field) if pat.is_large_list(a) or pat.is_large_list(b) else pa.list_(field)
     if pat.is_struct(a) and pat.is_struct(b):
         fields = {f.name: f for f in a}
@@ -216,9 +216,9 @@ def storable(t: pa.DataType) -> pa.DataType:
     if pat.is_large_binary(t) or pat.is_binary_view(t):
         return pa.binary()
     if _is_list(t):
-        return pa.list_(pa.field(t.value_field.name, storable(t.value_type)))
+        return pa.list_(t.value_field.with_type(storable(t.value_type)))
     if pat.is_struct(t):
-        return pa.struct([pa.field(f.name, storable(f.type)) for f in t])
+        return pa.struct([f.with_type(storable(f.type)) for f in t])
     return t
 
 

@@ -73,6 +73,7 @@ def assert_same(got, want, *, exact_types=True):
 # --- defect 2: the table widens, never narrows --------------------------------------------
 
 
+@pytest.mark.slow
 def test_day_by_day_widens_like_one_shot(tmp_path):
     """Day 1: integer rewards, list<int32> tokens, bool masks. Day 2 (part of a day-1 group, and
     a new batch): float rewards, list<int64> tokens, int8 masks. The table's types widen to
@@ -108,6 +109,16 @@ def test_day_by_day_widens_like_one_shot(tmp_path):
     got = load_scored(table)
     assert got.schema.field("reward").type == pa.float64()
     assert_same(got, load_scored(once3))
+    modes = [_operation(table, v) for v in range(3)]
+    assert modes[1] == ("Overwrite", None), modes  # day 2 widened: every row rewritten in one commit
+    assert modes[2] == ("Overwrite", "batch = 3"), modes  # day 3 widens nothing: only its batch is replaced
+
+
+def _operation(table, version):
+    with open(os.path.join(table, "_delta_log", f"{version:020d}.json")) as f:
+        info = json.loads(f.readline())["commitInfo"]
+    params = info.get("operationParameters", {})
+    return params.get("mode"), params.get("predicate")
 
 
 def test_unsigned_columns_keep_their_values_in_the_table(tmp_path):
@@ -126,6 +137,7 @@ def test_unsigned_columns_keep_their_values_in_the_table(tmp_path):
     assert got["level"].to_pylist() == [200, 255] and got.schema.field("level").type == pa.int16()
 
 
+@pytest.mark.slow
 def test_a_type_that_cannot_widen_is_refused_before_any_work(tmp_path):
     """Task ids int on day 1, strings on day 2: exit 2 before the scoring, one line naming the
     file, the column and the table's type; the table is unchanged and no run's work is left."""
@@ -152,6 +164,7 @@ def test_a_type_that_cannot_widen_is_refused_before_any_work(tmp_path):
 ODD = "ü n#1 100%zz"
 
 
+@pytest.mark.slow
 def test_odd_paths_in_every_door(tmp_path):
     """Spaces, '#', '%' and Unicode in an input file's path, a one-shot output, an incremental
     table, `rescore show`, load_scored and the report; a table path holding a percent escape
@@ -234,6 +247,7 @@ def _one_line_outcomes(table, capsys):
     return rows
 
 
+@pytest.mark.slow
 def test_a_truncated_commit_is_one_line_in_every_subcommand(tmp_path, two_versions):
     inp, table, _ = two_versions
     copy = str(tmp_path / "t")
@@ -253,6 +267,7 @@ def test_a_truncated_commit_is_one_line_in_every_subcommand(tmp_path, two_versio
         load_scored(copy)
 
 
+@pytest.mark.slow
 def test_a_replaced_file_brought_back_is_an_error_not_rows_twice(tmp_path, two_versions, capsys):
     """Version 1 removed the file of batch 0's first scoring; a damaged `remove` action (its
     path no longer names the file) makes delta-rs list that file as live again: batch 0's rows
