@@ -120,14 +120,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", action="store_true", help="list rows per batch")
     try:
         args = parser.parse_args(argv)
+    except NotFinishedOutputError as e:
+        print(f"rescore: error: {e}", file=sys.stderr)
+        return 2
+    try:
         lines = describe(args.path, batches=args.batches)
     except (NotFinishedOutputError, InputError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (whatever a damaged output makes a library raise: one line, exit 1)
         last = [line.strip() for line in str(e).splitlines() if line.strip()]
-        print(f"rescore: error: {args.path if 'args' in locals() else 'show'}: cannot be described "
-              f"({last[0] if last else type(e).__name__})", file=sys.stderr)
+        print(f"rescore: error: {args.path}: cannot be described ({last[0] if last else type(e).__name__})",
+              file=sys.stderr)
         return 1
     try:
         print("\n".join(lines))

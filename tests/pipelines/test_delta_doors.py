@@ -353,3 +353,31 @@ def test_fuzzed_delta_log_gives_a_version_or_one_line(two_versions, tmp_path_fac
 
     check()
     assert seen["error"] > 0
+
+
+def test_a_table_of_an_earlier_rescore_gets_its_row_record(tmp_path, monkeypatch):
+    """A table whose commits record no rows per batch (an earlier Rescore): its rows are
+    counted once at the next commit, which records them with the new batches; readers then
+    check against that record."""
+    from rescore.pipelines import incremental
+    from rescore.pipelines.load import load_scored
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    pq.write_table(day([(0, 0), (0, 1), (1, 0), (1, 1)], reward=pa.float64()), inp / "a.parquet")
+    table = str(tmp_path / "t")
+    real = incremental.State.document
+
+    def without_rows(self):
+        doc = real(self)
+        doc.pop("rows", None)
+        return doc
+
+    monkeypatch.setattr(incremental.State, "document", without_rows)
+    assert main("--input", str(inp), "--output", table, "--incremental") == 0
+    assert incremental.load_state(table).rows is None
+    monkeypatch.undo()
+    pq.write_table(day([(1, 2), (2, 0), (2, 1)], reward=pa.float64(), seed=4), inp / "b.parquet")
+    assert main("--input", str(inp), "--output", table, "--incremental") == 0
+    assert incremental.load_state(table).rows == [[0, 0, 2], [1, 1, 3], [2, 2, 2]]
+    assert load_scored(table).num_rows == 7
