@@ -664,14 +664,14 @@ def commit_schema(have: pa.Schema | None, rows: pa.Schema) -> tuple[pa.Schema, b
     columns (widened where this run's rows are wider) then this run's new ones, each in a type
     Delta stores without loss. A change that cannot widen raises SchemaError (checked before
     the work by check_table_types; here for what the run itself adds)."""
-    from rescore.schemas.widening import Mismatch, storable_schema, widen_schemas
+    from rescore.schemas.widening import storable_schema, widen_schemas
 
     rows = storable_schema(rows)
     if have is None:
         return rows, False
     try:
         target = storable_schema(widen_schemas([("the table", have), ("this run's rows", rows)]))
-    except Mismatch as e:
+    except SchemaError as e:
         raise SchemaError(f"cannot commit to the table: {e}") from None
     target = pa.schema([f.with_nullable(True) for f in target])
     widened = any(target.field(f.name).type != f.type for f in have)

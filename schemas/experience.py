@@ -197,9 +197,9 @@ def unify(paths_and_schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
             f"column 'task' is an integer in {kinds['int']} but a string in {kinds['string']};"
             " use one type for task ids across all input files"
         )
-    from rescore.schemas.widening import Mismatch, widen_schemas
+    from rescore.schemas.widening import widen_schemas
 
     try:
         return widen_schemas(paths_and_schemas)
-    except Mismatch as e:
+    except SchemaError as e:
         raise SchemaError(f"input files have incompatible schemas: {e}") from None

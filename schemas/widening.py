@@ -36,16 +36,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-__all__ = ["widen", "widen_schemas", "cast", "cast_table", "describe", "Mismatch", "storable", "storable_schema"]
+from rescore.errors import SchemaError
+
+__all__ = ["widen", "widen_schemas", "cast", "cast_table", "describe", "storable", "storable_schema"]
 
 _SIGNED = {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}
 _UNSIGNED = {8: pa.uint8(), 16: pa.uint16(), 32: pa.uint32(), 64: pa.uint64()}
 _FLOATS = {16: pa.float16(), 32: pa.float32(), 64: pa.float64()}
 _UNITS = ("s", "ms", "us", "ns")
-
-
-class Mismatch(ValueError):
-    """Two types of one column with no type both widen to (the message names both)."""
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -136,7 +134,7 @@ def describe(t: pa.DataType) -> str:
 def widen_schemas(schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
     """One schema for several: every column of any of them (in order of first appearance,
     nullable where a schema lacks it or any field is nullable), its type widened across them.
-    Raises Mismatch naming the column, the two types and the two sources (the first element of
+    Raises SchemaError naming the column, the two types and the two sources (the first element of
     each pair: a file's path, or a table's description)."""
     fields: dict[str, pa.Field] = {}
     where: dict[str, str] = {}
@@ -152,7 +150,7 @@ def widen_schemas(schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
             have = fields[f.name]
             t = widen(have.type, f.type)
             if t is None:
-                raise Mismatch(
+                raise SchemaError(
                     f"column {f.name!r} is {describe(f.type)} in {source} but {describe(have.type)} in {where[f.name]}, "
                     "and neither widens to the other"
                 )
