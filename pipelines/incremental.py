@@ -42,7 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from rescore.errors import ConflictError, InputError
+from rescore.errors import ConflictError, InputError, SchemaError
 from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
@@ -223,9 +223,14 @@ class State:
     inputs: list[str] = field(default_factory=list)
     files: dict[str, dict] = field(default_factory=dict)
     runs: list[dict] = field(default_factory=list)
+    rows: list[list[int]] | None = None
+    """rows per batch in the table after this commit, as [first batch, last batch, rows] runs
+    (_count_ranges; None: a table of an earlier Rescore)"""
+    latest: bool = False
+    """the state is the latest commit's (no other writer committed after it)"""
 
     def document(self) -> dict:
-        return {
+        doc = {
             "version": STATE_VERSION,
             "config_hash": self.config_hash,
             "strategy": self.strategy,
@@ -233,6 +238,34 @@ class State:
             "files": dict(sorted(self.files.items())),
             "runs": self.runs,
         }
+        if self.rows is not None:
+            doc["rows"] = self.rows
+        return doc
+
+    def total_rows(self) -> int | None:
+        return None if self.rows is None else sum((hi - lo + 1) * n for lo, hi, n in self.rows)
+
+
+def _count_ranges(counts: dict[int, int]) -> list[list[int]]:
+    """{batch: rows} as [first, last, rows] runs of consecutive batches with equal rows."""
+    out: list[list[int]] = []
+    for b in sorted(counts):
+        n = counts[b]
+        if not n:
+            continue
+        if out and out[-1][1] == b - 1 and out[-1][2] == n:
+            out[-1][1] = b
+        else:
+            out.append([b, b, n])
+    return out
+
+
+def batch_counts(column) -> dict[int, int]:
+    """{batch: rows} of a `batch` column (nulls left out: they are never committed)."""
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(column.drop_null()) if len(column) else []
+    return {int(v["values"].as_py()): int(v["counts"].as_py()) for v in counts}
 
 
 def _bad_state(where: str, why: str) -> InputError:
@@ -268,7 +301,26 @@ def parse_state(doc: Any, where: str) -> State:
     inputs = doc.get("inputs", [])
     if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
         raise _bad_state(where, "'inputs' is not a list of patterns")
-    return State(None, doc.get("config_hash"), doc.get("strategy"), inputs, dict(files), list(runs))
+    rows = doc.get("rows")
+    counts: list[list[int]] | None = None
+    if rows is not None:
+        ok = isinstance(rows, list) and all(
+            isinstance(r, list) and len(r) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+            and r[0] <= r[1] and r[2] > 0
+            for r in rows
+        ) and all(a[1] < b[0] for a, b in zip(rows, rows[1:]))
+        if not ok:
+            raise _bad_state(where, "'rows' is not a sorted list of [first batch, last batch, rows]")
+        counts = [list(r) for r in rows]
+    return State(None, doc.get("config_hash"), doc.get("strategy"), inputs, dict(files), list(runs), counts)
+
+
+def open_table(output: str, *, version: int | None = None, storage_options: dict | None = None):
+    """The table's DeltaTable, or InputError (exit 2, one line) where its path or its
+    `_delta_log` cannot be read (pipelines/load.py: open_table)."""
+    from rescore.pipelines import load
+
+    return load.open_table(output, version=version, storage_options=storage_options, error=InputError)
 
 
 def is_table(output: str, storage_options: dict | None = None) -> bool:
@@ -288,9 +340,23 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
         )
     if not is_table(output):
         return State()
-    from deltalake import DeltaTable
+    dt = open_table(output, storage_options=storage_options)
+    state = state_of(output, dt)
+    try:
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        records = actions["num_records"].to_pylist() if "num_records" in actions.column_names else None
+    except Exception:  # noqa: BLE001  (no statistics to check against: the readers count the rows)
+        records = None
+    if records is not None and all(isinstance(n, int) for n in records):
+        problem = verify_rows(output, state, total=sum(records))
+        if problem:
+            raise InputError(problem)
+    return state
 
-    dt = DeltaTable(table_uri(output), storage_options=storage_options)
+
+def state_of(output: str, dt, *, required: bool = True) -> State:
+    """The bookkeeping of the latest Rescore commit up to `dt`'s version (an empty State, when
+    not `required`, for a table Rescore did not write)."""
     version = dt.version()
     for commit in _commits(output, dt):
         text = commit.get(STATE_KEY)
@@ -303,7 +369,10 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
             raise _bad_state(where, f"not JSON: {e}") from None
         state = parse_state(doc, where)
         state.version = version
+        state.latest = commit.get("version", version) == version
         return state
+    if not required:
+        return State(version)
     raise InputError(f"{output} is a Delta table that Rescore did not write (no {STATE_KEY} in its commits); pick another --output")
 
 
@@ -315,16 +384,22 @@ def _commits(output: str, dt) -> Any:
         return
     log_dir = os.path.join(table_uri(output), DELTA_LOG)
     for v in range(dt.version(), -1, -1):
+        name = os.path.join(log_dir, f"{v:020d}.json")
         try:
-            with open(os.path.join(log_dir, f"{v:020d}.json"), encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            with open(name, "rb") as f:
+                lines = f.read().split(b"\n")
         except FileNotFoundError:  # removed after a checkpoint: no commit info left
             return
+        except OSError as e:
+            raise InputError(f"{name}: cannot be read ({e.strerror or e}); the table's _delta_log is damaged") from None
         for line in lines:
+            if not line.strip():
+                continue
             try:
                 action = json.loads(line)
-            except ValueError:
-                continue
+            except ValueError as e:  # delta-rs read past it: never guess what the commit held
+                raise InputError(f"{name}: a line is not JSON ({_first_line(e)}); the table's _delta_log is damaged: "
+                                 "restore it, or rescore into a new --output") from None
             if isinstance(action, dict) and isinstance(action.get("commitInfo"), dict):
                 yield {**action["commitInfo"], "version": v}
                 break
@@ -545,22 +620,118 @@ def _scored_reader(work: str, touched: set[int], schema: pa.Schema):
     return pa.RecordBatchReader.from_batches(schema, batches()), counted
 
 
+# --- column types: the table only widens (schemas/widening.py) -----------------------------
+
+
+def table_schema(output: str, storage_options: dict | None = None) -> pa.Schema | None:
+    """The Arrow schema of the table's latest version (None without a table)."""
+    if not is_table(output, storage_options):
+        return None
+    return pa.schema(open_table(output, storage_options=storage_options).schema().to_arrow())
+
+
+def check_table_types(output: str, paths: list[str] | tuple[str, ...], *, storage_options: dict | None = None) -> None:
+    """Before any work: every column of every input file that the table also holds has a type
+    the table's type widens with (schemas/widening.py); else SchemaError (exit 2) naming the
+    file, the column, its type and the table's. Score columns are the run's own, not checked."""
+    from rescore.schemas.experience import REJECT_REASON, SCORE_COLUMNS
+    from rescore.schemas.widening import describe, widen
+
+    have = table_schema(output, storage_options)
+    if have is None:
+        return
+    own = {*SCORE_COLUMNS, REJECT_REASON}
+    for path in paths:
+        try:
+            schema = storage.open_parquet(path).schema_arrow
+        except Exception:  # noqa: BLE001  (plan_input reports, or skips, a file it cannot read)
+            continue
+        for f in schema:
+            if f.name in own or f.name not in have.names:
+                continue
+            t = have.field(f.name).type
+            if widen(t, f.type) is None:
+                raise SchemaError(
+                    f"{path}: column {f.name!r} is {describe(f.type)}, but the table {output} stores it as {describe(t)}, "
+                    "and neither widens to the other (a column's type may only widen: int -> float, int32 -> int64, "
+                    f"list<int32> -> list<int64>, ...); write it as {describe(t)}, or pass --overwrite to rescore every "
+                    "batch with the new type, or use another --output"
+                )
+
+
+def commit_schema(have: pa.Schema | None, rows: pa.Schema) -> tuple[pa.Schema, bool]:
+    """The schema a commit writes, and whether the table's own columns must widen: the table's
+    columns (widened where this run's rows are wider) then this run's new ones, each in a type
+    Delta stores without loss. A change that cannot widen raises SchemaError (checked before
+    the work by check_table_types; here for what the run itself adds)."""
+    from rescore.schemas.widening import storable_schema, widen_schemas
+
+    rows = storable_schema(rows)
+    if have is None:
+        return rows, False
+    try:
+        target = storable_schema(widen_schemas([("the table", have), ("this run's rows", rows)]))
+    except SchemaError as e:
+        raise SchemaError(f"cannot commit to the table: {e}") from None
+    target = pa.schema([f.with_nullable(True) for f in target])
+    widened = any(target.field(f.name).type != f.type for f in have)
+    return target, widened
+
+
+def _converted(reader: pa.RecordBatchReader, schema: pa.Schema) -> pa.RecordBatchReader:
+    """`reader`'s batches with exactly `schema` (columns widened, missing ones null)."""
+    from rescore.schemas.widening import cast_table
+
+    def batches():
+        for rb in reader:
+            for out in cast_table(pa.Table.from_batches([rb]), schema).to_batches():
+                yield out
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
+
+
+def _kept_rows(output: str, version: int, touched: set[int], schema: pa.Schema,
+               storage_options: dict | None = None) -> pa.RecordBatchReader:
+    """The rows of table version `version` outside the touched batches, converted to `schema`
+    (a commit that widens a column rewrites them with the new type)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+    from rescore.pipelines.load import local_files
+
+    dt = open_table(output, version=version, storage_options=storage_options)
+    have = pa.schema(dt.schema().to_arrow())
+    files = local_files(output, dt)
+    data = pads.dataset(files, schema=have, format="parquet") if files is not None else dt.to_pyarrow_dataset()
+    keep = pa.array(sorted(touched), pa.int64())
+    where = ~pc.field("batch").isin(keep) if touched else None
+    columns = [n for n in schema.names if n in have.names]
+    return _converted(data.scanner(columns=columns, filter=where, batch_size=65536).to_reader(), schema)
+
+
 def commit(output: str, state: State, new_state: State, touched: set[int], data, *, rebuild: bool,
            storage_options: dict | None = None) -> int:
     """Replace the touched batches' rows by `data` and record `new_state`, in one Delta commit
     against the version `state` was read at (never retried). Returns the new table version."""
-    from deltalake import CommitProperties, DeltaTable, write_deltalake
+    from deltalake import CommitProperties, write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError
 
     props = CommitProperties(custom_metadata={STATE_KEY: json.dumps(new_state.document(), separators=(",", ":"))},
                              max_commit_retries=0)
     uri = table_uri(output)
+    have = None if state.version is None or rebuild else pa.schema(
+        open_table(output, version=state.version, storage_options=storage_options).schema().to_arrow())
+    schema, widened = commit_schema(have, data.schema)
+    data = _converted(data, schema)
     try:
         if state.version is None:
             write_deltalake(uri, data, mode="error", commit_properties=props, storage_options=storage_options)
         else:
-            dt = DeltaTable(uri, version=state.version, storage_options=storage_options)
-            if rebuild:
+            dt = open_table(output, version=state.version, storage_options=storage_options)
+            if widened:  # a column widens: every row is rewritten with its new type, in this one commit
+                kept = _kept_rows(output, state.version, touched, schema, storage_options)
+                both = pa.RecordBatchReader.from_batches(schema, (b for r in (kept, data) for b in r))
+                write_deltalake(dt, both, mode="overwrite", schema_mode="overwrite", commit_properties=props)
+            elif rebuild:
                 write_deltalake(dt, data, mode="overwrite", schema_mode="overwrite", commit_properties=props)
             elif not touched:  # files without rows of any batch: only the bookkeeping changes
                 write_deltalake(dt, data, mode="append", schema_mode="merge", commit_properties=props)
@@ -576,7 +747,7 @@ def commit(output: str, state: State, new_state: State, touched: set[int], data,
         if state.version is None and "exist" in str(e).lower():
             raise ConflictError(f"another run created the table {output} while this one ran; this run published nothing: run it again") from None
         raise
-    return DeltaTable(uri, storage_options=storage_options).version()
+    return open_table(output, storage_options=storage_options).version()
 
 
 def _first_line(e: BaseException) -> str:
@@ -610,6 +781,9 @@ def run(cfg) -> dict[str, Any]:
     options = PipelineOptions(cfg.beam_args)
     rs._check_local_device(cfg, options)
     dry_run = options.view_as(TestOptions).dry_run
+    from rescore.pipelines.load import check_table_path
+
+    check_table_path(cfg.output, ConfigError)  # before anything is written there
     if storage.is_local(cfg.output) and os.path.isfile(cfg.output):
         raise ConfigError(f"--output {cfg.output} is a file; incremental output is a directory (a Delta table)")
     if not is_table(cfg.output) and storage.exists(storage.join(cfg.output, SUCCESS)):
@@ -678,6 +852,8 @@ def run(cfg) -> dict[str, Any]:
         schema = None
         plan_fps: dict = {}
         if sources:
+            if not rebuild and state.version is not None:
+                check_table_types(cfg.output, [f.path for f in sources])
             plan = plan_input([f.path for f in sources], needs=scoring.needs, shard_rows=cfg.shard_rows,
                               skip_bad_files=cfg.skip_bad_files)
             for warning in plan.warnings:
@@ -706,13 +882,12 @@ def run(cfg) -> dict[str, Any]:
 
             schema = output_schema(plan.schema)  # used only when no row is left to commit
         else:  # only deleted files, and no other file holds their batches: remove their rows
-            from deltalake import DeltaTable
-
-            schema = pa.schema(DeltaTable(table_uri(cfg.output)).schema().to_arrow())
+            schema = pa.schema(open_table(cfg.output).schema().to_arrow())
 
         fault_injection.maybe_kill_at("before_commit")
         _check_unchanged(plan_fps, files)
         new_state = _next_state(state, chosen, files, name, chash, scoring.name, cfg.inputs, info, rebuild)
+        new_state.rows = _rows_after(cfg.output, state, work, chosen.touched, rebuild)
         data, counted = _scored_reader(work, chosen.touched, schema)
         version = commit(cfg.output, state, new_state, chosen.touched, data, rebuild=rebuild)
         fault_injection.maybe_kill_at("after_commit")
@@ -746,6 +921,53 @@ def _check_unchanged(planned: dict, files: list[InputFile]) -> None:
                 f"{path} changed while the run was reading it (it differs from when the run listed it); "
                 "nothing was committed: rerun once the input is complete"
             )
+
+
+def _rows_after(output: str, state: State, work: str, touched: set[int], rebuild: bool) -> list[list[int]]:
+    """Rows per batch the table holds after this run's commit (recorded in it, and checked by
+    every reader: a damaged `_delta_log` that brings back or loses a file is then an error, not
+    wrong rows): the staged rows of the touched batches and the table's other batches as they
+    were (from the last commit's record, or counted once in a table of an earlier Rescore)."""
+    import pyarrow.compute as pc
+
+    counts: dict[int, int] = {}
+    if not rebuild and state.version is not None:
+        if state.rows is not None:
+            counts = {b: n for lo, hi, n in state.rows for b in range(lo, hi + 1)}
+        else:
+            batch = pa.schema([("batch", pa.int64())])
+            counts = batch_counts(pa.chunked_array([rb.column(0) for rb in _kept_rows(output, state.version, set(), batch)],
+                                                   pa.int64()))
+        counts = {b: n for b, n in counts.items() if b not in touched}
+    keep = pa.array(sorted(touched), pa.int64())
+    for path in storage.list_dir(work, SCORED_FILES):
+        column = storage.open_parquet(path).read(columns=["batch"])["batch"]
+        for b, n in batch_counts(column.filter(pc.is_in(column, value_set=keep))).items():
+            counts[b] = counts.get(b, 0) + n
+    return _count_ranges(counts)
+
+
+def verify_rows(where: str, state: State, counts: dict[int, int] | None = None, total: int | None = None) -> str | None:
+    """Why the table's rows (per batch, or only their total) differ from what its latest Rescore
+    commit recorded; None when they agree, or when there is nothing to check against (a table
+    of an earlier Rescore, or a commit of another writer after Rescore's)."""
+    if state.rows is None or not state.latest:
+        return None
+    if counts is not None:
+        have = _count_ranges(counts)
+        if have != state.rows:
+            recorded = {b: n for lo, hi, n in state.rows for b in range(lo, min(hi, lo + 100_000) + 1)}
+            diff = next(((b, counts.get(b, 0), recorded.get(b, 0)) for b in sorted(set(counts) | set(recorded))
+                         if counts.get(b, 0) != recorded.get(b, 0)), None)
+            detail = f"batch {diff[0]}: {diff[1]:,} rows, recorded {diff[2]:,}" if diff else "rows per batch differ"
+            return (f"{where}: the table's rows differ from its last Rescore commit's record ({detail}); its _delta_log "
+                    "is damaged (a commit edited, or a file brought back or lost): restore it, or rescore into a new "
+                    "--output")
+    if total is not None and total != state.total_rows():
+        return (f"{where}: the table's files hold {total:,} rows, its last Rescore commit recorded {state.total_rows():,}; "
+                "its _delta_log is damaged (a commit edited, or a file brought back or lost): restore it, or rescore "
+                "into a new --output")
+    return None
 
 
 def _next_state(state: State, chosen: Selection, files: list[InputFile], name: str, chash: str, strategy: str,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
 OutputError = NotFinishedOutputError
 """The name users catch (`from rescore.pipelines.load import OutputError`)."""
 
-__all__ = ["load_scored", "OutputError", "kind_of"]
+__all__ = ["load_scored", "OutputError", "kind_of", "open_table", "check_table_path"]
 
 LEGACY_MANIFEST = "_manifest.json"
 
@@ -96,20 +97,93 @@ def load_scored(path: str, *, columns: list[str] | None = None, storage_options:
 
 def _read_table(path: str, columns: list[str] | None, storage_options: dict | None) -> pa.Table:
     import pyarrow.dataset as pads
+
+    dt = open_table(path, storage_options=storage_options, error=OutputError)
+    read = None if columns is None or "batch" in columns else [*columns, "batch"]
+    try:
+        files = local_files(path, dt)
+        if files is None:  # deletion vectors, column mapping, partitions or an object store: delta-rs reads it
+            table = dt.to_pyarrow_dataset().to_table(columns=read or columns)
+        else:
+            schema = pa.schema(dt.schema().to_arrow())
+            if not files:
+                table = schema.empty_table().select(read or columns) if columns else schema.empty_table()
+            else:
+                table = pads.dataset(files, schema=schema, format="parquet").to_table(columns=read or columns)
+    except (OSError, ValueError, pa.ArrowException, RuntimeError) as e:
+        if isinstance(e, OutputError):
+            raise
+        raise OutputError(f"{path}: the Delta table's files cannot be read ({_first_line(e)})") from None
+    _check_rows(path, dt, table)
+    return table.drop_columns(["batch"]) if read else table
+
+
+def _check_rows(path: str, dt, table: pa.Table) -> None:
+    """The rows read are those the table's latest Rescore commit recorded, batch by batch: a
+    `_delta_log` damaged so that a replaced file is live again (or a live one is dropped) is an
+    error, never rows published twice or lost."""
+    from rescore.errors import InputError
+    from rescore.pipelines import incremental
+
+    try:
+        state = incremental.state_of(path, dt, required=False)
+    except InputError as e:
+        raise OutputError(str(e)) from None
+    problem = incremental.verify_rows(path, state, counts=incremental.batch_counts(table["batch"]))
+    if problem:
+        raise OutputError(problem)
+
+
+def local_files(path: str, dt) -> list[str] | None:
+    """The data files of table `dt` (at `path`) as local paths, for pyarrow to read; None where
+    delta-rs must read the table itself (an object store, deletion vectors, column mapping,
+    partitions)."""
+    protocol = dt.protocol()
+    if not _local(path) or protocol.reader_features or dt.metadata().partition_columns:
+        return None
+    # delta-rs gives local files as URL paths: percent-encoded (`my%20table`, `t%231`)
+    return [unquote(u[len("file://"):] if u.startswith("file://") else u) for u in dt.file_uris()]
+
+
+PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def check_table_path(path: str, error: type[Exception] = OutputError) -> None:
+    """Refuse, in one line, a local table path that delta-rs cannot open: one holding a percent
+    escape (`%41`), which delta-rs decodes when it reads the table back (it would write the
+    table, then read `tA`). Spaces, '#', '%' not followed by two hex digits and any other
+    Unicode work. Checked on the absolute and the real path (delta-rs resolves symlinks)."""
+    if not _local(path):
+        return
+    for spelt in {os.path.abspath(path), os.path.realpath(path)}:
+        m = PERCENT_ESCAPE.search(spelt)
+        if m:
+            raise error(
+                f"{path}: a Delta table's path cannot hold a percent escape ({m.group(0)!r} in {spelt}): delta-rs, "
+                "the Delta Lake library, decodes it when it reads the table; pick a path without '%' followed by "
+                "two hex digits"
+            )
+
+
+def open_table(path: str, *, version: int | None = None, storage_options: dict | None = None,
+               error: type[Exception] = OutputError):
+    """delta-rs's DeltaTable of the table at `path`, or `error` with one line: a path delta-rs
+    cannot open (check_table_path), a missing, truncated or malformed `_delta_log` commit, a
+    version that is gone, a checkpoint that cannot be read."""
     from deltalake import DeltaTable
 
+    check_table_path(path, error)
     uri = os.path.abspath(path) if _local(path) else path.rstrip("/")
-    dt = DeltaTable(uri, storage_options=storage_options)
-    protocol = dt.protocol()
-    plain = _local(path) and not protocol.reader_features and not dt.metadata().partition_columns
-    if not plain:  # deletion vectors, column mapping, partitions or an object store: delta-rs reads it
-        return dt.to_pyarrow_dataset().to_table(columns=columns)
-    schema = pa.schema(dt.schema().to_arrow())
-    # delta-rs gives local files as URL paths: percent-encoded (`my%20table`, `t%231`)
-    files = [unquote(u[len("file://"):] if u.startswith("file://") else u) for u in dt.file_uris()]
-    if not files:
-        return schema.empty_table().select(columns) if columns else schema.empty_table()
-    return pads.dataset(files, schema=schema, format="parquet").to_table(columns=columns)
+    try:
+        return DeltaTable(uri, version=version, storage_options=storage_options)
+    except Exception as e:  # noqa: BLE001  (delta-rs raises DeltaError, its subclasses, OSError, ValueError...)
+        raise error(f"{path}: the Delta table cannot be read ({_first_line(e)}); its _delta_log is damaged or "
+                    "incomplete") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def _empty(columns: list[str] | None) -> pa.Table:

@@ -47,10 +47,8 @@ def describe(path: str, *, batches: bool = False) -> list[str]:
     pairs = _batch_rows(ids)
     lines = []
     if kind == "table":
-        from deltalake import DeltaTable
-
         state = incremental.load_state(path)
-        dt = DeltaTable(incremental.table_uri(path))
+        dt = incremental.open_table(path)
         lines += [
             f"{path}: incremental Delta Lake table, version {dt.version()}",
             f"  strategy        {state.strategy}  (config {(state.config_hash or '')[:12]})",
@@ -122,10 +120,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", action="store_true", help="list rows per batch")
     try:
         args = parser.parse_args(argv)
+    except NotFinishedOutputError as e:
+        print(f"rescore: error: {e}", file=sys.stderr)
+        return 2
+    try:
         lines = describe(args.path, batches=args.batches)
     except (NotFinishedOutputError, InputError) as e:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001  (whatever a damaged output makes a library raise: one line, exit 1)
+        last = [line.strip() for line in str(e).splitlines() if line.strip()]
+        print(f"rescore: error: {args.path}: cannot be described ({last[0] if last else type(e).__name__})",
+              file=sys.stderr)
+        return 1
     try:
         print("\n".join(lines))
         sys.stdout.flush()

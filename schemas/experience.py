@@ -194,7 +194,9 @@ def _without(schema: pa.Schema, names: tuple[str, ...]) -> pa.Schema:
 
 def unify(paths_and_schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
     """One schema for all input files: extra columns are kept (null where a file lacks them),
-    integer widths are widened. Raises SchemaError where two files disagree."""
+    and a column's types are widened by the one rule of `schemas/widening.py` (int -> float,
+    int32 -> int64, bool -> int8, list<int32> -> list<int64>, ...). Raises SchemaError, naming
+    the column and the two files, where two files' types cannot be widened to one."""
     kinds = {}
     for path, schema in paths_and_schemas:
         kinds.setdefault(task_kind(schema), path)
@@ -203,11 +205,9 @@ def unify(paths_and_schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
             f"column 'task' is an integer in {kinds['int']} but a string in {kinds['string']};"
             " use one type for task ids across all input files"
         )
+    from rescore.schemas.widening import widen_schemas
+
     try:
-        return pa.unify_schemas([s for _, s in paths_and_schemas], promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        first = paths_and_schemas[0][0]
-        raise SchemaError(
-            f"input files have incompatible schemas (first file {first}): "
-            + str(e).splitlines()[0]
-        ) from None
+        return widen_schemas(paths_and_schemas)
+    except SchemaError as e:
+        raise SchemaError(f"input files have incompatible schemas: {e}") from None

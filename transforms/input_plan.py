@@ -356,17 +356,11 @@ def _decode_slice(pf, unit: ReadUnit, columns: list[str]) -> pa.Table:
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns: missing ones null, narrower types widened."""
-    if table.schema.equals(schema, check_metadata=False):
-        return table
-    arrays = []
-    for field in schema:
-        if field.name in table.column_names:
-            col = table[field.name]
-            arrays.append(col if col.type == field.type else col.cast(field.type))
-        else:
-            arrays.append(pa.nulls(table.num_rows, field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    """`table` with exactly `schema`'s columns: missing ones null, narrower types widened
+    (`schemas/widening.py`: the one rule, the one conversion)."""
+    from rescore.schemas.widening import cast_table
+
+    return cast_table(table, schema)
 
 
 class Prefetch:
