@@ -240,19 +240,17 @@ def test_buffer_door_agrees_when_reward_types_change_between_files(tmp_path):
     assert_same("trinity-sqlite", buffer_door(whole, tmp_path, f"sqlite:///{tmp_path}/buffer.db"), want)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 defect 2, fixed on branch h2")
 def test_incremental_door_agrees_when_reward_types_change_between_days(tmp_path):
     """Day 1 integer rewards, day 2 float rewards (-23.58): the one-shot Parquet door keeps
-    float64 rewards; so must the table fed day by day (today it keeps int64: -23.58 -> -23)."""
+    float64 rewards; so must the table fed day by day (it once kept int64: -23.58 -> -23)."""
     day1, day2, whole = _typed_days()
     want = parquet_door(whole, tmp_path, parts=[day1, day2])
     assert_same("incremental", incremental_door(whole, tmp_path, parts=[day1, day2]), want, types=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28 defect 11, fixed on branch h2")
 def test_parquet_door_agrees_when_mask_types_differ_between_files(tmp_path):
     """A bool `action_mask` in one file and int8 / uint8 in others (all listed as accepted):
-    the same scores and advantages as all-bool files (today: refused, exit 2)."""
+    the same scores and advantages as all-bool files (they were once refused, exit 2)."""
     table = experience(random.Random(5), batches=2, nan=False)
     want = parquet_door(table, tmp_path / "bool")
     third = table.num_rows // 3
