@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -84,8 +85,10 @@ def test_plural_and_process_seconds():
     assert [plural(1, "file"), plural(2, "file"), plural(1_000, "read unit"), plural(1, "batch", "batches")] == [
         "1 file", "2 files", "1,000 read units", "1 batch"]
     assert plural(0, "batch", "batches") == "0 batches"
-    # this test process has been running at least as long as the test session
-    assert process_seconds() > 0.5
+    # counts from when this process first imported rescore, and goes on counting
+    first = process_seconds()
+    time.sleep(0.05)
+    assert 0 < first < process_seconds()
 
 
 @pytest.fixture(scope="module")
@@ -120,24 +123,38 @@ def test_summary_reads_unambiguously_and_counts_start_up(sample_input, tmp_path)
     assert wall >= 1.0  # importing Beam and torch alone takes longer than that
 
 
-def test_progress_counts_units_already_published(tmp_path, caplog):
-    """Finalize moves staged files into the output: a fast write step must not read as 0 done."""
+def test_progress_counts_this_runs_marks_not_an_earlier_runs_files(tmp_path, caplog):
+    """An --overwrite rerun: the finished earlier run's scored files are in the output; the line
+    counts only the marks this run's steps dropped (transforms/files/progress_marks.py)."""
     from rescore.pipelines.progress import Progress
+    from rescore.transforms.files import progress_marks
 
-    caplog.set_level(logging.INFO)  # a non-terminal stream gets the progress line only at INFO
+    caplog.set_level(logging.INFO)  # a non-terminal stream gets the plan line at once only at INFO
 
     out = tmp_path / "out"
-    (out / "_staging").mkdir(parents=True)
-    (out / "_staging" / "scored-00002-of-00004.parquet").write_bytes(b"")
-    (out / "scored-00000-of-00004.parquet").write_bytes(b"")
-    (out / "scored-00001-of-00004-part-000.parquet").write_bytes(b"")
-    (out / "scored-00001-of-00004-part-001.parquet").write_bytes(b"")
+    marks = out / "_staging" / "_progress"
+    marks.mkdir(parents=True)
+    for name in ("scored-00000-of-00004.parquet", "scored-00001-of-00004.parquet", "_SUCCESS"):
+        (out / name).write_bytes(b"")  # the earlier run
+    for name in (progress_marks.read_mark(0, 25), progress_marks.read_mark(2, 20), progress_marks.score_mark(7, 30),
+                 progress_marks.write_mark(2)):
+        (marks / name).write_bytes(b"")
     stream = io.StringIO()
-    with Progress(str(out), 4, 100, 1, stream=stream):
-        pass
+    progress = Progress(str(out), 4, 100, 1, stream=stream, interval=0.05)
+    assert progress.counts() == (2, 30, 100, 1)  # two units read; 30 of the 100 planned rows scored
+    with progress:
+        time.sleep(0.3)
+        for name in (progress_marks.read_mark(1, 25), progress_marks.read_mark(3, 25)):
+            (marks / name).write_bytes(b"")
+        time.sleep(0.3)
     lines = stream.getvalue().splitlines()
     assert lines[0] == "rescore: planned 100 rows in 1 file (4 read units); running"
-    assert lines[-1].startswith("rescore: 100 rows in 1 file: 3/4 read units written (75%)")
+    # read 2/4 (50%), scored 30/100 (30%), written 1/4 (25%): 35%
+    assert lines[1].startswith("rescore: 100 rows in 1 file: read 2/4 units, scored 30/100 rows, written 1/4 units (35%)")
+    # every unit read: 95 rows passed validation, 30 of them scored
+    assert any(line.startswith("rescore: 100 rows in 1 file: read 4/4 units, scored 30/95 rows, written 1/4 units (52%)")
+               for line in lines), lines
+    assert lines[-1].startswith("rescore: 100 rows in 1 file: read 4/4 units, scored 95/95 rows, written 4/4 units (100%)")
 
 
 def test_progress_advances_with_multi_processing(sample_input, tmp_path):
@@ -145,9 +162,10 @@ def test_progress_advances_with_multi_processing(sample_input, tmp_path):
     p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--shard-rows", "16",
              "--direct_running_mode=multi_processing", "--direct_num_workers=2", "--log-level", "INFO", timeout=400)
     assert p.returncode == 0, p.stderr
-    progress = [line for line in p.stderr.splitlines() if "read units written" in line]
+    progress = [line for line in p.stderr.splitlines() if ", written " in line]
     assert len(glob.glob(os.path.join(out, "scored-*.parquet"))) == 4
-    assert progress and progress[-1].split(": ")[2].startswith("4/4 read units written (100%)"), p.stderr
+    assert progress and progress[-1].split(": ")[2].startswith("read 4/4 units, scored "), p.stderr
+    assert "written 4/4 units (100%)" in progress[-1], p.stderr
 
 
 def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
