@@ -5,6 +5,8 @@
     rescore sample --output DIR [--rows N]      # write sample experience to try it on
     rescore report OUTPUT_DIR [--to DIR]        # report.html and charts of a finished run
     rescore show OUTPUT [--batches]             # rows, batches, runs, pending input (pipelines/show.py)
+    rescore strategies [NAME]                   # strategies, or one's parameters and defaults
+    rescore configs                             # the shipped run configs (--config NAME)
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
@@ -403,6 +405,14 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
         from rescore.pipelines import show
 
         return show.main(argv[1:])
+    if argv[:1] in (["strategies"], ["configs"]):
+        from rescore.pipelines import listings
+
+        try:
+            return getattr(listings, argv[0])(argv[1:])
+        except BrokenPipeError:  # `rescore strategies | head`
+            sys.stdout = open(os.devnull, "w")
+            return EXIT_OK
     quiet = "--quiet" in argv
     try:
         doc = run(argv)
