@@ -199,7 +199,10 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
 
         plan, context = plan_with_models(plan, cfg.models, staging_dir(cfg.output))
         models_info = {**{k: v for k, v in vars(cfg.models).items() if v is not None}, "columns": list(computed), "context": context}
+    skipped = {f"skipping {reason}" for _, reason in plan.skipped}
     for warning in plan.warnings:
+        if warning in skipped and not cfg.quiet and cfg.wait and not options.view_as(TestOptions).dry_run:
+            continue  # the summary lists it ("skipped file"): once, not twice in two formats
         log.warning(warning)
     if not cfg.buckets_chosen and _in_process(cfg, options):
         cfg = replace(cfg, buckets=local_buckets(plan.num_rows))

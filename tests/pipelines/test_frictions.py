@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import io
+import json
 import logging
 import os
 import subprocess
@@ -12,6 +13,8 @@ import sys
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -259,16 +262,39 @@ def test_report_deletes_only_the_files_a_report_wrote(forked, sample_input, tmp_
     assert (docs / "report-q3-summary.png").read_text() == "x"
 
 
-def test_report_on_an_incremental_table_says_so(forked, sample_input, tmp_path):
+def test_report_on_an_incremental_table(forked, sample_input, tmp_path):
+    """`rescore report TABLE`: each batch's metrics from the committed run that last scored it;
+    two incremental runs (the second adds batches) report what one one-shot run over the same
+    input reports, batch for batch and in total."""
+    import shutil
+
+    from rescore.pipelines.report import load_metrics
     from rescore.pipelines.rescore import main
 
+    src = tmp_path / "in"
+    src.mkdir()
+    for path in glob.glob(sample_input):
+        shutil.copy(path, src)
     table = str(tmp_path / "inc")
-    assert main(["--input", sample_input, "--output", table, RUNNER, "--quiet", "--strategy", "grpo", "--incremental"]) == 0
+    args = [RUNNER, "--quiet", "--strategy", "grpo"]
+    assert main(["--input", str(src / "*.parquet"), "--output", table, *args, "--incremental"]) == 0
+    first = pq.read_table(sorted(glob.glob(str(src / "*.parquet")))[0])
+    later = first.set_column(first.schema.get_field_index("batch"), "batch", pa.compute.add(first["batch"], 100))
+    pq.write_table(later, src / "later.parquet")
+    assert main(["--input", str(src / "*.parquet"), "--output", table, *args, "--incremental"]) == 0
+    assert main(["--input", str(src / "*.parquet"), "--output", str(tmp_path / "once"), *args]) == 0
+    once = json.load(open(tmp_path / "once" / "metrics.json"))
+    doc = load_metrics(table)
+    assert doc["incremental_runs"] == 2 and doc["table_version"] == 1
+    assert [b["batch"] for b in doc["batches"]] == [b["batch"] for b in once["batches"] if b["batch"] is not None]
+    assert doc["batches"] == [b for b in once["batches"] if b["batch"] is not None]
+    for key in ("rows_read", "rows_written", "rows_rejected", "groups", "groups_filtered"):
+        assert doc["totals"][key] == once["totals"][key], key
+    assert doc["totals"]["group_advantages/reward_mean/mean"] == pytest.approx(once["totals"]["group_advantages/reward_mean/mean"])
     p = _forked(forked, "report", table)
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
-    assert p.returncode == 2 and len(lines) == 1, p.stderr
-    assert lines[0].startswith("rescore: error: ") and "is an incremental table" in lines[0]
-    assert "the report reads one-shot outputs" in lines[0]
+    assert p.returncode == 0, p.stderr
+    page = open(os.path.join(table, "report.html"), encoding="utf-8").read()
+    assert f"{len(doc['batches'])} batches" in page and os.path.getsize(os.path.join(table, "report-reward.png")) > 1000
 
 
 def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
