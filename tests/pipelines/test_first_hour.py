@@ -108,3 +108,115 @@ def test_worker_log_lines_are_dropped_from_what_other_processes_wrote():
                b"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: y\n"
                b"a line of the user's own verifier\n")
     assert _without_worker_logs(spilled) == b"a line of the user's own verifier\n"
+
+
+def test_first_hour_smalls(sample, tmp_path, monkeypatch, capsys):
+    """Item 7 of issue 34, each on its real stderr (run_many: a child process, one stderr each)."""
+    from batched import run_many
+
+    csvs = tmp_path / "csvs"
+    csvs.mkdir()
+    for name in ("a.csv", "b.csv"):
+        (csvs / name).write_text("batch,task\n")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in __import__("glob").glob(sample):
+        os.symlink(path, mixed / os.path.basename(path))
+    (mixed / "bad.parquet").write_text("junk")
+    fresh = tmp_path / "fresh" / "out"
+    runs = run_many(str(tmp_path / "err"), [
+        ["--input", str(csvs), "--output", str(tmp_path / "o1"), RUNNER, "--strategy", "grpo"],
+        ["--input", sample, "--output", str(tmp_path / "o2"), RUNNER, "--strategy", "GRPO"],
+        ["--input", sample, "--output", str(tmp_path / "o3"), RUNNER, "--algorithm", "Multi_Step_GRPO"],
+        ["--input", str(mixed / "*.parquet"), "--output", str(tmp_path / "o4"), RUNNER, "--strategy", "grpo", "--skip-bad-files"],
+        # a pipeline failure (a group over --max-group-rows) into a folder the run created
+        ["--input", sample, "--output", str(fresh), RUNNER, "--strategy", "grpo", "--max-group-rows", "2"],
+        ["strategies", "grpo"],
+        ["strategies", "GRPO"],
+        ["strategies"],
+        ["configs"],
+    ])
+    (code, err) = runs[0]
+    assert code == 2 and err.strip() == (
+        f"rescore: error: no input files match '{csvs}': {csvs} holds 2 other files (.csv: a.csv, b.csv); "
+        "Rescore reads Parquet files (*.parquet), or --input-table / --input-format for SQL buffers and verl dumps")
+    (code, err) = runs[1]
+    assert code == 2 and err.startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?); valid strategies: ")
+    (code, err) = runs[2]
+    assert code == 2 and "unknown algorithm 'Multi_Step_GRPO' (did you mean 'multi_step_grpo'?)" in err, err
+    (code, err) = runs[3]
+    assert code == 0, err
+    assert err.count("bad.parquet") == 1 and "  skipped file     " in err and "WARNING" not in err, err
+    (code, err) = runs[4]
+    assert code == 1 and err.startswith("rescore: error: ") and len(err.strip().splitlines()) == 1, err
+    assert not fresh.exists() and (tmp_path / "fresh").exists()  # no folder holding only the file list
+    (code, err) = runs[5]
+    assert code == 0
+    (code, err) = runs[6]
+    assert code == 2 and err.strip().startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?)")
+
+    # the listings go to stdout: run them in this process
+    from rescore.pipelines.rescore import main
+
+    capsys.readouterr()
+    assert main(["strategies", "grpo"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("grpo (advantage): ")
+    assert "  epsilon: float = 1e-06" in out and "  std_cal_level: group|batch = 'group'" in out
+    assert main(["strategies"]) == 0
+    out = capsys.readouterr().out
+    assert "filter:\n  dynamic_filtering " in out and "\nadvantage:\n" in out and "\n  reward_variance " in out
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out
+    assert "local  " in out.replace("local_multiprocess", "") and "dataflow_gpu" in out
+
+
+def test_shipped_configs_are_found_from_any_directory(sample, tmp_path, monkeypatch):
+    from rescore.errors import ConfigError
+    from rescore.pipelines.config import parse_args, shipped_configs
+
+    monkeypatch.chdir(tmp_path)  # no run_configs/ here
+    assert set(shipped_configs()) >= {"local", "local_multiprocess", "portable", "flink", "dataflow", "dataflow_gpu"}
+    for given in ("local", "local.yaml", "run_configs/local_multiprocess.yaml"):
+        cfg = parse_args(["--config", given, "--input", sample, "--output", "out"])
+        assert cfg.strategies == ["grpo"] or cfg.strategies == ("grpo",), given
+    assert "--direct_running_mode=multi_processing" in " ".join(
+        parse_args(["--config", "local_multiprocess", "--input", sample, "--output", "out"]).beam_args)
+    with pytest.raises(ConfigError, match=r"cannot read config nope.yaml: .*\(shipped configs: dataflow, "):
+        parse_args(["--config", "nope.yaml", "--input", sample, "--output", "out"])
+
+
+def test_dataflow_and_sample_models_without_their_extras(sample, tmp_path, monkeypatch, capsys):
+    """Without the [gcp] extra a Dataflow dry run is one line naming it (exit 2); without
+    [models] `python -m rescore.pipelines.sample_models` is one line naming that."""
+    from rescore.errors import ConfigError
+    from rescore.pipelines import sample_models
+    from rescore.pipelines.config import parse_args
+
+    monkeypatch.setitem(sys.modules, "apache_beam.runners.dataflow.internal.apiclient", None)
+    with pytest.raises(ConfigError, match=r"^--runner DataflowRunner needs the \[gcp\] extra .*pip install 'rescore\[gcp\]'"):
+        parse_args(["--config", "dataflow_gpu", "--project=p", "--temp_location=gs://b/tmp", "--no_auth",
+                    "--dry_run=True", "--input", sample, "--output", "gs://b/out"])
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    assert sample_models.main([str(tmp_path / "models")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rescore: error: the tiny models need the [models] extra") and len(err.splitlines()) == 1
+    assert not (tmp_path / "models").exists()
+
+
+def test_sample_removes_stale_files_and_counts_right(tmp_path, capsys):
+    from rescore.pipelines.sample import main as sample_main
+
+    out = tmp_path / "s"
+    assert sample_main(["--output", str(out), "--files", "3"]) == 0
+    (out / "notes.parquet").write_text("mine")
+    assert sample_main(["--output", str(out), "--files", "1"]) == 0
+    assert sorted(os.listdir(out)) == ["experience-000.parquet", "notes.parquet"]
+    assert capsys.readouterr().err.splitlines()[-1] == f"wrote 512 rows to 1 file in {out}"
+
+
+def test_log_level_has_help():
+    from rescore.pipelines.config import _parser
+
+    text = _parser().format_help()
+    assert "--log-level" in text and "streams the log" in " ".join(text.split())
