@@ -86,7 +86,7 @@ def _rescore_argv(part: str) -> list[str] | None:
 
 
 def _synopsis(argv: list[str]) -> bool:
-    return any(t in ("DIR", "OUTPUT_DIR", "PATH_OR_GLOB", "NAME", "FILE.yaml") for t in argv) or "..." in argv
+    return any(t in ("DIR", "OUTPUT_DIR", "PATH_OR_GLOB", "NAME", "FILE.yaml") or t.startswith("[") for t in argv) or "..." in argv
 
 
 def _explained(part: str) -> bool:
