@@ -72,7 +72,10 @@ def _steps(doc: str) -> list[tuple[str, str]]:
         if current.endswith("\\"):
             current = current[:-1].rstrip()
             continue
-        steps += [("shell", part) for part in _parts(current)]
+        if current.startswith("0 3 * * *"):  # a crontab line: one step (its command runs on another machine)
+            steps.append(("shell", current))
+        else:
+            steps += [("shell", part) for part in _parts(current)]
         current = ""
     return steps
 
