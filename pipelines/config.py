@@ -10,6 +10,7 @@ import argparse
 import difflib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter, KEY or STRATEGY.KEY (JSON value)"
     )
-    p.add_argument("--config", help="YAML run config (see run_configs/)")
+    p.add_argument("--config", help="YAML run config: a file, or the name of a shipped one (`rescore configs` lists them)")
     p.add_argument("--buckets", type=int, help=f"shuffle buckets (default {DEFAULT_BUCKETS}; in-process: one per {LOCAL_BUCKET_ROWS:,} rows, 8 to {DEFAULT_BUCKETS})")
     p.add_argument("--shard-rows", "--shard_rows", type=int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})")
     p.add_argument("--overwrite", action="store_true", default=None, help="replace a finished run in --output")
@@ -223,7 +224,11 @@ def _parser() -> argparse.ArgumentParser:
         help="when another run is writing the same --output, wait up to SECONDS for it (default 0: refuse at once)",
     )
     p.add_argument("--quiet", action="store_true", help="no summary on stderr")
-    p.add_argument("--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-level", "--log_level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="WARNING (default): a failure is one `rescore: error:` line, Rescore's warnings come after a successful run, "
+        "Beam's logs are not shown; INFO streams the log (Beam's and its workers' too) and prints the plan; DEBUG also the traceback",
+    )
     add_model_flags(p)
     return p
 
@@ -236,12 +241,45 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def shipped_configs() -> dict[str, str]:
+    """{name: path} of the run configs that ship with Rescore (the repository's run_configs/,
+    installed as package data): `--config NAME` or `--config run_configs/NAME.yaml` finds them
+    from any directory; `rescore configs` lists them."""
+    import rescore
+
+    found: dict[str, str] = {}
+    for base in [os.path.dirname(rescore.__file__), *rescore.__path__]:
+        directory = os.path.join(base, "run_configs")
+        if os.path.isdir(directory):
+            for name in sorted(os.listdir(directory)):
+                if name.endswith(".yaml"):
+                    found.setdefault(name[: -len(".yaml")], os.path.join(directory, name))
+    return found
+
+
+def _config_path(path: str) -> str:
+    """`path` where it exists; else the shipped config it names (`local`, `local.yaml`,
+    `run_configs/local.yaml`)."""
+    if os.path.exists(path):
+        return path
+    head, name = os.path.split(path)
+    if head in ("", "run_configs", "./run_configs"):
+        shipped = shipped_configs().get(name[: -len(".yaml")] if name.endswith(".yaml") else name)
+        if shipped:
+            return shipped
+    return path
+
+
 def _load_yaml(path: str) -> dict[str, Any]:
+    given, path = path, _config_path(path)
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
     except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        shipped = ", ".join(shipped_configs())
+        raise ConfigError(
+            f"cannot read config {given}: {e.strerror}" + (f" (shipped configs: {shipped}; `rescore configs` lists them)" if shipped else "")
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -481,9 +519,31 @@ def parse_args(argv: list[str]) -> RunConfig:
         flags = [f"--{k.replace('_', '-')}" for k in ("teacher_model", "logprob_model", "reward_model", "reward_fn")
                  if getattr(cfg.models, k)]
         raise ConfigError(f"{' and '.join(flags)} cannot be used with --incremental (the model stage runs only in one-shot runs); drop --incremental to run the model stage (docs/models.md)")
+    _check_runner_extra(cfg.beam_args)
     if cfg.run_name and not cfg.incremental:
         raise ConfigError("--run-name names an --incremental run; pass --incremental or drop --run-name")
     return cfg
+
+
+def _check_runner_extra(beam_args: list[str]) -> None:
+    """The Dataflow runner needs the [gcp] extra where the job is launched (a dry run too):
+    without it, one line naming the extra, before any work (Beam's own ImportError would come
+    from inside the pipeline's run)."""
+    runner = None
+    for i, a in enumerate(beam_args):
+        if a == "--runner" and i + 1 < len(beam_args):
+            runner = beam_args[i + 1]
+        elif a.startswith("--runner="):
+            runner = a.split("=", 1)[1]
+    if runner not in ("DataflowRunner", "dataflow", "Dataflow"):
+        return
+    try:
+        from apache_beam.runners.dataflow.internal import apiclient  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "--runner DataflowRunner needs the [gcp] extra where the job is launched (a --dry_run=True too): "
+            "pip install 'rescore[gcp]' (from the repository: .venv/bin/pip install '.[gcp]')"
+        ) from None
 
 
 def local_buckets(rows: int) -> int:

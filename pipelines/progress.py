@@ -1,88 +1,133 @@
-"""A progress line on stderr while the pipeline runs: read units written so far.
+"""A progress line on stderr while the pipeline runs: the work of THIS run, step by step.
 
-The driver cannot see inside every runner's workers while they run, but every runner writes
-staged files named by read unit, so counting the units in `_staging/scored-*` shows how far the job is, the
-same way locally, on Flink or on Dataflow. On a terminal the line is rewritten in place every
-half second; elsewhere (cron, CI logs), with --log-level INFO or DEBUG, a line is printed every
-15 s when it has changed.
+The driver cannot see inside every runner's workers while they run, but every worker can write
+the run's staging directory: each step drops an empty mark there as it finishes a piece of work
+(transforms/files/progress_marks.py: a read unit read, a shuffle bucket scored, a read unit
+written). Counting the marks shows how far the job is, the same way locally, on Flink or on
+Dataflow, and never counts an earlier run's files (an --overwrite rerun starts at 0 %). The
+percentage is the mean of the three steps' fractions.
+
+On a terminal the line is rewritten in place every half second. Elsewhere (cron, Airflow, CI
+logs) a plain line is printed every RESCORE_PROGRESS_SECONDS seconds (default 15), the first
+after that long, so a quick run or a quick failure prints nothing more. --quiet prints none.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
 
 from rescore.pipelines.wording import plural
-from rescore.transforms.files import storage
-from rescore.transforms.files.layout import SCORED_FILES, staging_dir
+from rescore.transforms.files import progress_marks
+from rescore.transforms.files.layout import staging_dir
+
+INTERVAL_ENV = "RESCORE_PROGRESS_SECONDS"
+DEFAULT_INTERVAL = 15.0
+
+
+def log_interval() -> float:
+    """Seconds between two progress lines where stderr is not a terminal."""
+    try:
+        value = float(os.environ.get(INTERVAL_ENV, "") or DEFAULT_INTERVAL)
+    except ValueError:
+        return DEFAULT_INTERVAL
+    return value if value > 0 else DEFAULT_INTERVAL
 
 
 class Progress:
-    def __init__(self, output: str, units: int, rows: int, files: int, *, stream=None, enabled: bool = True):
-        self._output = output
-        self._staging = staging_dir(output)
+    def __init__(self, output: str, units: int, rows: int, files: int, *, stream=None, enabled: bool = True,
+                 interval: float | None = None):
+        self._marks = progress_marks.progress_dir(staging_dir(output))
         self._units = units
         self._rows = rows
         self._files = files
         self._stream = stream or sys.stderr
         self._tty = hasattr(self._stream, "isatty") and self._stream.isatty()
         self._enabled = enabled
+        self._interval = 0.5 if self._tty else (log_interval() if interval is None else interval)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
         self._last = ""
+        self._printed = 0
+        self._seen = (0, 0, 0)
+        self._valid_rows: int | None = None  # the rows that passed validation, once every unit is read
 
-    def _done(self) -> int:
+    def counts(self) -> tuple[int, int, int, int]:
+        """(units read, rows scored, rows to score, units written) as the marks say."""
         try:
-            # A unit larger than --shard-rows is staged as parts: count units, not files.
-            # Finalize moves staged files into the output directory (cleared of an earlier run
-            # before this one starts): count both, or a fast write step reads as 0 written.
-            staged = storage.list_dir(self._staging, SCORED_FILES) + storage.list_dir(self._output, SCORED_FILES)
-            return len({p.rsplit("/", 1)[-1].split("-of-")[0] for p in staged})
+            read, scored, written = progress_marks.count(self._marks)
         except Exception:  # noqa: BLE001  (a progress line must never break the run)
-            return 0
+            read, scored, written = {}, 0, set()
+        # Until every unit is read, the rows to score are the planned rows; then the valid ones.
+        if len(read) >= self._units:
+            self._valid_rows = sum(read.values())
+        to_score = self._rows if self._valid_rows is None else self._valid_rows
+        now = (min(len(read), self._units), min(scored, to_score), min(len(written), self._units))
+        # Never backwards: publishing removes the marks with the staging directory.
+        self._seen = tuple(max(a, b) for a, b in zip(self._seen, now))
+        return self._seen[0], self._seen[1], to_score, self._seen[2]
 
-    def _line(self) -> str:
-        done = min(self._done(), self._units)
-        pct = 100.0 * done / self._units if self._units else 100.0
+    def _line(self, done: bool = False) -> str:
+        """The line now; `done`: the pipeline finished, every step did all its work."""
+        if done:
+            read = written = self._units
+            scoring = "scored all rows" if self._valid_rows is None else f"scored {self._valid_rows:,}/{plural(self._valid_rows, 'row')}"
+            pct = 100.0
+        else:
+            read, scored, to_score, written = self.counts()
+            units = max(self._units, 1)
+            fractions = (read / units, scored / to_score if to_score else float(read >= self._units), written / units)
+            pct = 100.0 * sum(fractions) / 3 if self._units else 100.0
+            scoring = f"scored {scored:,}/{plural(to_score, 'row')}"
         return (
-            f"rescore: {plural(self._rows, 'row')} in {plural(self._files, 'file')}: {done}/{plural(self._units, 'read unit')} "
-            f"written ({pct:.0f}%), {time.monotonic() - self._started:.0f} s"
+            f"rescore: {plural(self._rows, 'row')} in {plural(self._files, 'file')}: "
+            f"read {read:,}/{plural(self._units, 'unit')}, {scoring}, "
+            f"written {written:,}/{plural(self._units, 'unit')} ({pct:.0f}%), {time.monotonic() - self._started:.0f} s"
         )
 
     def _emit(self, line: str, final: bool = False) -> None:
-        if self._tty:
-            self._stream.write("\r\x1b[K" + line + ("\n" if final else ""))
-        elif line != self._last:
-            self._stream.write(line + "\n")
-        self._stream.flush()
+        try:
+            if self._tty:
+                self._stream.write("\r\x1b[K" + line + ("\n" if final else ""))
+            else:
+                self._stream.write(line + "\n")
+            self._stream.flush()
+        except Exception:  # noqa: BLE001  (a closed pipe must not break the run)
+            pass
         self._last = line
+        self._printed += 1
 
     def _loop(self) -> None:
-        interval = 0.5 if self._tty else 15.0
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self._interval):
             self._emit(self._line())
 
     def __enter__(self) -> "Progress":
-        # In logs (not a terminal) only at --log-level INFO or DEBUG: by default a failure is one line.
-        if self._enabled and (self._tty or logging.getLogger().isEnabledFor(logging.INFO)):
+        if not self._enabled:
+            return self
+        # A terminal, or a log at --log-level INFO/DEBUG, gets the plan at once; a plain log
+        # gets its first line after one interval.
+        if self._tty or logging.getLogger().isEnabledFor(logging.INFO):
             self._emit(
                 f"rescore: planned {plural(self._rows, 'row')} in {plural(self._files, 'file')} "
                 f"({plural(self._units, 'read unit')}); running"
             )
-            self._thread = threading.Thread(target=self._loop, name="rescore-progress", daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._loop, name="rescore-progress", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            if exc[0] is None:
-                # The last units may land between two ticks (on a multi-process runner every unit
-                # is written in the last seconds): end on the count as it stands, not the last tick.
-                self._emit(self._line(), final=True)
-            elif self._tty:
-                self._emit(self._last, final=True)
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if exc[0] is None:
+            # The pipeline finished: every step did all of its work (finalize has removed the
+            # marks with the staging directory). A log that had lines ends on the last one.
+            if self._tty or self._printed:
+                self._emit(self._line(done=True), final=True)
+        elif self._tty and self._last:
+            self._emit(self._last, final=True)

@@ -40,7 +40,9 @@ import numpy as np
 from rescore.errors import ReportError
 from rescore.pipelines.wording import plural
 from rescore.transforms.files import storage
-from rescore.transforms.files.layout import DELTA_LOG, FILTERED_FILES, METRICS, REPORT_HTML, SCORED_FILES, report_chart
+from rescore.transforms.files.layout import (
+    DELTA_LOG, FILTERED_FILES, INCREMENTAL_WORK, METRICS, REPORT_HTML, SCORED_FILES, report_chart,
+)
 from rescore.transforms.rows.metrics import MEAN_KEY, STD_KEY
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects", "difficulty")
@@ -172,13 +174,23 @@ def read_run(output: str) -> RunData:
     """RunData of the Parquet in `output`, reading only the columns the charts use."""
     data = RunData()
     scored = storage.list_dir(output, SCORED_FILES)
+    table = None
     if scored:
         schema = storage.open_parquet(scored[0]).schema_arrow
+    elif storage.exists(storage.join(output, DELTA_LOG)):  # an --incremental table: its current rows
+        from rescore.pipelines.load import load_scored
+
+        table = load_scored(output)
+        schema = table.schema
+    if scored or table is not None:
         extra = [f.name for f in schema if f.name not in KNOWN_COLUMNS and _numeric_scalar(f.type)]
         length_cols = [n for n in ("action_mask", "logprobs", "tokens", "prompt_length") if n in schema.names]
         length_cols = length_cols[:1] if length_cols and length_cols[0] != "tokens" else length_cols
         wanted = ["batch", "task", "reward", "score", "copy_index", *length_cols, *extra, *AUDIT]
-        table = _read(scored, wanted)
+        if table is None:
+            table = _read(scored, wanted)
+        else:
+            table = table.select([n for n in wanted if n in table.column_names])
         if "copy_index" in table.column_names:  # copies repeat their originals: leave them out
             import pyarrow.compute as pc
 
@@ -214,10 +226,65 @@ def load_metrics(output: str) -> dict[str, Any]:
     path = storage.join(output, METRICS)
     if not storage.exists(path):
         if storage.exists(storage.join(output, DELTA_LOG)):
-            raise ReportError(f"{output} is an incremental table (_delta_log): the report reads one-shot outputs "
-                              "(rescore show describes a table)")
+            return incremental_metrics(output)
         raise ReportError(f"{output} holds no metrics.json: not a Rescore output directory")
     return json.loads(storage.read_text(path))
+
+
+def incremental_metrics(output: str) -> dict[str, Any]:
+    """A metrics document for an --incremental table as it stands: every batch's entry from the
+    committed run that last scored it (runs' metrics.json in _rescore/runs/, ordered by the table
+    version each committed), for the batches the table holds now (and those whose last scoring
+    wrote no row); totals summed over them. The run fields (strategy, parameters) are the last
+    committed run's."""
+    from rescore.pipelines.load import load_scored
+
+    committed = []
+    for path, _ in storage.match(storage.join(output, INCREMENTAL_WORK, "runs", "*", METRICS)):
+        try:
+            doc = json.loads(storage.read_text(path))
+        except (OSError, ValueError):
+            continue
+        version = (doc.get("incremental") or {}).get("table_version")
+        if isinstance(version, int) and "batches" in doc:
+            committed.append((version, doc))
+    if not committed:
+        raise ReportError(f"{output} is an incremental table whose runs left no metrics.json in "
+                          f"{INCREMENTAL_WORK}/runs/ (rescore show describes the table)")
+    committed.sort(key=lambda vd: vd[0])
+    current = set(load_scored(output, columns=["batch"])["batch"].to_pylist())
+    latest: dict[Any, dict] = {}
+    for _, doc in committed:
+        for entry in doc["batches"]:
+            if entry.get("batch") is not None:
+                latest[entry["batch"]] = entry
+    batches = [latest[b] for b in sorted(latest) if b in current or not latest[b].get("rows_written")]
+    last = committed[-1][1]
+    return {
+        **last,
+        "output": output,
+        "batches": batches,
+        "totals": _summed(batches),
+        "incremental_runs": len(committed),
+        "table_version": committed[-1][0],
+    }
+
+
+def _summed(entries: list[dict]) -> dict[str, Any]:
+    """Per-batch metrics added up: counts summed (nested ones too); a `.../mean` field is the
+    mean weighted by each batch's groups."""
+    total: dict[str, Any] = {}
+    keys = [k for e in entries for k in e if k != "batch"]
+    for key in dict.fromkeys(keys):
+        values = [e[key] for e in entries if key in e and e[key] is not None]
+        if key.endswith("/mean"):
+            weights = [e.get("groups") or 0 for e in entries if key in e and e[key] is not None]
+            total[key] = (sum(v * w for v, w in zip(values, weights)) / sum(weights)) if sum(weights) else None
+        elif values and all(isinstance(v, dict) for v in values):
+            total[key] = _summed(values)
+        elif values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            total[key] = sum(values)
+    return total
 
 
 def load(output: str) -> tuple[dict[str, Any], np.ndarray]:
@@ -871,7 +938,7 @@ def _own(directory: str, paths) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rescore report", description="Charts and an HTML page for a finished run.")
-    parser.add_argument("output", help="a Rescore output directory (holding metrics.json)")
+    parser.add_argument("output", help="a Rescore output: a one-shot directory (holding metrics.json) or an --incremental table")
     parser.add_argument("--to", help="where to write report.html and the PNGs (default: the output directory)")
     parser.add_argument("--solved-at", "--solved_at", type=float, default=1.0,
                         help="a run solves its task at reward >= this (default 1.0), for the all/none-solved shares")

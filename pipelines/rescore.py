@@ -5,6 +5,8 @@
     rescore sample --output DIR [--rows N]      # write sample experience to try it on
     rescore report OUTPUT_DIR [--to DIR]        # report.html and charts of a finished run
     rescore show OUTPUT [--batches]             # rows, batches, runs, pending input (pipelines/show.py)
+    rescore strategies [NAME]                   # strategies, or one's parameters and defaults
+    rescore configs                             # the shipped run configs (--config NAME)
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
@@ -26,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import replace
@@ -48,7 +51,7 @@ from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
-from rescore.transforms.files import ownership, row_group_slices, storage
+from rescore.transforms.files import ownership, progress_marks, row_group_slices, storage
 from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
 from rescore.transforms.input_plan import InputPlan, plan_input, start_prefetch, stop_prefetch
 from rescore.transforms.unit_threads import resolve_threads
@@ -76,6 +79,7 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
     from rescore.transforms.strategies import DUPLICATE
     from rescore.transforms.write import WriteScored
 
+    progress = progress_marks.progress_dir(staging_dir(cfg.output))  # what pipelines/progress.py counts
     units = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
@@ -84,11 +88,12 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
             plan, cfg.models, staging_dir(cfg.output), device=cfg.device, context=run_info["models"]["context"]
         )
     read = units | "ReadExperiences" >> ReadExperiences(
-        plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads, keep_units=_one_process(p.options)
+        plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads, keep_units=_one_process(p.options),
+        progress=progress,
     )
     scored = read.light | "ScoreGroups" >> ScoreGroups(
         scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator,
-        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
+        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns, progress=progress,
     )
     copies = None  # no duplicate stage: no copy plans
     if scoring.duplicates:
@@ -234,7 +239,10 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
 
         plan, context = plan_with_models(plan, cfg.models, staging_dir(cfg.output))
         models_info = {**{k: v for k, v in vars(cfg.models).items() if v is not None}, "columns": list(computed), "context": context}
+    skipped = {f"skipping {reason}" for _, reason in plan.skipped}
     for warning in plan.warnings:
+        if warning in skipped and not cfg.quiet and cfg.wait and not options.view_as(TestOptions).dry_run:
+            continue  # the summary lists it ("skipped file"): once, not twice in two formats
         log.warning(warning)
     if not cfg.buckets_chosen and _in_process(cfg, options):
         cfg = replace(cfg, buckets=local_buckets(plan.num_rows))
@@ -357,7 +365,9 @@ def _summary(doc: dict[str, Any], seconds: float) -> str:
 class _HeldLogs(logging.Handler):
     """Log records (Rescore's warnings, Beam's ERROR log of a failing step, Python warnings) held
     until the run ends: written to stderr after a success, dropped after a failure, whose one
-    `rescore: error:` line says what went wrong. --log-level DEBUG writes everything as it comes."""
+    `rescore: error:` line says what went wrong. Beam's own records (its workers' logs, which a
+    multi-process run relays to this process) are dropped after a success too: they are about
+    Beam, not the run. --log-level INFO or DEBUG writes everything as it comes."""
 
     def __init__(self):
         super().__init__()
@@ -369,6 +379,8 @@ class _HeldLogs(logging.Handler):
 
     def flush_to(self, stream) -> None:
         for record in self.records:
+            if record.name.split(".")[0] == "apache_beam":
+                continue  # Beam's own records and its workers' (--log-level INFO or DEBUG shows them)
             try:
                 stream.write(self.format(record) + "\n")
             except Exception:  # noqa: BLE001  (a log line must never fail the run)
@@ -444,6 +456,14 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
         from rescore.pipelines import export
 
         return export.main(argv[1:])
+    if argv[:1] in (["strategies"], ["configs"]):
+        from rescore.pipelines import listings
+
+        try:
+            return getattr(listings, argv[0])(argv[1:])
+        except BrokenPipeError:  # `rescore strategies | head`
+            sys.stdout = open(os.devnull, "w")
+            return EXIT_OK
     quiet = "--quiet" in argv
     try:
         doc = run(argv)
@@ -499,7 +519,9 @@ def _main_with_one_line_stderr(argv: list[str]) -> int:
     """main() with file descriptor 2 sent to a temporary file while it runs, and sys.stderr kept
     on the real stderr: what other processes and libraries write there directly (Beam's worker
     processes log their tracebacks to the stderr they inherit) is shown after a success and
-    dropped after a failure, whose one `rescore: error:` line says what went wrong."""
+    dropped after a failure, whose one `rescore: error:` line says what went wrong. Beam's workers
+    (the multi-process runner) write their logs there, tens of lines a run: after a success only
+    what is not a worker's log line is shown (--log-level INFO or DEBUG streams it all)."""
     import tempfile
 
     sys.stderr.flush()
@@ -511,10 +533,36 @@ def _main_with_one_line_stderr(argv: list[str]) -> int:
     sys.stderr.flush()
     if code == EXIT_OK:
         spill.seek(0)
-        extra = spill.read()
+        extra = _without_worker_logs(spill.read())
         if extra:
             os.write(real, extra)
     return code
+
+
+_WORKER_LOG = re.compile(
+    rb"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|[IWEF]\d{4} )\S*|\S+ (?:DEBUG|INFO|WARNING|ERROR):apache_beam|"
+    rb".*apache_beam[./]|.*(?:sdk_worker|worker_pool_main|grpc|absl)\b)"
+)
+
+
+_EXCEPTION_LINE = re.compile(rb"^[\w.]+(?:Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+def _without_worker_logs(text: bytes) -> bytes:
+    """What other processes wrote to stderr, less Beam's worker processes' log lines (Python
+    logging's `LEVEL:name:message`, gRPC's and absl's `I0101 ...`, lines naming Beam's modules)
+    and the tracebacks under them."""
+    kept, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if _WORKER_LOG.match(line):
+            skipping = True
+            continue
+        if skipping and (line[:1] in (b" ", b"\t") or line.startswith((b"Traceback", b"During handling"))
+                         or _EXCEPTION_LINE.match(line)):
+            continue
+        skipping = False
+        kept.append(line)
+    return b"".join(kept)
 
 
 def cli() -> None:

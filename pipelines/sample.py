@@ -11,12 +11,16 @@ Rows are shuffled and spread over several files and row groups, as logged experi
 from __future__ import annotations
 
 import argparse
+import glob
+import re
 import os
 import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from rescore.pipelines.wording import plural
 
 
 def make_experience(
@@ -79,6 +83,11 @@ def write_files(table: pa.Table, directory: str, *, files: int = 2, row_group_ro
         path = os.path.join(directory, f"experience-{i:03d}.parquet")
         pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), path, row_group_size=row_group_rows)
         paths.append(path)
+    # A rerun with fewer --files: the earlier run's extra experience-*.parquet would be read with
+    # these (a glob over the directory matches them); only sample's own names are removed.
+    for stale in sorted(glob.glob(os.path.join(directory, "experience-*.parquet"))):
+        if stale not in paths and re.fullmatch(r"experience-\d{3,}\.parquet", os.path.basename(stale)):
+            os.remove(stale)
     return paths
 
 
@@ -114,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(message, file=sys.stderr)
         return 0
+    if a.files < 1 or a.files > table.num_rows:
+        print(f"rescore: error: --files must be between 1 and the {table.num_rows} rows, got {a.files}", file=sys.stderr)
+        return 2
     paths = write_files(table, a.output, files=a.files, row_group_rows=a.row_group_rows)
-    print(f"wrote {table.num_rows} rows to {len(paths)} files in {a.output}", file=sys.stderr)
+    print(f"wrote {plural(table.num_rows, 'row')} to {plural(len(paths), 'file')} in {a.output}", file=sys.stderr)
     return 0
 
 

@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m rescore.pipelines.sample_models DIR", file=sys.stderr)
         return 2
+    try:
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print(f"rescore: error: the tiny models need the [models] extra ({e.name} is not installed): "
+              "pip install 'rescore[models]' (from the repository: .venv/bin/pip install '.[models]')", file=sys.stderr)
+        return 2
     for name, path in write_tiny_models(argv[0]).items():
         print(f"{name:10s} {path}")
     return 0

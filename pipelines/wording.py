@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import time
-
-_IMPORTED = time.time()
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
@@ -14,18 +11,14 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 
 
 def process_seconds() -> float:
-    """Wall seconds since this process started (the interpreter and its imports included).
+    """Wall seconds since this process began to run Rescore: since the `rescore` package was
+    first imported (the console script's and `python -m rescore`'s first import), so Beam's and
+    torch's imports count and nothing before does.
 
-    Linux: from /proc/self/stat (start time in clock ticks after boot) and /proc/uptime;
-    elsewhere, from when this module was first imported.
+    Not the process's start time (/proc/self/stat): a shell runs the last command of
+    `bash -c 'sleep 10 && rescore ...'` by exec, in its own process, which then started with
+    the sleep (and a pasted quickstart line with the pip install).
     """
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            stat = f.read()
-        # Fields after the command name (which may hold spaces) start at field 3; starttime is 22.
-        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time() - _IMPORTED
+    import rescore
+
+    return max(0.0, time.monotonic() - rescore._STARTED)

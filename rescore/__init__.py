@@ -9,6 +9,11 @@ generic lands in site-packages and nothing in a user's working directory can sha
 """
 
 import os as _os
+import time as _time
+
+_STARTED = _time.monotonic()
+"""When this process began to run Rescore: the first thing `rescore` and `python -m rescore`
+import is this package (the summary's wall time counts from here, rescore.pipelines.wording)."""
 
 __version__ = "0.1.0"
 

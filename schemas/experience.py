@@ -118,6 +118,16 @@ SCORE_FIELDS = (
 )
 
 
+def _columns_hint(name: str, names: list[str]) -> str:
+    """" (the file has 'rewards': should it be named 'reward'?); the file's columns: ...": what the file has instead."""
+    import difflib
+
+    by_lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.7)
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+    return (f" (the file has {by_lower[close[0]]!r}: should it be named {name!r}?)" if close else "") + f"; the file's columns: {shown or '(none)'}"
+
+
 def validate_file_schema(
     path: str, schema: pa.Schema, *, needs: tuple[str, ...] = ()
 ) -> list[str]:
@@ -134,7 +144,7 @@ def validate_file_schema(
     for col in INPUT_COLUMNS:
         if col.name not in names:
             if col.required:
-                raise SchemaError(f"{path}: missing required column {col.name!r}")
+                raise SchemaError(f"{path}: missing required column {col.name!r}{_columns_hint(col.name, names)}")
             continue
         t = schema.field(col.name).type
         if not col.accepts(t):
@@ -145,7 +155,7 @@ def validate_file_schema(
             continue
         if name not in names:
             why = f" ({NEEDED_WHY[name]})" if name in NEEDED_WHY else ""
-            raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs{why}")
+            raise SchemaError(f"{path}: missing column {name!r}, which the chosen strategy needs{why}{_columns_hint(name, names)}")
         col = NEEDED_COLUMNS.get(name) or (_LOGPROB_LIST if name.endswith(("logprobs", "logprobs_original")) else None)
         if col is not None and not col.accepts(schema.field(name).type):
             raise SchemaError(f"{path}: column {name!r} has type {schema.field(name).type}, expected {col.expected}")

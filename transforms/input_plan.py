@@ -156,6 +156,37 @@ def _checked_footer(path: str, needs: tuple[str, ...]):
         return e
 
 
+def _what_is_there(pattern: str) -> str:
+    """What a local pattern that matched nothing found instead: a directory's other files (CSV,
+    JSON, ...), subdirectories, or that the directory is missing."""
+    if "://" in pattern:
+        return ""
+    import glob as globs
+
+    directory = pattern if os.path.isdir(pattern) else os.path.dirname(pattern) or "."
+    if any(c in directory for c in "*?["):
+        return ""
+    if not os.path.isdir(directory):
+        return f" ({directory} does not exist)"
+    entries = sorted(os.listdir(directory))
+    if not entries:
+        return f" ({directory} is empty)"
+    files = [e for e in entries if os.path.isfile(os.path.join(directory, e))]
+    dirs = [e for e in entries if os.path.isdir(os.path.join(directory, e))]
+    parts = []
+    if files:
+        kinds = sorted({os.path.splitext(f)[1] or "(no extension)" for f in files})
+        shown = ", ".join(files[:3]) + (", ..." if len(files) > 3 else "")
+        parts.append(f"{len(files)} other file{'s' if len(files) != 1 else ''} ({', '.join(kinds)}: {shown})")
+    if dirs:
+        nested = [d for d in dirs if globs.glob(os.path.join(directory, d, "**", "*.parquet"), recursive=True)]
+        parts.append(f"{len(dirs)} subdirector{'ies' if len(dirs) != 1 else 'y'}"
+                     + (f", with Parquet in {', '.join(nested[:3])} (try --input '{os.path.join(directory, nested[0], '*.parquet')}')" if nested else ""))
+    what = " and ".join(parts)
+    hint = "; Rescore reads Parquet files (*.parquet), or --input-table / --input-format for SQL buffers and verl dumps"
+    return f": {directory} holds {what}{hint}"
+
+
 def plan_input(
     patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536, skip_bad_files: bool = False
 ) -> InputPlan:
@@ -175,7 +206,7 @@ def plan_input(
                 raise InputError(f"{path}: {kind}, not a Parquet file (matched by {pattern!r})")
             odd[path] = f"{path}: {kind}, not a Parquet file"
         if not found and not strange:
-            raise InputError(f"no input files match {pattern!r}")
+            raise InputError(f"no input files match {pattern!r}{_what_is_there(pattern)}")
         files.extend(p for p, _ in found if p not in odd)
     files = sorted(set(files))
     if not files:

@@ -13,7 +13,7 @@ from apache_beam.metrics import Metrics
 from rescore.errors import InputError  # noqa: F401  (the old name rescore.transforms.read.InputError)
 from rescore.schemas import check_rows
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
-from rescore.transforms.files import unit_cache
+from rescore.transforms.files import progress_marks, unit_cache
 from rescore.transforms.input_plan import (  # noqa: F401  (the plan's names, as before)
     InputPlan,
     ReadUnit,
@@ -34,8 +34,12 @@ from rescore.transforms.unit_threads import Overlap, resolve_threads
 class _ReadLight(beam.DoFn):
     REJECTED = "rejected"
 
-    def __init__(self, plan: InputPlan, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False):
+    def __init__(
+        self, plan: InputPlan, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False,
+        progress: str | None = None,
+    ):
         self._units = plan.units
+        self._progress = progress
         self._task_type = plan.task_type
         self._needs = tuple(needs)
         self._buckets = buckets
@@ -62,6 +66,7 @@ class _ReadLight(beam.DoFn):
             batch = table["batch"].take(pa.array(bad))
             rejected = (unit.index, rejected_records(bad, batch, check.reasons[bad]))
         light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs)
+        progress_marks.mark(self._progress, progress_marks.read_mark(unit.index, table.num_rows - len(bad)))
         return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._buckets, whole_batches=WHOLE_BATCH in self._needs)))
 
     def _outputs(self, result):
@@ -95,8 +100,12 @@ class ReadExperiences(beam.PTransform):
     """Read every unit of the plan and validate its rows -> ReadRows (light rows by bucket,
     rejected rows by unit)."""
 
-    def __init__(self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False):
-        """keep_units: offer each decoded unit to this process's unit cache for the write step.
+    def __init__(
+        self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False,
+        progress: str | None = None,
+    ):
+        """progress: the directory of the run's progress marks (transforms/files/progress_marks.py).
+        keep_units: offer each decoded unit to this process's unit cache for the write step.
         Only where one process runs every step (the in-process runner): elsewhere the write
         step of a unit usually runs in another process, and what a worker kept would never be
         taken, only held."""
@@ -106,6 +115,7 @@ class ReadExperiences(beam.PTransform):
         self._buckets = buckets
         self._threads = threads
         self._keep_units = keep_units
+        self._progress = progress
 
     def expand(self, pbegin) -> ReadRows:
         # Applied to the pipeline, it reads every unit; applied to a PCollection of unit
@@ -115,6 +125,6 @@ class ReadExperiences(beam.PTransform):
         else:
             units = pbegin
         read = units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._needs, self._buckets, self._threads, self._keep_units)
+            _ReadLight(self._plan, self._needs, self._buckets, self._threads, self._keep_units, self._progress)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
         return ReadRows(read.light, unit_tables(read.rejected))

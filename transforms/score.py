@@ -19,6 +19,7 @@ from rescore.transforms import fault_injection
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms import device as devices
 from rescore.transforms.device import to_device
+from rescore.transforms.files import progress_marks
 from rescore.transforms.rows.audit import AUDIT_FIELDS, audit_values, filter_reasons
 from rescore.transforms.rows.copies import copy_groups
 from rescore.transforms.rows.groups import batch_stats_per_row, duplicate_records, prepare_bucket, to_grouped_rows
@@ -82,8 +83,12 @@ class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
     COPY_GROUPS = "copy_groups"
 
-    def __init__(self, plan: StrategyChain, device: str = "auto", keep_filtered: bool = False, audit_columns: bool = False):
+    def __init__(
+        self, plan: StrategyChain, device: str = "auto", keep_filtered: bool = False, audit_columns: bool = False,
+        progress: str | None = None,
+    ):
         self._plan = plan
+        self._progress = progress
         self._device_choice = device
         self._keep_filtered = keep_filtered
         self._audit_columns = audit_columns
@@ -94,10 +99,12 @@ class _ScoreBucket(beam.DoFn):
 
     def process(self, element, batch_stats=None):
         fault_injection.maybe_fail_once("ScoreGroups")
-        _, light, dups = element
+        bucket, light, dups = element
+        done = progress_marks.score_mark(bucket, light.num_rows + (0 if dups is None else dups.num_rows))
         if dups is not None:
             yield from duplicate_records(dups)
         if not light.num_rows:
+            progress_marks.mark(self._progress, done)
             return
         rows = to_grouped_rows(light, self._device)
         per_row_stats = None
@@ -106,6 +113,7 @@ class _ScoreBucket(beam.DoFn):
         with torch.no_grad():
             scores = self._plan.score(rows, per_row_stats)
         self._groups.inc(rows.num_groups)
+        progress_marks.mark(self._progress, done)
 
         keep = scores.keep.cpu().numpy()
         yield from scored_outcomes(
@@ -155,9 +163,11 @@ class ScoreGroups(beam.PTransform):
 
     def __init__(
         self, plan: StrategyChain, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None,
-        keep_filtered: bool = False, audit_columns: bool = False,
+        keep_filtered: bool = False, audit_columns: bool = False, progress: str | None = None,
     ):
+        """progress: the directory of the run's progress marks (transforms/files/progress_marks.py)."""
         super().__init__()
+        self._progress = progress
         self._keep_filtered = keep_filtered
         self._audit_columns = audit_columns
         self._plan = plan
@@ -176,7 +186,7 @@ class ScoreGroups(beam.PTransform):
                 | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
             )
             side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
-        score = beam.ParDo(_ScoreBucket(self._plan, self._device, self._keep_filtered, self._audit_columns), **side).with_outputs(
+        score = beam.ParDo(_ScoreBucket(self._plan, self._device, self._keep_filtered, self._audit_columns, self._progress), **side).with_outputs(
             _ScoreBucket.METRICS, _ScoreBucket.COPY_GROUPS, main="outcomes"
         )
         if self._hints:

@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.copies import CopyPlans
-from rescore.transforms.files import storage
+from rescore.transforms.files import progress_marks, storage
 from rescore.transforms.files.layout import filtered_file, rejected_file, scored_file, staging_dir
 from rescore.transforms.input_plan import InputPlan, conform, read_unit
 from rescore.transforms.rows.output_rows import (
@@ -126,6 +126,7 @@ class _WriteUnit(beam.DoFn):
         if rejected is not None:
             files.append(self._name(rejected_file, unit_index))
             parquet_out.write_table(rejected, files[-1])
+        progress_marks.mark(progress_marks.progress_dir(self._staging), progress_marks.write_mark(unit_index))
         return unit_index, files, scored.num_rows, unit_metrics(rec, copied_batch)
 
 

@@ -91,7 +91,7 @@ def test_missing_column_names_file_and_column(tmp_path):
     pq.write_table(pa.table({"batch": [0], "task": [1], "run": [0]}), d / "norew.parquet")
     code, _, err = cli("--input", str(d / "*.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo")
     assert code == 2
-    assert err.strip() == f"rescore: error: {d / 'norew.parquet'}: missing required column 'reward'"
+    assert err.strip() == f"rescore: error: {d / 'norew.parquet'}: missing required column 'reward'; the file's columns: batch, task, run"
 
 
 def test_wrong_type_and_missing_logprobs(tmp_path):

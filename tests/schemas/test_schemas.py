@@ -19,8 +19,13 @@ BASE = pa.schema([("batch", pa.int64()), ("task", pa.int64()), ("run", pa.int64(
 
 
 def test_missing_required_column_names_file_and_column():
-    with pytest.raises(SchemaError, match=r"^a\.parquet: missing required column 'reward'$"):
+    with pytest.raises(SchemaError, match=r"^a\.parquet: missing required column 'reward'; the file's columns: batch, task, run$"):
         validate_file_schema("a.parquet", BASE.remove(3))
+    # a near miss is named: `rewards` for `reward`
+    renamed = BASE.remove(3).append(pa.field("rewards", pa.float64()))
+    with pytest.raises(SchemaError, match=r"^a\.parquet: missing required column 'reward' \(the file has 'rewards': should it "
+                       r"be named 'reward'\?\); the file's columns: batch, task, run, rewards$"):
+        validate_file_schema("a.parquet", renamed)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -68,6 +69,7 @@ class OutputLock:
             os.close(self.fd)
             self.fd = None
         if self.created_dir:  # a run that created the directory and published nothing leaves no trace
+            _remove_if_unpublished(self.created_dir)
             try:
                 os.rmdir(self.created_dir)
             except OSError:
@@ -96,6 +98,30 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _remove_if_unpublished(directory: str) -> None:
+    """In a directory this run created: when it holds nothing but Rescore's empty file list, the
+    failed run's staging and an incremental run's work (no file published), remove those, so
+    the directory itself goes (a failed run leaves no folder holding only the ledger)."""
+    from rescore.transforms.files.layout import INCREMENTAL_WORK, LEDGER, STAGING
+
+    try:
+        names = set(os.listdir(directory))
+        if not names or not names <= {LEDGER, STAGING, INCREMENTAL_WORK}:
+            return
+        if LEDGER in names:
+            with open(os.path.join(directory, LEDGER), encoding="utf-8") as f:
+                if json.load(f).get("files") != []:
+                    return
+        for name in names:
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 @dataclass

@@ -7,7 +7,6 @@ computed from logged experience; they fail with a message saying what would be n
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +72,9 @@ def preset(name: str) -> Preset:
     if name in UNSUPPORTED:
         raise ConfigError(f"algorithm {name!r} cannot be rescored offline: {UNSUPPORTED[name]}")
     if name not in PRESETS:
-        hint = difflib.get_close_matches(name, [*PRESETS, *UNSUPPORTED], n=1)
-        did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+        from rescore.transforms.strategies.registry import close_match
+
+        hint = close_match(name, [*PRESETS, *UNSUPPORTED])
+        did_you_mean = f" (did you mean {hint!r}?)" if hint else ""
         raise ConfigError(f"unknown algorithm {name!r}{did_you_mean}; valid algorithms: {', '.join(names())}")
     return PRESETS[name]

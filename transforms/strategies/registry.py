@@ -157,10 +157,20 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def close_match(name: str, choices) -> str | None:
+    """The choice `name` most likely meant: the same but for case (`GRPO`), else the closest by
+    difflib, also ignoring case; None when nothing is close."""
+    by_lower = {c.lower(): c for c in choices}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    hint = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return by_lower[hint[0]] if hint else None
+
+
 def spec(name: str) -> StrategySpec:
     if name not in _REGISTRY:
-        hint = difflib.get_close_matches(name, names(), n=1)
-        did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+        hint = close_match(name, names())
+        did_you_mean = f" (did you mean {hint!r}?)" if hint else ""
         raise ConfigError(f"unknown strategy {name!r}{did_you_mean}; valid strategies: {', '.join(names())}")
     return _REGISTRY[name]
 
@@ -172,7 +182,9 @@ def resolve(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any
     unknown = sorted(set(params) - set(s.defaults))
     if unknown:
         valid = ", ".join(sorted(s.defaults)) or "(none)"
-        raise ConfigError(f"unknown parameter {unknown[0]!r} for strategy {name!r}; valid parameters: {valid}")
+        hint = close_match(unknown[0], s.defaults)
+        did_you_mean = f" (did you mean {hint!r}?)" if hint else ""
+        raise ConfigError(f"unknown parameter {unknown[0]!r} for strategy {name!r}{did_you_mean}; valid parameters: {valid}")
     hints = _hints(s.params)
     values = {}
     for f in parameter_fields(s.params):
