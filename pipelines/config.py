@@ -336,10 +336,13 @@ def _with_default_runner(args: list[str]) -> list[str]:
 
 
 def _with_worker_log_level(args: list[str], level: str) -> list[str]:
-    """SDK workers (multi-process, portable) log at INFO by default; follow --log-level."""
+    """SDK workers (multi-process, portable) log at INFO by default; follow --log-level.
+
+    Written as Java's level name (`WARN`, which Python's logging also knows): a Java job server
+    (Flink's, Spark's) parses the pipeline options into its own enum and rejects `WARNING`."""
     if any(a.startswith("--default_sdk_harness_log_level") for a in args):
         return args
-    return [*args, f"--default_sdk_harness_log_level={level}"]
+    return [*args, f"--default_sdk_harness_log_level={'WARN' if level == 'WARNING' else level}"]
 
 
 def _names(value: Any, where: str) -> list[str]:
