@@ -230,6 +230,23 @@ class Cluster:
             "--environment_config=" + json.dumps({"command": self.sdk_worker}, separators=(",", ":")),
         ]
 
+    def start_taskmanager(self) -> int:
+        """Start one more TaskManager (as `up` starts each); returns its pid."""
+        n = len(self.pids("taskmanager"))
+        pid = _spawn(self.state["taskmanager_command"], self.workdir / "log" / f"taskmanager-{n}.log",
+                     dict(os.environ, **self.state["env"]))
+        self.state["processes"].append({"role": "taskmanager", "pid": pid})
+        (self.workdir / "cluster.json").write_text(json.dumps(self.state, indent=1))
+        return pid
+
+    def wait_for_taskmanagers(self, n: int, timeout: float = 120.0) -> None:
+        deadline = time.time() + timeout
+        while self.running_taskmanagers() < n:
+            if time.time() > deadline:
+                raise RuntimeError(f"fewer than {n} TaskManagers registered in {timeout:.0f} s; logs in "
+                                   f"{self.workdir / 'log'}")
+            time.sleep(0.5)
+
     def get(self, path: str):
         with urllib.request.urlopen(self.rest + path, timeout=10) as r:
             return json.loads(r.read())
@@ -318,21 +335,18 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
          "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint",
          "--configDir", str(conf), *jm_dyn], workdir / "log" / "jobmanager.log", env)})
     tm_jvm, tm_dyn = _bash_java_utils(home, conf, "GET_TM_RESOURCE_PARAMS")
-    for i in range(taskmanagers):
-        processes.append({"role": "taskmanager", "pid": _spawn(
-            ["java", *tm_jvm, *jvm_common, "-cp", cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
-             "--configDir", str(conf), *tm_dyn], workdir / "log" / f"taskmanager-{i}.log", env)})
-    state = {"rest_port": rest, "slots_total": slots * taskmanagers,
-             "taskmanagers": taskmanagers, "processes": processes}
+    tm_cmd = ["java", *tm_jvm, *jvm_common, "-cp", cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
+              "--configDir", str(conf), *tm_dyn]
+    state = {"rest_port": rest, "slots_total": slots * taskmanagers, "taskmanagers": taskmanagers,
+             "processes": processes, "taskmanager_command": tm_cmd, "env": {"FLINK_CONF_DIR": str(conf)}}
     cluster = Cluster(workdir, state)
-    (workdir / "cluster.json").write_text(json.dumps(state, indent=1))
-    deadline = time.time() + timeout
-    while cluster.running_taskmanagers() < taskmanagers:
-        dead = [p for p in processes if not _alive(p["pid"])]
-        if dead or time.time() > deadline:
-            cluster.stop()
-            raise RuntimeError(f"the Flink cluster did not start (dead: {dead}); logs in {workdir / 'log'}")
-        time.sleep(0.5)
+    for _ in range(taskmanagers):
+        cluster.start_taskmanager()
+    try:
+        cluster.wait_for_taskmanagers(taskmanagers, timeout)
+    except BaseException:
+        cluster.stop()
+        raise
     return cluster
 
 

@@ -56,7 +56,7 @@ def test_run_config_specifics():
     f = flink.view_as(FlinkRunnerOptions)
     assert flink.view_as(StandardOptions).runner == "FlinkRunner"
     assert f.flink_master.endswith(":8081") and f.flink_version in FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS
-    assert f.parallelism > 0 and f.flink_submit_uber_jar
+    assert f.parallelism > 0 and not f.flink_submit_uber_jar  # the assembled job server is no uber jar
     p = flink.view_as(PortableOptions)
     assert p.environment_type == "DOCKER" and p.environment_config.endswith("rescore/worker:0.1.0")
     for name in ("dataflow.yaml", "dataflow_gpu.yaml"):
