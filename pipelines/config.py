@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -292,7 +293,38 @@ def _option_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
+def _runner_name(args: list[str]) -> str | None:
+    runner = None
+    for i, a in enumerate(args):
+        if a == "--runner" and i + 1 < len(args):
+            runner = args[i + 1]
+        elif a.startswith("--runner="):
+            runner = a.split("=", 1)[1]
+    return runner
+
+
+def _import_runner_options(args: list[str]) -> str | None:
+    """Import the module of the named runner, so the options it defines (DaskRunner's
+    `--dask_client_address`, a custom runner's) are Beam options like the ones Rescore imports
+    itself. Returns why the module could not be imported, or None."""
+    runner = _runner_name(args)
+    if not runner:
+        return None
+    from apache_beam.runners import runner as beam_runner
+
+    known = {**beam_runner._RUNNER_MAP, "daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+    path = known.get(runner.lower(), known.get(runner.lower() + "runner", runner))
+    if "." not in path:
+        return None
+    try:
+        importlib.import_module(path.rsplit(".", 1)[0])
+    except Exception as e:  # a missing extra (dask, ...): the option stays unknown, and we say why
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
 def _check_beam_args(args: list[str]) -> None:
+    why_not = _import_runner_options(args)
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)  # the same parser Beam builds in get_all_options
@@ -310,8 +342,9 @@ def _check_beam_args(args: list[str]) -> None:
         ]
         hint = difflib.get_close_matches(flag, known, n=1)
         did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
+        runner_note = f" (runner {_runner_name(args)}'s module did not import: {why_not})" if why_not else ""
         raise ConfigError(
-            f"unknown option {flag!r}{did_you_mean}: not a Rescore flag nor a Beam pipeline option"
+            f"unknown option {flag!r}{did_you_mean}: not a Rescore flag nor a Beam pipeline option{runner_note}"
         )
 
 

@@ -29,6 +29,7 @@ NOT_RUN = {
     "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/pipelines/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line; its rescore command is checked below",
+    "python run_configs/flink_local.py": "starts a local Flink cluster (Java and Maven, minutes); tests/pipelines/test_flink_cluster.py runs it",
     "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
 }
 REMOTE = ("DataflowRunner", "FlinkRunner", "dataflow.yaml", "dataflow_gpu.yaml", "flink.yaml", "gs://", "s3://",

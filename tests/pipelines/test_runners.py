@@ -36,7 +36,7 @@ def options_of(name, *extra):
     return cfg, PipelineOptions(cfg.beam_args)
 
 
-@pytest.mark.parametrize("name", sorted(os.listdir(CONFIGS)))
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
 def test_every_run_config_parses_into_pipeline_options(name):
     cfg, options = options_of(name)
     assert options.view_as(StandardOptions).runner
@@ -194,3 +194,25 @@ def test_airflow_example_uses_real_cli_options():
     cfg = parse_args([*argv, "--runner=DataflowRunner"])
     assert cfg.incremental and cfg.strategies == ["reward_variance", "grpo", "duplicate_informative"]
     assert cfg.max_reject_fraction == 0.2
+
+
+def test_options_of_runner_modules_rescore_does_not_import_pass_through():
+    """`--runner=some.module.Runner --its_option=...`: the runner's module is imported so its own
+    options are Beam options; a runner whose module cannot import says why, in one line."""
+    from rescore.errors import ConfigError
+
+    cfg = parse_args(["--input", "in", "--output", "out", "--strategy", "grpo",
+                      "--runner=custom_runner_for_options.CustomRunner", "--custom_cluster_address=host:1"])
+    assert PipelineOptions(cfg.beam_args).get_all_options()["custom_cluster_address"] == "host:1"
+    with pytest.raises(ConfigError, match="not a Rescore flag nor a Beam pipeline option$"):
+        parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--custom_cluster_adress=h"])
+    try:
+        import dask  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"runner DaskRunner's module did not import: .*No module named 'dask'"):
+            parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--runner=DaskRunner",
+                        "--dask_client_address=localhost:8786"])
+    else:
+        cfg = parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--runner=DaskRunner",
+                          "--dask_client_address=localhost:8786"])
+        assert PipelineOptions(cfg.beam_args).get_all_options()["dask_client_address"] == "localhost:8786"
