@@ -11,6 +11,7 @@ import difflib
 import importlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -365,7 +366,28 @@ def _with_default_runner(args: list[str]) -> list[str]:
     if runner in ("DirectRunner", "SwitchingDirectRunner"):
         log.info("running %s as the in-process FnApiRunner (no Prism download)", runner)
         return [*args, f"--runner={DEFAULT_RUNNER}"]
+    if runner in ("PrismRunner", "Prism") and not any(a.startswith("--prism_location") for a in args):
+        return [*args, f"--prism_location={prism_binary()}"]
     return args
+
+
+def prism_binary() -> str:
+    """The Prism binary `--runner PrismRunner` uses when no --prism_location is given:
+    $RESCORE_PRISM, or the one `go install` built into ~/.cache/rescore/prism/ for this Beam.
+
+    Beam would download a release zip from GitHub at run time (and can hang where that host is
+    unreachable); Rescore refuses instead, saying how to build the binary."""
+    import apache_beam
+
+    path = os.environ.get("RESCORE_PRISM") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rescore", "prism", f"bin-{apache_beam.__version__}", "prism")
+    if not os.access(path, os.X_OK):
+        raise ConfigError(
+            f"--runner PrismRunner needs Beam's Prism binary at {path}: build it with "
+            f"`GOBIN={os.path.dirname(path)} go install github.com/apache/beam/sdks/v2/go/cmd/prism@v{apache_beam.__version__}`"
+            " or pass --prism_location=PATH"
+        )
+    return path
 
 
 def _with_worker_log_level(args: list[str], level: str) -> list[str]:
