@@ -294,6 +294,22 @@ def _option_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
+def _check_paths_reach_workers(args: list[str], inputs: list[str], output: str, input_table) -> None:
+    """Dataflow's workers are other machines with no mount of the launcher's disk: a local
+    input or output would be read or published there (or fail half-way); refuse it up front.
+    (Flink and Spark workers may share a mount, which Rescore cannot tell: docs/runners.md.)"""
+    if (_runner_name(args) or "").lower() not in ("dataflowrunner", "dataflow"):
+        return
+    if any(a in ("--dry_run=True", "--dry_run=true") for a in args):
+        return  # the job graph is built, nothing runs
+    paths = [("--output", output)] + ([] if input_table else [("--input", i) for i in inputs])
+    for flag, path in paths:
+        if "://" not in path:
+            raise ConfigError(
+                f"{flag} {path!r} is a local path, which DataflowRunner's workers cannot reach: use gs://BUCKET/..."
+            )
+
+
 def _runner_name(args: list[str]) -> str | None:
     runner = None
     for i, a in enumerate(args):
@@ -497,6 +513,7 @@ def parse_args(argv: list[str]) -> RunConfig:
 
     beam_args = _option_flags(config.get("pipeline_options") or {}) + rest
     _check_beam_args(beam_args)
+    _check_paths_reach_workers(beam_args, [str(i) for i in inputs], str(output), input_table)
     cfg = RunConfig(
         inputs=[str(i) for i in inputs],
         output=str(output),

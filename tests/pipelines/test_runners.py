@@ -32,7 +32,7 @@ def config(name):
 
 
 def options_of(name, *extra):
-    cfg = parse_args(["--config", config(name), "--input", "in", "--output", "out", *extra])
+    cfg = parse_args(["--config", config(name), "--input", "gs://b/in/*.parquet", "--output", "gs://b/out", *extra])
     return cfg, PipelineOptions(cfg.beam_args)
 
 
@@ -216,3 +216,17 @@ def test_options_of_runner_modules_rescore_does_not_import_pass_through():
         cfg = parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--runner=DaskRunner",
                           "--dask_client_address=localhost:8786"])
         assert PipelineOptions(cfg.beam_args).get_all_options()["dask_client_address"] == "localhost:8786"
+
+
+def test_dataflow_refuses_local_paths_its_workers_cannot_reach():
+    from rescore.errors import ConfigError
+
+    base = ["--strategy", "grpo", "--runner=DataflowRunner", "--project=p", "--region=us-central1",
+            "--temp_location=gs://b/tmp"]
+    with pytest.raises(ConfigError, match=r"--output 'out/' is a local path, which DataflowRunner's workers cannot reach"):
+        parse_args(["--input", "gs://b/in/*.parquet", "--output", "out/", *base])
+    with pytest.raises(ConfigError, match=r"--input 'data/\*.parquet' is a local path"):
+        parse_args(["--input", "data/*.parquet", "--output", "gs://b/out", *base])
+    assert parse_args(["--input", "gs://b/in/*.parquet", "--output", "gs://b/out", *base]).output == "gs://b/out"
+    # a dry run builds the graph only (docs/runners.md checks a graph from local sample data)
+    assert parse_args(["--input", "data/*.parquet", "--output", "gs://b/out", *base, "--dry_run=True"])
