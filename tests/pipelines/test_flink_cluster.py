@@ -137,6 +137,7 @@ def test_taskmanager_killed_mid_run_leaves_correct_output_or_no_success(flink, e
         flink.wait_for_taskmanagers(2)
     assert killed, "the run ended before a TaskManager could be killed:\n" + output
     success = os.path.exists(os.path.join(out, "_SUCCESS"))
+    print(f"TaskManager {victim} killed; rescore exit {proc.returncode}, _SUCCESS {success}")  # shown by -rP
     if proc.returncode == 0:
         assert success and _files(out) == expected, output
     else:
