@@ -29,6 +29,7 @@ NOT_RUN = {
     "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/pipelines/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line; its rescore command is checked below",
+    "GOBIN=": "builds Prism with go (minutes); tests/pipelines/test_prism_runner.py builds and runs it",
     "python run_configs/flink_local.py": "starts a local Flink cluster (Java and Maven, minutes); tests/pipelines/test_flink_cluster.py runs it",
     "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
 }
@@ -174,6 +175,16 @@ def test_doc_command(doc, command, scratch, capsys):
         assert main(argv) == 0, capsys.readouterr().err
         assert "job graph" in capsys.readouterr().err
         return
+    if "PrismRunner" in argv:  # runs where the Prism binary is built, else parses with a stand-in
+        from rescore.errors import ConfigError
+        from rescore.pipelines.config import prism_binary
+
+        try:
+            prism_binary()
+        except ConfigError:
+            cfg = parse_args([*argv, "--prism_location=/nonexistent/prism"])
+            PipelineOptions(cfg.beam_args).get_all_options()
+            return
     if any(r in command for r in REMOTE):
         cfg = parse_args(argv)
         PipelineOptions(cfg.beam_args).get_all_options()  # Beam knows every option
@@ -239,7 +250,7 @@ def test_readme_python_one_liners(scratch):
         assert proc.returncode == 0, proc.stderr
 
 
-COMMAND_STARTS = ("rescore ", ".venv/bin/", "python", "pip ", "gcloud ", "docker ", "PATH=", "0 3 * * *", "cd ")
+COMMAND_STARTS = ("rescore ", ".venv/bin/", "python", "pip ", "gcloud ", "docker ", "PATH=", "GOBIN=", "0 3 * * *", "cd ")
 
 
 def test_every_shell_command_is_run_checked_or_explained():
