@@ -582,6 +582,12 @@ def cli() -> None:
         code = main(argv, from_process=True)
     else:
         code = _main_with_one_line_stderr(argv)
+    if "apache_beam.runners.portability.job_server" in sys.modules:
+        # A portable runner (Flink's, Spark's) started a job server JVM and registered its stop
+        # with atexit; os._exit skips atexit, which left one JVM behind per run.
+        import atexit
+
+        atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

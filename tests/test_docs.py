@@ -37,11 +37,13 @@ NOT_RUN = {
     "gcloud": "needs Google Cloud; the Flex Template parameters are checked in tests/pipelines/test_runners.py",
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line for another machine; its rescore command is checked (parsed) below",
+    "GOBIN=": "builds Prism with go (minutes); tests/pipelines/test_prism_runner.py builds and runs it",
+    "python run_configs/flink_local.py": "starts a local Flink cluster (Java and Maven, minutes); tests/pipelines/test_flink_cluster.py runs it",
     "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
 }
 REMOTE = ("DataflowRunner", "FlinkRunner", "dataflow.yaml", "dataflow_gpu.yaml", "flink.yaml", "gs://", "s3://",
           "job_endpoint=localhost", "environment_type=EXTERNAL")
-COMMAND_STARTS = ("rescore ", ".venv/bin/", "python", "pip ", "gcloud ", "docker ", "PATH=", "0 3 * * *", "cd ", "source ")
+COMMAND_STARTS = ("rescore ", ".venv/bin/", "python", "pip ", "gcloud ", "docker ", "PATH=", "GOBIN=", "0 3 * * *", "cd ", "source ")
 
 
 def _parts(line: str) -> list[str]:
@@ -180,6 +182,15 @@ def test_doc_runs_as_written_in_order(doc, quickstart, models_dir, tmp_path, mon
             assert "job graph" in capsys.readouterr().err, where
             ran += 1
             continue
+        if "PrismRunner" in argv:  # runs where the Prism binary is built, else parses with a stand-in
+            from rescore.errors import ConfigError
+            from rescore.pipelines.config import prism_binary
+
+            try:
+                prism_binary()
+            except ConfigError:
+                PipelineOptions(parse_args([*argv, "--prism_location=/nonexistent/prism"]).beam_args).get_all_options()
+                continue
         if any(r in text for r in REMOTE):
             PipelineOptions(parse_args(argv).beam_args).get_all_options()  # Beam knows every option
             continue

@@ -32,11 +32,11 @@ def config(name):
 
 
 def options_of(name, *extra):
-    cfg = parse_args(["--config", config(name), "--input", "in", "--output", "out", *extra])
+    cfg = parse_args(["--config", config(name), "--input", "gs://b/in/*.parquet", "--output", "gs://b/out", *extra])
     return cfg, PipelineOptions(cfg.beam_args)
 
 
-@pytest.mark.parametrize("name", sorted(os.listdir(CONFIGS)))
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
 def test_every_run_config_parses_into_pipeline_options(name):
     cfg, options = options_of(name)
     assert options.view_as(StandardOptions).runner
@@ -56,7 +56,7 @@ def test_run_config_specifics():
     f = flink.view_as(FlinkRunnerOptions)
     assert flink.view_as(StandardOptions).runner == "FlinkRunner"
     assert f.flink_master.endswith(":8081") and f.flink_version in FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS
-    assert f.parallelism > 0 and f.flink_submit_uber_jar
+    assert f.parallelism > 0 and not f.flink_submit_uber_jar  # the assembled job server is no uber jar
     p = flink.view_as(PortableOptions)
     assert p.environment_type == "DOCKER" and p.environment_config.endswith("rescore/worker:0.1.0")
     for name in ("dataflow.yaml", "dataflow_gpu.yaml"):
@@ -194,3 +194,39 @@ def test_airflow_example_uses_real_cli_options():
     cfg = parse_args([*argv, "--runner=DataflowRunner"])
     assert cfg.incremental and cfg.strategies == ["reward_variance", "grpo", "duplicate_informative"]
     assert cfg.max_reject_fraction == 0.2
+
+
+def test_options_of_runner_modules_rescore_does_not_import_pass_through():
+    """`--runner=some.module.Runner --its_option=...`: the runner's module is imported so its own
+    options are Beam options; a runner whose module cannot import says why, in one line."""
+    from rescore.errors import ConfigError
+
+    cfg = parse_args(["--input", "in", "--output", "out", "--strategy", "grpo",
+                      "--runner=custom_runner_for_options.CustomRunner", "--custom_cluster_address=host:1"])
+    assert PipelineOptions(cfg.beam_args).get_all_options()["custom_cluster_address"] == "host:1"
+    with pytest.raises(ConfigError, match="not a Rescore flag nor a Beam pipeline option$"):
+        parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--custom_cluster_adress=h"])
+    try:
+        import dask  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"runner DaskRunner's module did not import: .*No module named 'dask'"):
+            parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--runner=DaskRunner",
+                        "--dask_client_address=localhost:8786"])
+    else:
+        cfg = parse_args(["--input", "in", "--output", "out", "--strategy", "grpo", "--runner=DaskRunner",
+                          "--dask_client_address=localhost:8786"])
+        assert PipelineOptions(cfg.beam_args).get_all_options()["dask_client_address"] == "localhost:8786"
+
+
+def test_dataflow_refuses_local_paths_its_workers_cannot_reach():
+    from rescore.errors import ConfigError
+
+    base = ["--strategy", "grpo", "--runner=DataflowRunner", "--project=p", "--region=us-central1",
+            "--temp_location=gs://b/tmp"]
+    with pytest.raises(ConfigError, match=r"--output 'out/' is a local path, which DataflowRunner's workers cannot reach"):
+        parse_args(["--input", "gs://b/in/*.parquet", "--output", "out/", *base])
+    with pytest.raises(ConfigError, match=r"--input 'data/\*.parquet' is a local path"):
+        parse_args(["--input", "data/*.parquet", "--output", "gs://b/out", *base])
+    assert parse_args(["--input", "gs://b/in/*.parquet", "--output", "gs://b/out", *base]).output == "gs://b/out"
+    # a dry run builds the graph only (docs/runners.md checks a graph from local sample data)
+    assert parse_args(["--input", "data/*.parquet", "--output", "gs://b/out", *base, "--dry_run=True"])
