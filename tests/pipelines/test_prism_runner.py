@@ -23,6 +23,9 @@ def prism(tmp_path_factory):
         return prism_binary()
     except ConfigError:
         pass
+    if os.environ.get("RESCORE_CLUSTER_TESTS") != "1":
+        pytest.skip("no Prism binary built, and building one is opt-in (RESCORE_CLUSTER_TESTS=1): `go install`"
+                    " takes up to 16 minutes on a 2-core machine (docs/runners.md has the command)")
     if shutil.which("go") is None:
         pytest.skip("`go` is not on PATH (Prism is built from Beam's Go module with `go install`)")
     target = os.path.dirname(
