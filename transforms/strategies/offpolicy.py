@@ -423,12 +423,16 @@ def metric_terms(
 def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[str, float]:
     """verl's compute_offpolicy_metrics of a batch from the sums of metric_terms over its rows
     (and the max / min of log_ppl_diff); with rollout_is weights also compute_is_metrics'
-    rollout_is_eff_sample_size."""
+    rollout_is_eff_sample_size, rollout_is_mean and rollout_is_std."""
     n, tokens = sums["rows"], sums["tokens"]
     extra = {}
     if "is_w" in sums:
         mean = sums["is_w"] / (tokens + 1e-8)
         extra["rollout_is_eff_sample_size"] = 1.0 / (sums["is_w2"] / (mean + 1e-8) ** 2 / (tokens + 1e-8))
+        # compute_is_metrics' rollout_is_mean and rollout_is_std (the applied weights, which are
+        # already within [0, upper]; the std 0 for a batch of at most one action token)
+        extra["rollout_is_mean"] = mean
+        extra["rollout_is_std"] = math.sqrt(max(sums["is_w2"] / (tokens + 1e-8) - mean * mean, 0.0)) if tokens > 1 else 0.0
     seq = {k: sums[k] / n for k in ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio")}
     return {
         **seq,
