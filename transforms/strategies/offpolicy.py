@@ -130,6 +130,28 @@ def verl_weights(log_ratio: Tensor, mask: Tensor, level: str, threshold: str) ->
     return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
 
 
+def batch_normalize_terms(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """(numerator (B,), denominator (B,)) float64 per row of verl's `rollout_is_batch_normalize`
+    mean, which adds up over any split of a batch into rows: at token level the sums of w m and
+    of m (the mean over every action token of the batch), at sequence level the row's mean
+    weight sum(w m) / (sum(m) + 1e-8) and 1 for a row with action tokens (the mean over rows).
+    batch_normalize_factor turns the batch's totals into verl's divisor."""
+    w, m = weights.to(torch.float64), mask.to(torch.float64)
+    if level == "token":
+        return (w * m).sum(-1), m.sum(-1)
+    if level == "sequence":
+        return (w * m).sum(-1) / (m.sum(-1) + 1e-8), (m.sum(-1) > 0).to(torch.float64)
+    raise ValueError(f"rollout_is_batch_normalize: unknown rollout_is level {level!r}")
+
+
+def batch_normalize_factor(numerator: float, denominator: float, level: str) -> float:
+    """verl's divisor from a batch's summed batch_normalize_terms: its mean weight (token level
+    with masked_mean's + 1e-8, sequence level over at least 1e-8 rows), or 1 where the mean is
+    at most 1e-8 (the weights are then left as they are)."""
+    mean = numerator / (denominator + 1e-8) if level == "token" else numerator / max(denominator, 1e-8)
+    return mean if mean > 1e-8 else 1.0
+
+
 def verl_rejection(log_ratio: Tensor, mask: Tensor, options: list[tuple[str, float | None, float]]) -> Tensor:
     """(B, T) 0/1: verl's compute_rollout_rejection_mask keep mask (every option must pass)."""
     lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
