@@ -765,6 +765,7 @@ def chart_audit(doc, data: RunData, plt, path) -> str:
 OFFPOLICY_KEYS = (
     "kl", "k3_kl", "training_ppl", "rollout_ppl", "ppl_ratio", "log_ppl_diff", "log_ppl_abs_diff",
     "log_ppl_diff_max", "log_ppl_diff_min", "chi2_token", "chi2_seq", "rollout_is_eff_sample_size",
+    "rollout_is_mean", "rollout_is_std", "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low",
 )
 """The per-batch off-policy diagnostics the report shows (metrics.json `rollout_correction`)."""
 

@@ -35,7 +35,7 @@ def test_the_report_shows_the_offpolicy_diagnostics(tmp_path, rescore):
     lines = re.findall(r"<tr>(.*?)</tr>", table, re.S)
     head = re.findall(r"<th>(.*?)</th>", lines[0])
     assert head[0] == "batch" and set(head[1:]) <= set(OFFPOLICY_KEYS) and {"kl", "k3_kl", "chi2_token", "chi2_seq"} <= set(head)
-    assert "rollout_is_eff_sample_size" in head  # decoupled_token_is has rollout_is weights
+    assert {"rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_ratio_fraction_high"} <= set(head)  # decoupled_token_is has rollout_is weights
     for line, (batch, metrics) in zip(lines[1:], entries):
         cells = re.findall(r"<td>(.*?)</td>", line)
         assert cells == [_fmt(batch)] + [_fmt(metrics.get(k)) for k in head[1:]]
