@@ -46,7 +46,7 @@ from rescore.transforms.files.layout import (
 from rescore.transforms.rows.metrics import MEAN_KEY, STD_KEY
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects", "difficulty")
-OPTIONAL_CHARTS = ("columns", "audit")
+OPTIONAL_CHARTS = ("columns", "audit", "offpolicy")
 MAX_BOXES = 40
 """Box plots draw at most this many boxes; more batches are binned."""
 MAX_POINTS = 4000
@@ -56,7 +56,7 @@ KNOWN_COLUMNS = {
     "advantages", "returns", "score", "copy_index", "source_task", "group_size", "group_reward_mean",
     "group_reward_std", "batch_reward_std", "baseline",
 }
-WIDE = ("length", "rejects", "audit", "difficulty")
+WIDE = ("length", "rejects", "audit", "difficulty", "offpolicy")
 """Two-panel charts: a whole row of the page."""
 AUDIT = ("group_size", "group_reward_mean", "group_reward_std", "batch_reward_std", "baseline")
 CAPTIONS = {
@@ -77,6 +77,9 @@ CAPTIONS = {
     "difficulty": "Task difficulty: each group's pass rate (share of its runs with reward >= --solved-at). "
     "Mass at 0 and 1 is groups that teach nothing; `rescore task-stats` and the pass_rate_band filter "
     "(docs/curating.md) keep the middle.",
+    "offpolicy": "Off-policy drift per batch (rollout_correction, verl's diagnostics): KL between the "
+    "rollout and the training policy, and the variance of the importance weights (chi2). A rising "
+    "curve means staler data; see docs/offpolicy.md for the healthy ranges.",
     "audit": "What the scores were computed from (--audit-columns): the group reward std the "
     "strategy reported (GRPO divides by it) and the baseline it subtracted, per batch.",
 }
@@ -759,6 +762,59 @@ def chart_audit(doc, data: RunData, plt, path) -> str:
     return f"From the audit columns of scored-*.parquet.{bins.note()}"
 
 
+OFFPOLICY_KEYS = (
+    "kl", "k3_kl", "training_ppl", "rollout_ppl", "ppl_ratio", "log_ppl_diff", "log_ppl_abs_diff",
+    "log_ppl_diff_max", "log_ppl_diff_min", "chi2_token", "chi2_seq", "rollout_is_eff_sample_size",
+    "rollout_is_mean", "rollout_is_std", "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low",
+)
+"""The per-batch off-policy diagnostics the report shows (metrics.json `rollout_correction`)."""
+
+
+def offpolicy_batches(doc) -> list[tuple[int, dict]]:
+    """(batch, its `rollout_correction` metrics) of each batch that has them, in batch order."""
+    return [(b["batch"], b["rollout_correction"]) for b in _batches(doc) if isinstance(b.get("rollout_correction"), dict)]
+
+
+def chart_offpolicy(doc, data: RunData, plt, path) -> str:
+    entries = offpolicy_batches(doc)
+    x = np.array([b for b, _ in entries])
+
+    def series(key):
+        return np.array([np.nan if m.get(key) is None else float(m[key]) for _, m in entries])
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    marker = "o" if len(x) <= 60 else None
+    for key, color in (("kl", "#4c72b0"), ("k3_kl", "#dd8452")):
+        left.plot(x, series(key), marker=marker, markersize=3, color=color, label=key)
+    left.axhline(0.0, color="#888", linewidth=0.8)
+    left.set_title("KL(rollout ‖ training) per batch")
+    for key, color in (("chi2_token", "#55a868"), ("chi2_seq", "#c44e52")):
+        right.plot(x, series(key), marker=marker, markersize=3, color=color, label=key)
+    right.set_yscale("symlog", linthresh=1e-3)
+    right.set_title("χ² of the importance weights per batch")
+    for ax in (left, right):
+        ax.set_xlabel("batch")
+        _integer_batches(ax, x)
+        ax.grid(alpha=0.3)
+        _legend(ax, ncol=2)
+    _save(fig, plt, path)
+    return f"From metrics.json rollout_correction ({plural(len(entries), 'batch', 'batches')}); every value is in the table below."
+
+
+def _offpolicy_table(doc) -> str:
+    entries = offpolicy_batches(doc)
+    if not entries:
+        return ""
+    keys = [k for k in OFFPOLICY_KEYS if any(k in m for _, m in entries)]
+    head = "<tr><th>batch</th>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>"
+    rows = "".join(
+        f"<tr><td>{_fmt(b)}</td>" + "".join(f"<td>{_fmt(m.get(k))}</td>" for k in keys) + "</tr>" for b, m in entries
+    )
+    total = doc["totals"].get("rollout_correction") or {}
+    rows += "<tr><th>all</th>" + "".join(f"<td>{_fmt(total.get(k))}</td>" for k in keys) + "</tr>"
+    return f'<h2>Off-policy diagnostics per batch</h2><div class="scroll tall"><table id="offpolicy">{head}{rows}</table></div>'
+
+
 # --- the page -----------------------------------------------------------------------------------
 
 
@@ -864,6 +920,7 @@ code {{ background: #f3f3f3; padding: 1px 4px; overflow-wrap: anywhere; }} .fail
 <h2>Charts</h2><div class="charts">{figures}</div>
 <h2>Per batch</h2><div class="scroll tall"><table id="batches"><tr>{head}</tr>{rows}</table></div>
 {_groups_tables(groups, sizes, solved_at)}
+{_offpolicy_table(doc)}
 <h2>Strategy stages</h2>{_stages_table(doc)}
 <h2>Reject reasons</h2><table>{reasons or '<tr><td>none</td></tr>'}</table>
 {f'<h2>Skipped input files</h2><ul>{skipped}</ul>' if skipped else ''}
@@ -888,6 +945,7 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
         os.remove(old)
     plt = _plt()
     names = list(CHARTS) + (["columns"] if data.extra else []) + (["audit"] if data.audit else [])
+    names += ["offpolicy"] if offpolicy_batches(doc) else []
     paths = {name: os.path.join(to, report_chart(name)) for name in names}
     captions = {
         "groups": chart_groups(doc, data, plt, paths["groups"], solved_at),
@@ -902,6 +960,8 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
         captions["columns"] = chart_columns(doc, data, plt, paths["columns"])
     if data.audit:
         captions["audit"] = chart_audit(doc, data, plt, paths["audit"])
+    if "offpolicy" in paths:
+        captions["offpolicy"] = chart_offpolicy(doc, data, plt, paths["offpolicy"])
     images = {}
     for name, path in paths.items():
         with open(path, "rb") as f:

@@ -208,6 +208,7 @@ def _load(src: str) -> types.SimpleNamespace:
                 ("jsd_advantage", "JSDAdvantage"),
                 ("gigpo_advantage", "GiGPOAdvantageFn"),
                 ("grpo_advantage", "GRPOGroupedAdvantage"),
+                ("clipb_advantage", "ClipBAdvantageFn"),
             ]:
                 m = _exec_file(os.path.join(adv, f"{mod}.py"), f"_ref_trinity_{mod}")
                 setattr(trinity, cls, getattr(m, cls))

@@ -107,13 +107,17 @@ def test_verl_presets_through_the_job(tmp_path, rescore, preset):
         members = [r for r in rows if r["batch"] == entry["batch"]]
         want = verl.compute_offpolicy_metrics(*_padded(members))
         got = entry["rollout_correction"]
-        assert set(got) == set(want) | {"rollout_is_eff_sample_size"}
+        is_keys = ("rollout_is_eff_sample_size", "rollout_is_mean", "rollout_is_std", "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low")
+        assert set(got) == set(want) | set(is_keys)
         for name, value in want.items():
             assert math.isclose(got[name], value, rel_tol=1e-5, abs_tol=1e-7), name
         _, is_metrics = verl.compute_rollout_correction_weights(
             *(lambda lp, bp, m: (lp - bp, m))(*_padded(members)), rollout_is=cfg[0], rollout_is_threshold=cfg[1]
         )
-        assert math.isclose(got["rollout_is_eff_sample_size"], is_metrics["rollout_is_eff_sample_size"], rel_tol=1e-5), entry["batch"]
+        for name in is_keys:
+            assert math.isclose(got[name], is_metrics[name], rel_tol=1e-5, abs_tol=1e-7), (name, entry["batch"])
+    # the fractions beyond the bounds are exercised, not all zero
+    assert any(e["rollout_correction"]["rollout_is_ratio_fraction_high"] > 0 for e in doc["batches"])
     total = verl.compute_offpolicy_metrics(*_padded(rows))
     assert all(math.isclose(doc["totals"]["rollout_correction"][k], v, rel_tol=1e-5, abs_tol=1e-7) for k, v in total.items())
 

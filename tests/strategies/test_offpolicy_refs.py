@@ -16,7 +16,15 @@ import torch
 import refs_offpolicy
 from refs import RefsUnavailable
 from rescore.transforms.strategies import registry
-from rescore.transforms.strategies.offpolicy import correct, off_policy_sequence_mask, offpolicy_metrics
+from rescore.transforms.strategies.offpolicy import (
+    batch_normalize_factor,
+    batch_normalize_terms,
+    correct,
+    metric_terms,
+    metrics_from_sums,
+    off_policy_sequence_mask,
+    offpolicy_metrics,
+)
 
 RTOL = 1e-5
 
@@ -71,6 +79,55 @@ def test_verl_weights(seed, level, threshold):
     theirs, _ = verl.compute_rollout_correction_weights(lp - bp, mask, rollout_is=level, rollout_is_threshold=threshold)
     close(ours.weights, theirs * mask)
     close(ours.mask, mask)  # weights never reject
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("level,threshold", [("token", "2.0"), ("sequence", "2.0"), ("token", "0.5_2.0"), ("sequence", "0.5_5.0")])
+def test_batch_normalize_equals_verl(seed, level, threshold):
+    """verl's rollout_is_batch_normalize from per-row terms summed in any split of the batch
+    (as rows meet in a batch statistic): the same divisor and the same normalised weights."""
+    verl = _ref(refs_offpolicy.verl)
+    lp, bp, mask = batch(seed)
+    theirs, metrics = verl.compute_rollout_correction_weights(
+        lp - bp, mask, rollout_is=level, rollout_is_threshold=threshold, rollout_is_batch_normalize=True
+    )
+    weights = correct(params(rollout_is=level, rollout_is_threshold=threshold), lp, bp, mask).weights
+    num, den = batch_normalize_terms(weights, mask, level)
+    halves = [(float(num[:7].sum()) + float(num[7:].sum()), float(den[:7].sum()) + float(den[7:].sum()))]
+    factor = batch_normalize_factor(*halves[0], level)
+    assert math.isclose(factor, metrics["rollout_is_batch_norm_factor"], rel_tol=1e-5)
+    assert factor != 1.0  # the weights really are rescaled
+    close(weights / factor, theirs * mask)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("level,threshold", [("token", "2.0"), ("sequence", "2.0"), ("token", "0.5_2.0"), ("sequence", "0.5_5.0")])
+def test_weight_statistics_equal_verl(seed, level, threshold):
+    """metrics.json's rollout_is_mean / _std / _eff_sample_size / _ratio_fraction_high / _low
+    from per-row terms summed over the batch: verl's compute_is_metrics, ratios out to +-25."""
+    from rescore.transforms.strategies.offpolicy_spec import parse_is_threshold
+
+    verl = _ref(refs_offpolicy.verl)
+    lp, bp, mask = batch(seed)
+    _, want = verl.compute_rollout_correction_weights(lp - bp, mask, rollout_is=level, rollout_is_threshold=threshold)
+    weights = correct(params(rollout_is=level, rollout_is_threshold=threshold), lp, bp, mask).weights
+    upper, lower = parse_is_threshold(threshold)
+    terms = metric_terms(lp, bp, mask, weights, upper, level, lower)
+    sums = {k: math.fsum(v.tolist()) for k, v in terms.items()}
+    got = metrics_from_sums(sums, 0.0, 0.0)
+    names = ("rollout_is_mean", "rollout_is_std", "rollout_is_eff_sample_size", "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low")
+    for name in names:
+        assert math.isclose(got[name], want[name], rel_tol=RTOL, abs_tol=1e-9), (name, got[name], want[name])
+    assert got["rollout_is_ratio_fraction_high"] > 0 and got["rollout_is_ratio_fraction_low"] > 0
+
+
+def test_batch_normalize_all_zero_weights_left_alone():
+    """A batch whose weights are all zero (every token outside IcePop's band): divisor 1, as in verl."""
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    num, den = batch_normalize_terms(torch.zeros(2, 3, dtype=torch.float64), mask, "token")
+    assert batch_normalize_factor(float(num.sum()), float(den.sum()), "token") == 1.0
+    with pytest.raises(ValueError):
+        batch_normalize_terms(mask, mask, "geometric")
 
 
 VERL_RS = [

@@ -130,6 +130,28 @@ def verl_weights(log_ratio: Tensor, mask: Tensor, level: str, threshold: str) ->
     return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
 
 
+def batch_normalize_terms(weights: Tensor, mask: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """(numerator (B,), denominator (B,)) float64 per row of verl's `rollout_is_batch_normalize`
+    mean, which adds up over any split of a batch into rows: at token level the sums of w m and
+    of m (the mean over every action token of the batch), at sequence level the row's mean
+    weight sum(w m) / (sum(m) + 1e-8) and 1 for a row with action tokens (the mean over rows).
+    batch_normalize_factor turns the batch's totals into verl's divisor."""
+    w, m = weights.to(torch.float64), mask.to(torch.float64)
+    if level == "token":
+        return (w * m).sum(-1), m.sum(-1)
+    if level == "sequence":
+        return (w * m).sum(-1) / (m.sum(-1) + 1e-8), (m.sum(-1) > 0).to(torch.float64)
+    raise ValueError(f"rollout_is_batch_normalize: unknown rollout_is level {level!r}")
+
+
+def batch_normalize_factor(numerator: float, denominator: float, level: str) -> float:
+    """verl's divisor from a batch's summed batch_normalize_terms: its mean weight (token level
+    with masked_mean's + 1e-8, sequence level over at least 1e-8 rows), or 1 where the mean is
+    at most 1e-8 (the weights are then left as they are)."""
+    mean = numerator / (denominator + 1e-8) if level == "token" else numerator / max(denominator, 1e-8)
+    return mean if mean > 1e-8 else 1.0
+
+
 def verl_rejection(log_ratio: Tensor, mask: Tensor, options: list[tuple[str, float | None, float]]) -> Tensor:
     """(B, T) 0/1: verl's compute_rollout_rejection_mask keep mask (every option must pass)."""
     lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
@@ -382,14 +404,15 @@ def _rows_tensors(p: RolloutCorrectionParams, rows: WrittenRows) -> tuple[np.nda
 
 METRIC_SUMS = (
     "rows", "tokens", "kl", "k3_kl", "rho2", "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl",
-    "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq", "is_w", "is_w2",
+    "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio", "chi2_seq", "is_w", "is_w2", "is_high", "is_low", "is_n",
 )
 """The per-row terms of verl's off-policy metrics that add up over a batch (light columns
 x.offpolicy_m_NAME; ScoreGroups sums them per group, the summary per batch)."""
 
 
 def metric_terms(
-    logprobs: Tensor, behaviour: Tensor, mask: Tensor, weights: Tensor | None = None, upper: float = math.inf
+    logprobs: Tensor, behaviour: Tensor, mask: Tensor, weights: Tensor | None = None, upper: float = math.inf,
+    level: str = "token", lower: float | None = None,
 ) -> dict[str, np.ndarray]:
     """(B,) float64 per row: the summands of offpolicy_metrics (verl's formulas, sequence means
     with its 1e-8), and `log_ppl_diff` also for the batch max / min."""
@@ -417,18 +440,39 @@ def metric_terms(
         w = weights.clamp(min=0.0, max=upper)
         terms["is_w"] = (w * mask).sum(-1)
         terms["is_w2"] = (w.square() * mask).sum(-1)
+        # compute_is_metrics' rollout_is_ratio_fraction_high / _low: the raw ratios beyond the
+        # bounds (lower 1 / upper for TIS), per action token at token level, per row (its
+        # unclamped log sequence ratio) at sequence level; is_n is the count they divide by.
+        low = 1.0 / upper if lower is None else lower
+        if level == "sequence":
+            seq_raw = ((logprobs - behaviour) * mask).sum(-1)
+            terms["is_high"] = (seq_raw > math.log(upper)).to(torch.float64)
+            terms["is_low"] = (seq_raw < math.log(low)).to(torch.float64)
+            terms["is_n"] = torch.ones(mask.shape[0], dtype=torch.float64)
+        else:
+            raw = torch.exp(((logprobs - behaviour) * (mask > 0)).clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
+            terms["is_high"] = ((raw > upper).to(torch.float64) * mask).sum(-1)
+            terms["is_low"] = ((raw < low).to(torch.float64) * mask).sum(-1)
+            terms["is_n"] = mask.sum(-1)
     return {k: v.numpy().astype(np.float64) for k, v in terms.items()}
 
 
 def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[str, float]:
     """verl's compute_offpolicy_metrics of a batch from the sums of metric_terms over its rows
     (and the max / min of log_ppl_diff); with rollout_is weights also compute_is_metrics'
-    rollout_is_eff_sample_size."""
+    rollout_is_eff_sample_size, rollout_is_mean and rollout_is_std."""
     n, tokens = sums["rows"], sums["tokens"]
     extra = {}
     if "is_w" in sums:
         mean = sums["is_w"] / (tokens + 1e-8)
         extra["rollout_is_eff_sample_size"] = 1.0 / (sums["is_w2"] / (mean + 1e-8) ** 2 / (tokens + 1e-8))
+        # compute_is_metrics' rollout_is_mean and rollout_is_std (the applied weights, which are
+        # already within [0, upper]; the std 0 for a batch of at most one action token)
+        extra["rollout_is_mean"] = mean
+        extra["rollout_is_std"] = math.sqrt(max(sums["is_w2"] / (tokens + 1e-8) - mean * mean, 0.0)) if tokens > 1 else 0.0
+        if "is_n" in sums:
+            extra["rollout_is_ratio_fraction_high"] = sums["is_high"] / (sums["is_n"] + 1e-8)
+            extra["rollout_is_ratio_fraction_low"] = sums["is_low"] / (sums["is_n"] + 1e-8)
     seq = {k: sums[k] / n for k in ("training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio")}
     return {
         **seq,
@@ -472,8 +516,10 @@ class RolloutCorrection(RolloutCorrectionParams):
         had = mask.sum(-1).numpy() > 0
         kept = np.where(had | bad, kept, -1.0)  # -1: nothing to train on in the input already
         out = {"offpolicy_kept": kept, "offpolicy_reason": reason}
-        upper = parse_is_threshold(self.rollout_is_threshold)[0] if self.rollout_is is not None else math.inf
-        terms = metric_terms(logprobs, behaviour, mask, c.weights if self.rollout_is is not None else None, upper)
+        upper, lower = parse_is_threshold(self.rollout_is_threshold) if self.rollout_is is not None else (math.inf, None)
+        terms = metric_terms(
+            logprobs, behaviour, mask, c.weights if self.rollout_is is not None else None, upper, self.rollout_is or "token", lower
+        )
         for k, v in terms.items():
             out["offpolicy_m_" + k] = np.where(bad, 0.0, v)
         return out
