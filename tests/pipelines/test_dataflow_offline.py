@@ -227,7 +227,7 @@ def test_dataflow_pipeline_proto_on_the_local_runner_gives_the_in_process_output
     FnApiRunner().run_via_runner_api(pipeline, PipelineOptions([])).wait_until_finish()
     local = str(tmp_path / "in_process")
     run(["--config", os.path.join(ROOT, "run_configs", "local.yaml"), "--input", experience, "--output", local,
-         "--buckets", "512", *STRATEGY])
+         *STRATEGY])
     scored = sorted(n for n in os.listdir(local) if n.startswith("scored-"))
     assert scored and sorted(n for n in os.listdir(out) if n.startswith("scored-")) == scored
     assert os.path.exists(os.path.join(out, "_SUCCESS"))
