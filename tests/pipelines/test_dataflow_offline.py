@@ -31,6 +31,18 @@ class Captured:
         self.staged = {}  # gs:// path -> bytes the launcher would have uploaded
         self.jobs = []  # the apiclient.Job whose proto would have been POSTed
         self.network = []  # any socket the run tried to open
+        self.run_on_submit = False  # the fake service runs the staged pipeline.pb before it answers
+
+    def run_locally(self):
+        """What Dataflow's workers would run: the staged pipeline.pb, its Docker environments
+        swapped for Beam's in-process one, on Beam's FnApiRunner."""
+        from apache_beam.options.pipeline_options import PipelineOptions
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        pipeline = self.pipeline()
+        for env in pipeline.components.environments.values():
+            env.urn, env.payload = "beam:env:embedded_python:v1", b""
+        FnApiRunner().run_via_runner_api(pipeline, PipelineOptions([])).wait_until_finish()
 
     @property
     def request(self):
@@ -66,8 +78,11 @@ def offline(monkeypatch):
 
     def submit_job_description(self, job):
         cap.jobs.append(job)
-        return types.Job(id="2026-11-25_00_00_00-offline", name=job.proto.name,
-                         current_state=types.JobState.JOB_STATE_PENDING)
+        state = types.JobState.JOB_STATE_PENDING
+        if cap.run_on_submit:
+            cap.run_locally()
+            state = types.JobState.JOB_STATE_DONE
+        return types.Job(id="2026-11-25_00_00_00-offline", name=job.proto.name, current_state=state)
 
     def no_network(*args, **kwargs):
         cap.network.append(args[:2])
@@ -137,6 +152,8 @@ def test_dataflow_job_request_cpu(offline, experience, tmp_path):
 
 
 def test_dataflow_job_request_gpu_hints_exactly_the_gpu_steps(offline, tmp_path):
+    from apache_beam.portability.api import beam_runner_api_pb2
+
     glob = write_parquet(multi_step_rows(3), str(tmp_path / "in"), files=1, schema=SCHEMA_MULTI_STEP)
     doc = submit(offline, "dataflow_gpu.yaml", glob, str(tmp_path / "out"))
     assert doc["submitted"] and doc["device"] == "cuda"
@@ -166,8 +183,6 @@ def test_dataflow_job_request_gpu_hints_exactly_the_gpu_steps(offline, tmp_path)
     # One image entry per environment: the hinted one and the plain one, the same image.
     assert sorted(i["environmentId"] for i in images) == sorted(envs) and len(envs) == 2
     for env in envs.values():
-        from apache_beam.portability.api import beam_runner_api_pb2
-
         assert env.urn == "beam:env:docker:v1"
         assert beam_runner_api_pb2.DockerPayload.FromString(env.payload).container_image == IMAGE
 
@@ -210,32 +225,31 @@ def test_flex_template_launcher_submits_and_returns(offline, experience, tmp_pat
 
 
 def test_dataflow_pipeline_proto_on_the_local_runner_gives_the_in_process_output(offline, experience, tmp_path):
-    """Dataflow's workers run the staged pipeline.pb; here Beam's FnApiRunner runs the same bytes
-    (its Docker environments swapped for the in-process one) against the capture's local paths."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
+    """A waiting `rescore` (no --no-wait) against a fake service that runs the staged pipeline.pb
+    on the local runner (the workers' part: read, score, write, Finalize) and answers DONE; the
+    launcher then does its own part (reads metrics.json, checks _SUCCESS, returns the summary)."""
     from rescore.pipelines.rescore import run
 
+    offline.run_on_submit = True
     out = str(tmp_path / "dataflow")
-    submit(offline, "dataflow.yaml", experience, out, *STRATEGY)
-    pipeline = offline.pipeline()
-    for env in pipeline.components.environments.values():
-        env.urn, env.payload = "beam:env:embedded_python:v1", b""
-    # The launcher's part is done (plan, lock, --no-wait submit); the workers' part is the pipeline:
-    # reading, scoring, writing and Finalize (metrics.json, _SUCCESS last).
-    FnApiRunner().run_via_runner_api(pipeline, PipelineOptions([])).wait_until_finish()
+    doc = run([
+        "--config", os.path.join(ROOT, "run_configs", "dataflow.yaml"), "--input", experience, "--output", out,
+        "--project=rescore-test", f"--temp_location={BUCKET}/tmp", f"--staging_location={BUCKET}/staging",
+        "--job_name=rescore-offline", "--no_auth", "--quiet", *STRATEGY,
+    ])
+    assert offline.network == [] and len(offline.jobs) == 1
     local = str(tmp_path / "in_process")
-    run(["--config", os.path.join(ROOT, "run_configs", "local.yaml"), "--input", experience, "--output", local,
-         *STRATEGY])
+    want = run(["--config", os.path.join(ROOT, "run_configs", "local.yaml"), "--input", experience, "--output", local,
+                "--quiet", *STRATEGY])
+    assert doc["totals"] == want["totals"] and doc["totals"]["rows_duplicated"] > 0
+    assert doc["config_hash"] == want["config_hash"] and doc["buckets"] == 512
     scored = sorted(n for n in os.listdir(local) if n.startswith("scored-"))
     assert scored and sorted(n for n in os.listdir(out) if n.startswith("scored-")) == scored
     assert os.path.exists(os.path.join(out, "_SUCCESS"))
     for name in scored:
         with open(os.path.join(out, name), "rb") as a, open(os.path.join(local, name), "rb") as b:
             assert a.read() == b.read(), name
-    totals = [json.load(open(os.path.join(d, "metrics.json")))["totals"] for d in (out, local)]
-    assert totals[0] == totals[1] and totals[0]["rows_duplicated"] > 0
+
 
 
 def test_dataflow_job_request_model_accelerator_hints_only_the_model_stage(offline, tmp_path):
