@@ -211,6 +211,16 @@ def test_flex_template_launcher_submits_and_returns(offline, experience, tmp_pat
         metadata = json.load(f)
     assert metadata["streaming"] is False
     assert {p["name"] for p in metadata["parameters"] if not p["isOptional"]} == {"input", "output"}
+    # The template's regexes accept what the CLI accepts where the two can be compared.
+    import re
+
+    from rescore.pipelines.config import _parser
+
+    actions = {a.dest: a for a in _parser()._actions}
+    regexes = {p["name"]: re.compile(p["regexes"][0]) for p in metadata["parameters"] if p.get("regexes")}
+    assert {c for c in actions["device"].choices if regexes["device"].fullmatch(c)} == set(actions["device"].choices)
+    assert not regexes["device"].fullmatch("gpu") and not regexes["buckets"].fullmatch("0")
+    assert regexes["input"].fullmatch("gs://b/x/*.parquet") and not regexes["output"].fullmatch("/local/out")
     out = str(tmp_path / "out")
     monkeypatch.setattr(sys, "argv", [
         "flex_template.py", f"--input={experience}", f"--output={out}", "--strategy=grpo", "--buckets=128",
