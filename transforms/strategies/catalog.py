@@ -317,6 +317,10 @@ class RewardVarianceParams(StrategyParams):
 class DuplicateInformativeParams(StrategyParams):
     variance_threshold: float = 0.0
     seed: int = param(0, minimum=0)
+    min_replace_ratio: float | None = param(None, between=(0.0, 1.0), hidden_at_default=True)
+    """POLARIS / SkyRL `replace`: a batch is rebalanced only where its informative groups are
+    more than min_replace_ratio of the groups reaching this stage; otherwise the batch is kept
+    whole, uncopied. None: always rebalanced (a batch without an informative group writes nothing)."""
 
 
 @register(

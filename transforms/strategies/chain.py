@@ -215,6 +215,10 @@ class StrategyChain:
             dropped[DUPLICATE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
             dropped_by[before & ~keep] = 3
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
+            copyable = getattr(dup, "copyable", None)  # a batch the stage keeps whole is not copied
+            if copyable is not None and sub.num_rows:
+                reached = segment_sum(before.to(torch.int64), rows.offsets) > 0
+                informative[reached] &= copyable(sub)
 
         reward = rows.reward if self.shaping else None
         return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward)
