@@ -75,6 +75,7 @@ RESOLVED_DEFAULTS = {
     "dapo_overlong_penalty": {"max_resp_len": 20480, "overlong_buffer_len": 4096, "penalty_factor": 1.0},
     "truncated_reward": {"truncate_status_key": "truncate_status", "value": 0.0, "mode": "set"},
     "reward_sum": {"reward_keys": ["reward"], "reward_weights": None},
+    "group_filter": {"function": None, "columns": []},
 }
 
 # rollout_correction (issue 32) and its framework presets: the neutral defaults, then each

@@ -758,3 +758,28 @@ class RewardSumParams(StrategyParams):
             raise ConfigError(f"{strategy}: 'reward_keys' names no column")
         if weights is not None and len(weights) != len(keys):
             raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {len(keys)} reward columns")
+
+
+# --- a user's group filter (user_filter.py) ------------------------------------------------------
+
+
+@register(
+    "group_filter",
+    kind=FILTER,
+    implementation="user_filter:GroupFilter",
+    summary="a user function MODULE:FUNCTION over each group's rows returns keep (or (keep, reason)); --group-filter",
+)
+@dataclass(frozen=True)
+class GroupFilterParams(StrategyParams):
+    function: str | None = None
+    """MODULE:FUNCTION, imported where the run starts (a bad one: exit 2) and on each worker;
+    none keeps every group."""
+    columns: tuple[Column, ...] = ()
+    """Number columns passed to the function besides the ids and the reward (a null crosses as NaN)."""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if values["function"] is not None:
+            from rescore.transforms.strategies.user_filter import load_group_filter
+
+            load_group_filter(values["function"])
