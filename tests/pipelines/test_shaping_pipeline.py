@@ -71,3 +71,15 @@ def test_shaping_alone_writes_the_shaped_reward_of_an_int_reward(rescore, tmp_pa
     assert got.schema.field("reward").type == pa.float64() and got.schema.field("reward_original").type == pa.int64()
     assert sorted(zip(got["reward_original"].to_pylist(), got["reward"].to_pylist())) == [(0, 0.0), (1, 0.5), (2, 1.0)]
     assert got["score"].null_count == 3  # no advantage stage
+
+
+def test_rejected_rows_keep_their_reward_and_audit_columns_explain_the_shaped_one(rescore, tmp_path):
+    rows = [{"batch": 0, "task": 1, "run": i, "step": 0, "reward": r, "tokens": [1, 2], "prompt_length": 1,
+             "logprobs": [-0.5], "action_mask": [True], "note": None} for i, r in enumerate([0.0, 1.0, None, 3.0])]
+    glob = write_parquet(rows, str(tmp_path / "in"), files=1, schema=SCHEMA_INT_TASK)
+    doc, out = rescore(glob, "--strategy", "reward_shaping,grpo", "--set", "clip_max=1", "--audit-columns")
+    scored, rejected = read_output(out), read_output(out, "rejected")
+    assert sorted(zip(scored["reward_original"].to_pylist(), scored["reward"].to_pylist())) == [(0.0, 0.0), (1.0, 1.0), (3.0, 1.0)]
+    assert scored["group_reward_mean"].to_pylist() == [pytest.approx(2 / 3)] * 3  # the mean of the shaped rewards
+    assert rejected.num_rows == 1 and rejected["reward"].to_pylist() == [None] and rejected["reward_original"].to_pylist() == [None]
+    assert doc["totals"]["rows_rejected"] == 1
