@@ -145,6 +145,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--algorithm", help=f"Trinity-RFT algorithm preset: {', '.join(algorithms.names())}")
     p.add_argument(
+        "--group-filter", "--group_filter", metavar="MODULE:FUNCTION",
+        help="your function over each task group's rows: True keeps it (the run's filter stage; docs/strategies.md)",
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="strategy parameter, KEY or STRATEGY.KEY (JSON value)"
     )
     p.add_argument("--config", help="YAML run config: a file, or the name of a shipped one (`rescore configs` lists them)")
@@ -492,6 +496,20 @@ def _strategies(args, config: dict[str, Any], params: dict[str, Any]) -> tuple[l
     return strategy, None, params
 
 
+def _with_group_filter(strategies: list[str], params: dict[str, Any], function: str) -> tuple[list[str], dict[str, Any]]:
+    """--group-filter MODULE:FUNCTION as the chain's filter stage (`group_filter`), after any
+    reward shaping; one filter per run, so a chain that has one already is refused."""
+    from rescore.transforms.strategies.registry import FILTER, SHAPE, spec
+
+    kinds = [spec(n).kind for n in strategies]
+    if FILTER in kinds:
+        raise ConfigError(
+            f"--group-filter is the run's filter stage, and the chain already has one ({strategies[kinds.index(FILTER)]})"
+        )
+    at = sum(1 for k in kinds if k == SHAPE)
+    return [*strategies[:at], "group_filter", *strategies[at:]], {**params, "group_filter.function": function}
+
+
 def parse_args(argv: list[str]) -> RunConfig:
     args, rest = _parser().parse_known_args(argv)
     config = _load_yaml(args.config) if args.config else {}
@@ -512,6 +530,9 @@ def parse_args(argv: list[str]) -> RunConfig:
     if not output:
         raise ConfigError("no output: pass --output DIR (or 'output:' in --config)")
     strategies, algorithm, params = _strategies(args, config, params)
+    group_filter = args.group_filter
+    if group_filter:
+        strategies, params = _with_group_filter(strategies, params, str(group_filter))
 
     buckets = args.buckets if args.buckets is not None else config.get("buckets", DEFAULT_BUCKETS)
     shard_rows = args.shard_rows if args.shard_rows is not None else config.get("shard_rows", DEFAULT_SHARD_ROWS)

@@ -37,13 +37,14 @@ def strategies(argv: list[str]) -> int:
             print("parameters: none")
         return 0
     width = max(len(n) for n in registry.names())
-    for kind in registry.KINDS:
+    for kind in (*registry.KINDS, registry.SHAPE):
         print(f"{kind}:")
         for name in registry.names():
             spec = registry.spec(name)
             if spec.kind == kind:
                 print(f"  {name:<{width}}  {spec.summary}")
-    print("chain them as filter,advantage,duplicate (--strategy reward_variance,grpo,duplicate_informative);\n"
+    print("chain them as filter,advantage,duplicate (--strategy reward_variance,grpo,duplicate_informative),\n"
+          "after any reward shaping (--strategy dapo_overlong_penalty,reward_shaping,grpo);\n"
           "`rescore strategies NAME` lists a strategy's parameters; --algorithm NAME picks Trinity-RFT's (docs/strategies.md)")
     return 0
 

@@ -111,7 +111,8 @@ class _ScoreBucket(beam.DoFn):
         if batch_stats is not None:
             per_row_stats = to_device(batch_stats_per_row(light, batch_stats), self._device)
         with torch.no_grad():
-            scores = self._plan.score(rows, per_row_stats)
+            rows = self._plan.shaped(rows)  # drop reasons and audit values explain the shaped rewards
+            scores = self._plan.score(rows, per_row_stats, shaped=True)
         self._groups.inc(rows.num_groups)
         progress_marks.mark(self._progress, done)
 
@@ -124,6 +125,7 @@ class _ScoreBucket(beam.DoFn):
             reasons=filter_reasons(self._plan, rows, scores) if self._keep_filtered and not keep.all() else None,
             audit=audit_values(self._plan, rows, scores, per_row_stats) if self._audit_columns else None,
             audit_fields=AUDIT_FIELDS,
+            reward=None if scores.reward is None else scores.reward.cpu().numpy(),
         )
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
         if scores.informative is not None:

@@ -25,6 +25,8 @@ from rescore.transforms.rows.output_rows import (
     output_schemas,
     rejected_rows,
     scored_rows,
+    shaped_schema,
+    shaped_table,
     unit_metrics,
     unit_outcomes,
 )
@@ -57,8 +59,9 @@ class _WriteUnit(beam.DoFn):
 
     def setup(self):
         self._device = devices.resolve(self._device_choice)
+        self._schema = shaped_schema(self._plan.schema) if self._scoring.shaping else self._plan.schema
         self._schemas = output_schemas(
-            self._plan.schema, self._plan.task_type, self._scoring, self._file_metadata, self._audit_columns
+            self._schema, self._plan.task_type, self._scoring, self._file_metadata, self._audit_columns
         )
         self._rows_written = Metrics.counter("rescore", "rows_written")
         threads = resolve_threads(self._threads)
@@ -113,6 +116,8 @@ class _WriteUnit(beam.DoFn):
         rec = unit_outcomes(parts, unit_index, unit.num_rows, unit.path)
         fault_injection.maybe_pause_readback()
         table = conform(unit_cache.read_back(unit, read_unit), self._plan.schema)
+        if self._scoring.shaping:  # the shaped reward is written; the input's as reward_original
+            table = shaped_table(table, rec, self._schema)
         scored, copied_batch = scored_rows(
             table, rec, self._schemas, self._scoring, copy_plans, self._plan.task_type, self._device
         )

@@ -71,6 +71,11 @@ RESOLVED_DEFAULTS = {
     "rloo": {},
     "step_wise_grpo": {"epsilon": 1e-06, "enable_step_norm": False, "std_cal_level": "group", "std_threshold": None},
     "zero_variance_filter": {"zero_variance_filter_tol": 1e-06},
+    "reward_shaping": {"stats_key": None, "op_type": "add", "weight": 1.0, "scale": 1.0, "bias": 0.0, "clip_min": None, "clip_max": None},
+    "dapo_overlong_penalty": {"max_resp_len": 20480, "overlong_buffer_len": 4096, "penalty_factor": 1.0},
+    "truncated_reward": {"truncate_status_key": "truncate_status", "value": 0.0, "mode": "set"},
+    "reward_sum": {"reward_keys": ["reward"], "reward_weights": None},
+    "group_filter": {"function": None, "columns": []},
 }
 
 # rollout_correction (issue 32) and its framework presets: the neutral defaults, then each

@@ -116,7 +116,7 @@ def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarr
     stage_sums = []  # per stage: (filtered rows, whole groups dropped) per key
     gone = np.zeros(len(size), dtype=np.int64)
     for kind, _name, _params, _metric in stages:
-        d = dropped_by_kind[kind]
+        d = dropped_by_kind.get(kind, np.zeros_like(size))  # a shaping stage drops nothing
         gone = gone + d
         stage_sums.append((_per_key(n, g_key, d), np.bincount(g_key[(d > 0) & (gone == size)], minlength=n)))
     offpolicy = _offpolicy_summaries(n, g_key, g)

@@ -27,6 +27,8 @@ RECORD_SCHEMA = pa.schema(
     ]
 )
 """`score` is null where the run computes no advantage (a filter or duplication alone)."""
+SHAPED_REWARD = "shaped_reward"
+"""A record column of a run with reward shaping: the reward every stage used (float64)."""
 
 
 def records(row, batch, status, score=None, token_scale=None, reason=None, *, has_score=True) -> pa.Table:
@@ -56,13 +58,15 @@ def rejected_records(row: np.ndarray, batch: pa.Array | pa.ChunkedArray, reasons
 def scored_outcomes(
     light: pa.Table, keep: np.ndarray, score: np.ndarray | None, token_scale: np.ndarray | None, *,
     reasons: np.ndarray | None = None, audit: dict[str, np.ndarray] | None = None, audit_fields=(),
+    reward: np.ndarray | None = None,
 ) -> Iterator[tuple[int, pa.Table]]:
     """(unit, records) for the scored rows of a bucket, one table per read unit in unit order.
 
     light: the bucket's sorted light rows (unit, row, batch); keep: (n,) bool, SCORED where
     True, FILTERED where False; score: (n,) float64, None where the run computes no advantage
     (nulls); token_scale: (n,) or None for ones; reasons: (n,) why each row was filtered (kept
-    rows: None); audit: values of `audit_fields` (NaN becomes null).
+    rows: None); audit: values of `audit_fields` (NaN becomes null); reward: (n,) the shaped
+    rewards (a SHAPED_REWARD column; rejected rows' records have none).
     """
     n = len(keep)
     status = np.where(keep, SCORED, FILTERED).astype(np.int8)
@@ -79,6 +83,8 @@ def scored_outcomes(
     if audit:
         for f in audit_fields:
             out = out.append_column(f, pa.array(audit[f.name], f.type, from_pandas=True))  # NaN -> null
+    if reward is not None:
+        out = out.append_column(SHAPED_REWARD, pa.array(np.asarray(reward, dtype=np.float64)))
     for unit, part in split_by(out, out["unit"].to_numpy()):
         rec = records(
             part["row"].to_numpy(),
@@ -91,4 +97,6 @@ def scored_outcomes(
         )
         for f in audit_fields if audit else ():
             rec = rec.append_column(part.schema.field(f.name), part[f.name])
+        if reward is not None:
+            rec = rec.append_column(SHAPED_REWARD, part[SHAPED_REWARD])
         yield unit, rec

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
@@ -18,7 +19,7 @@ from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.rows import strategy_columns
 from rescore.transforms.rows.copies import copy_fields, expand_copies
 from rescore.transforms.rows.metrics import row_metrics
-from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED, SHAPED_REWARD
 from rescore.transforms.rows.tokens import score_columns
 from rescore.transforms.strategies import StrategyChain
 
@@ -53,6 +54,34 @@ def output_schemas(
         metadata=metadata,
     )
     return OutputSchemas(scored, filtered, rejected, [n for n in scored.names if n not in added], extra, audit)
+
+
+REWARD, REWARD_ORIGINAL = "reward", "reward_original"
+
+
+def shaped_schema(schema: pa.Schema) -> pa.Schema:
+    """The input schema of a run with reward shaping: `reward` float64 (the shaped reward), the
+    input's kept as `reward_original` after the input's columns (where the model stage has not
+    already kept it there)."""
+    i = schema.get_field_index(REWARD)
+    original = schema.field(REWARD).with_name(REWARD_ORIGINAL)
+    schema = schema.set(i, pa.field(REWARD, pa.float64(), schema.field(REWARD).nullable))
+    return schema if schema.get_field_index(REWARD_ORIGINAL) >= 0 else schema.append(original)
+
+
+def shaped_table(table: pa.Table, rec: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A unit's rows (in row order, conformed to the plan's schema) with the shaped rewards of
+    its records as `reward` and the input's as `reward_original`, in `schema` (shaped_schema);
+    a row without a shaped reward (rejected) keeps its reward, as float64."""
+    original = table[REWARD]
+    reward = pc.cast(original, pa.float64())
+    if SHAPED_REWARD in rec.column_names:
+        shaped = rec[SHAPED_REWARD].combine_chunks()
+        reward = pc.if_else(shaped.is_null(), reward, shaped)
+    table = table.set_column(table.schema.get_field_index(REWARD), schema.field(REWARD), reward)
+    if table.schema.get_field_index(REWARD_ORIGINAL) < 0:
+        table = table.append_column(schema.field(REWARD_ORIGINAL), original)
+    return table
 
 
 def unit_outcomes(parts: list[pa.Table], unit_index: int, num_rows: int, path: str) -> pa.Table:

@@ -23,6 +23,8 @@ runtime-checkable protocol that the chain and the row layer test with `isinstanc
     ExplainsScores  explains its scores in the audit columns (baseline, group and batch std)
     ExplainsDrops   says why it dropped a row (--keep-filtered's filter_reason)
     CorrectsTokens  rewrites action_mask and adds is_weights where rows are written (rollout_correction)
+    Shapes          a `shape` stage: returns new per-row rewards before any other stage
+                    (reward_shaping, dapo_overlong_penalty; chain.py)
     DropsGroups     names the metrics.json counter of the whole groups it drops, besides
                     filtered_groups (grpo's std_threshold: std_threshold_skipped)
 
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, KINDS  # noqa: F401  (re-exported)
+from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, KINDS, SHAPE  # noqa: F401  (re-exported)
 from rescore.transforms.strategies.segments import segment_sum
 
 
@@ -352,3 +354,14 @@ class DropsGroups(Protocol):
     @property
     def dropped_groups_metric(self) -> str | None:
         """The counter's name, or None when this configuration drops no group of its own."""
+
+
+@runtime_checkable
+class Shapes(Protocol):
+    """A reward-shaping stage (kind SHAPE): new rewards for the rows, which every later stage
+    and statistic sees instead of the input's (written as `reward`, the input's as
+    `reward_original`)."""
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        """(n,) float64 the shaped reward of each row; `rows.reward` is what the shaping stages
+        before this one left."""

@@ -15,6 +15,7 @@ from rescore.transforms.strategies.registry import (
     ADVANTAGE,
     DUPLICATE,
     FILTER,
+    SHAPE,
     Column,
     Path,
     ConfigError,
@@ -316,6 +317,10 @@ class RewardVarianceParams(StrategyParams):
 class DuplicateInformativeParams(StrategyParams):
     variance_threshold: float = 0.0
     seed: int = param(0, minimum=0)
+    min_replace_ratio: float | None = param(None, between=(0.0, 1.0), hidden_at_default=True)
+    """POLARIS / SkyRL `replace`: a batch is rebalanced only where its informative groups are
+    more than min_replace_ratio of the groups reaching this stage; otherwise the batch is kept
+    whole, uncopied. None: always rebalanced (a batch without an informative group writes nothing)."""
 
 
 @register(
@@ -669,3 +674,112 @@ _correction_preset("skyrl_sequence_tis", "SkyRL tis_ratio_type=sequence (clip 5.
 # OpenRLHF 0.11.2 is_correction (mask mode, ratio gate, [0.5, 5.0])
 _correction_preset("openrlhf_token_mask", "OpenRLHF is_correction_level=token (ICEPOP, [0.5, 5.0])", is_correction_level="token")
 _correction_preset("openrlhf_seq_mask", "OpenRLHF is_correction_level=seq (geometric-mean ratio in [0.5, 5.0])", is_correction_level="seq")
+
+
+# --- reward shaping, before any filter or statistic (shaping.py) ---------------------------------
+
+
+@register(
+    "reward_shaping",
+    kind=SHAPE,
+    implementation="shaping:RewardShaping",
+    summary="r <- clip(scale * (r op weight * column) + bias, clip_min, clip_max); op add|sub|mul|div (Trinity RewardShapingMapper)",
+)
+@dataclass(frozen=True)
+class RewardShapingParams(StrategyParams):
+    stats_key: Column | None = None
+    """Trinity's column operation: the number column it applies (a missing or null value leaves
+    the reward as it is, as Trinity skips a missing info key); none: no column operation."""
+    op_type: Literal["add", "sub", "mul", "div"] = "add"
+    weight: float = 1.0
+    scale: float = 1.0
+    bias: float = 0.0
+    clip_min: float | None = None
+    clip_max: float | None = None
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        low, high = values["clip_min"], values["clip_max"]
+        if low is not None and high is not None and not low <= high:
+            raise ConfigError(f"{strategy}: needs clip_min <= clip_max, got {low!r} > {high!r}")
+
+
+@register(
+    "dapo_overlong_penalty",
+    kind=SHAPE,
+    implementation="shaping:DAPOOverlongPenalty",
+    summary="r <- r + min(0, (max_resp_len - overlong_buffer_len - length) / overlong_buffer_len) * penalty_factor, "
+    "at least -penalty_factor (DAPO soft overlong punishment)",
+)
+@dataclass(frozen=True)
+class DAPOOverlongPenaltyParams(StrategyParams):
+    max_resp_len: int = param(20480, minimum=1)
+    """The generation's maximum response length in tokens (DAPO: 16384 expected + 4096 buffer)."""
+    overlong_buffer_len: int = param(4096, minimum=1)
+    penalty_factor: float = param(1.0, minimum=0.0)
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["max_resp_len"] >= values["overlong_buffer_len"]:
+            raise ConfigError(
+                f"{strategy}: needs max_resp_len >= overlong_buffer_len, got {values['max_resp_len']} < {values['overlong_buffer_len']}"
+            )
+
+
+@register(
+    "truncated_reward",
+    kind=SHAPE,
+    implementation="shaping:TruncatedReward",
+    summary="truncated responses (truncate_status) get reward `value` (mode=set, ProRL/SkyRL/AReaL: 0) or r + value (mode=add)",
+)
+@dataclass(frozen=True)
+class TruncatedRewardParams(StrategyParams):
+    truncate_status_key: Column = "truncate_status"
+    value: float = 0.0
+    mode: Literal["set", "add"] = "set"
+
+
+@register(
+    "reward_sum",
+    kind=SHAPE,
+    implementation="shaping:RewardSum",
+    summary="r <- sum_k w_k * column_k over named reward columns (weights default 1)",
+)
+@dataclass(frozen=True)
+class RewardSumParams(StrategyParams):
+    reward_keys: tuple[Column, ...] = ("reward",)
+    """The number columns summed (`reward` may be one of them); a null rejects the row."""
+    reward_weights: tuple[float, ...] | None = None
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        keys, weights = values["reward_keys"], values["reward_weights"]
+        if not keys:
+            raise ConfigError(f"{strategy}: 'reward_keys' names no column")
+        if weights is not None and len(weights) != len(keys):
+            raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {len(keys)} reward columns")
+
+
+# --- a user's group filter (user_filter.py) ------------------------------------------------------
+
+
+@register(
+    "group_filter",
+    kind=FILTER,
+    implementation="user_filter:GroupFilter",
+    summary="a user function MODULE:FUNCTION over each group's rows returns keep (or (keep, reason)); --group-filter",
+)
+@dataclass(frozen=True)
+class GroupFilterParams(StrategyParams):
+    function: str | None = None
+    """MODULE:FUNCTION, imported where the run starts (a bad one: exit 2) and on each worker;
+    none keeps every group."""
+    columns: tuple[Column, ...] = ()
+    """Number columns passed to the function besides the ids and the reward (a null crosses as NaN)."""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if values["function"] is not None:
+            from rescore.transforms.strategies.user_filter import load_group_filter
+
+            load_group_filter(values["function"])

@@ -1,4 +1,5 @@
-"""Composition: a filter, an advantage strategy and duplication, applied in that order.
+"""Composition: reward shaping, a filter, an advantage strategy and duplication, applied in that
+order.
 
     reward_variance,grpo,duplicate_informative
         1. reward_variance drops uninformative groups;
@@ -7,7 +8,10 @@
         3. duplicate_informative drops groups its own variance filter rejects and marks the
            rest for copying; copies carry the advantages of the group they copy.
 
-Each stage is optional, but a run has at least one and at most one of each kind.
+Each stage is optional, but a run has at least one and at most one filter, advantage and
+duplicate stage. Shaping stages (`dapo_overlong_penalty,reward_shaping,grpo`) come first and
+chain: each changes the rewards the one before it left, and every later stage and statistic
+sees only the shaped rewards.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from rescore.transforms.strategies.base import (
     DUPLICATE,
     FILTER,
     KINDS,
+    SHAPE,
     AddsColumns,
     CorrectsTokens,
     DropsGroups,
     GroupedRows,
     MasksRows,
+    Shapes,
     Strategy,
     TokenLevel,
 )
@@ -58,6 +64,8 @@ class ChainScores:
     """(G,) bool groups the duplicate stage may copy, or None without one."""
     dropped_by: Tensor | None = None
     """(n,) int8: 0 where the row is kept, else 1 + the index in KINDS of the stage that dropped it."""
+    reward: Tensor | None = None
+    """(n,) float64 the shaped rewards every stage used, or None without a shaping stage."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,17 @@ class StrategyChain:
     @property
     def needs(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(n for s in self.stages for n in s.needs))
+
+    @property
+    def shaping(self) -> tuple[Shapes, ...]:
+        """The shaping stages, in the order they run."""
+        return tuple(s for s in self.stages if s.kind == SHAPE)
+
+    def shaped(self, rows: GroupedRows) -> GroupedRows:
+        """`rows` with the shaping stages' rewards (the same rows without any)."""
+        for s in self.shaping:
+            rows = replace(rows, reward=s.shape(rows).to(torch.float64))
+        return rows
 
     @property
     def batch_level(self) -> bool:
@@ -143,16 +162,19 @@ class StrategyChain:
         last = None if rows.last_action is None else rows.last_action & ~masked
         return replace(rows, action_tokens=torch.where(masked, torch.zeros_like(rows.action_tokens), rows.action_tokens), last_action=last, columns=columns), masked
 
-    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
-        rows = self._masked(rows)[0]
+    def batch_values(self, rows: GroupedRows, *, shaped: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        rows = self._masked(rows if shaped else self.shaped(rows))[0]
         return self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows)))
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
         return self.stage(ADVANTAGE).batch_stats(values, weights)
 
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None = None) -> ChainScores:
-        """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it."""
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None = None, *, shaped: bool = False) -> ChainScores:
+        """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it.
+        `shaped`: `rows` are already `self.shaped(...)` (the caller explains drops from them)."""
         device = rows.reward.device
+        if not shaped:
+            rows = self.shaped(rows)
         rows, masked = self._masked(rows)
         keep = self._filtered(rows)
         dropped = {}
@@ -193,8 +215,13 @@ class StrategyChain:
             dropped[DUPLICATE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
             dropped_by[before & ~keep] = 3
             informative = segment_sum(keep.to(torch.int64), rows.offsets) > 0
+            copyable = getattr(dup, "copyable", None)  # a batch the stage keeps whole is not copied
+            if copyable is not None and sub.num_rows:
+                reached = segment_sum(before.to(torch.int64), rows.offsets) > 0
+                informative[reached] &= copyable(sub)
 
-        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by)
+        reward = rows.reward if self.shaping else None
+        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward)
 
 
 def split_param(key: str) -> tuple[str | None, str]:
@@ -212,14 +239,17 @@ def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyCha
     if not strategies:
         raise ConfigError(f"no strategy; valid strategies: {', '.join(names())}")
     specs = [spec(n) for n in strategies]
+    if len(set(strategies)) != len(strategies):
+        raise ConfigError(f"a strategy appears twice in {','.join(strategies)}")
     kinds = [s.kind for s in specs]
     for kind in KINDS:
         if kinds.count(kind) > 1:
             same = [s.name for s in specs if s.kind == kind]
             raise ConfigError(f"at most one {kind} strategy per run, got {', '.join(same)}")
-    if kinds != sorted(kinds, key=KINDS.index):
+    order = (SHAPE, *KINDS)
+    if kinds != sorted(kinds, key=order.index):
         raise ConfigError(
-            f"strategies run in the order filter, advantage, duplicate; got {','.join(strategies)}"
+            f"strategies run in the order filter, advantage, duplicate (reward shaping first); got {','.join(strategies)}"
             f" ({', '.join(kinds)})"
         )
     per_stage: dict[str, dict[str, Any]] = {s.name: {} for s in specs}

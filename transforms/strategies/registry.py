@@ -35,6 +35,10 @@ from rescore.errors import ConfigError  # noqa: F401  (strategies raise it; defi
 
 FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
 KINDS = (FILTER, ADVANTAGE, DUPLICATE)
+"""The kinds that drop rows, in chain order (at most one of each per run)."""
+SHAPE = "shape"
+"""Reward shaping: runs first, before any filter or statistic, and returns new per-row rewards
+(chain.py); several shaping strategies chain in the order given."""
 
 WHOLE_BATCH = "@whole_batch"
 """A strategy need: it pools rows across the task groups of a batch (gigpo's anchor_scope=batch),
@@ -140,8 +144,8 @@ def register(name: str, *, kind: str, implementation: str, summary: str):
 
     Refuses a name that is already taken, so two declarations cannot silently shadow each other.
     """
-    if kind not in KINDS:
-        raise ValueError(f"strategy {name!r}: kind must be one of {', '.join(KINDS)}")
+    if kind not in (SHAPE, *KINDS):
+        raise ValueError(f"strategy {name!r}: kind must be one of {', '.join((SHAPE, *KINDS))}")
 
     def wrap(cls):
         if name in _REGISTRY:

@@ -12,10 +12,12 @@ copy plan) and how they are written is the row layer's (transforms/rows/copies.p
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
 from rescore.transforms.strategies.catalog import DuplicateInformativeParams, RewardVarianceParams
+from rescore.transforms.strategies.registry import WHOLE_BATCH
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var
 
 
@@ -57,4 +59,29 @@ class RewardVariance(_VarianceFilter, RewardVarianceParams):
 
 class DuplicateInformative(_VarianceFilter, DuplicateInformativeParams):
     """The variance filter as the duplicate stage; the copies are planned by the row layer
-    from the groups it keeps, seeded with `seed`."""
+    from the groups it keeps, seeded with `seed`. With `min_replace_ratio`, a batch with too few
+    informative groups is kept whole and not copied (`copyable`); its rows then all go to one
+    shuffle bucket, so the stage sees the batch whole."""
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return () if self.min_replace_ratio is None else (WHOLE_BATCH,)
+
+    def _kept_whole(self, rows: GroupedRows) -> Tensor:
+        """(G,) bool: the group's batch has informative groups <= min_replace_ratio * groups."""
+        informative = informative_groups(rows.reward, rows.offsets, self.variance_threshold)
+        if self.min_replace_ratio is None:
+            return torch.zeros_like(informative)
+        _, batch_of = torch.unique(rows.group_batch, return_inverse=True)
+        groups = torch.bincount(batch_of)
+        good = torch.bincount(batch_of, weights=informative.to(torch.float64)).to(torch.int64)
+        # POLARIS: replace only when len(good) > len(all) * min_replace_ratio
+        return ~(good.to(torch.float64) > groups.to(torch.float64) * self.min_replace_ratio)[batch_of]
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        keep = per_row(informative_groups(rows.reward, rows.offsets, self.variance_threshold) | self._kept_whole(rows), rows.offsets)
+        return Scores(None, keep, *self._stats(rows))
+
+    def copyable(self, rows: GroupedRows) -> Tensor:
+        """(G,) bool: the groups the copy plan may copy (not those of a batch kept whole)."""
+        return ~self._kept_whole(rows)

@@ -1,0 +1,127 @@
+"""Reward shaping: the `shape` stage, which changes each row's reward before any filter or
+statistic sees it (chain.py: shaping strategies run first, in the order given, each on the
+rewards the previous one left). The written `reward` is the shaped one; the input's is kept as
+`reward_original`.
+
+    reward_shaping          r <- r op weight * x   (op add / sub / mul / div; Trinity's
+                            RewardShapingMapper: a missing x, or a zero divisor, leaves r)
+                            r <- clip(scale * r + bias, clip_min, clip_max)
+    dapo_overlong_penalty   r <- r + p(L),  e = max_resp_len - overlong_buffer_len,
+                            p(L) = 0 for L <= e, (e - L) / overlong_buffer_len * penalty_factor
+                            up to max_resp_len, -penalty_factor beyond (DAPO, arXiv 2503.14476;
+                            verl DAPORewardManager, Trinity MathDAPORewardFn)
+    truncated_reward        truncated rows: r <- value (mode=set) or r + value (mode=add)
+    reward_sum              r <- sum_k w_k * x_k over named reward columns
+
+A shaping strategy is a `Shapes` (base.py): `shape(rows) -> (n,) float64` new rewards from the
+grouped light rows, so one that needs group statistics (a KL or length term relative to the
+group) has them too. What it needs from a row's tokens (the response length) is computed where
+the row is read, as a light column; tokens never cross the shuffle.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.catalog import (
+    DAPOOverlongPenaltyParams,
+    RewardShapingParams,
+    RewardSumParams,
+    TruncatedRewardParams,
+)
+from rescore.transforms.strategies.filters import truncated_flags
+from rescore.transforms.strategies.registry import Column
+from rescore.transforms.strategies.segments import group_stats
+
+OPTIONAL = "@optional:"
+
+
+def column_op(reward: Tensor, x: Tensor, op: str, weight: float) -> Tensor:
+    """(n,) Trinity's r op weight * x; where x is NaN (missing), or op is div and weight * x is
+    0, r stays."""
+    w = weight * x
+    if op == "add":
+        out = reward + w
+    elif op == "sub":
+        out = reward - w
+    elif op == "mul":
+        out = reward * w
+    else:
+        out = reward / torch.where(w == 0, torch.ones_like(w), w)
+        out = torch.where(w == 0, reward, out)
+    return torch.where(torch.isnan(x), reward, out)
+
+
+def affine_clip(reward: Tensor, scale: float, bias: float, low: float | None, high: float | None) -> Tensor:
+    """(n,) clip(scale * r + bias, low, high); a None bound does not clip."""
+    out = reward * scale + bias if (scale != 1.0 or bias != 0.0) else reward
+    if low is not None or high is not None:
+        out = out.clamp(min=low, max=high)
+    return out
+
+
+def overlong_penalty(length: Tensor, max_resp_len: int, buffer_len: int, factor: float) -> Tensor:
+    """(n,) float64 DAPO's soft overlong punishment of responses of `length` (n,) tokens:
+    0 up to max_resp_len - buffer_len, then linear down to -factor at max_resp_len, and
+    -factor beyond it."""
+    expected = max_resp_len - buffer_len
+    length = length.to(torch.float64)
+    soft = (expected - length) / buffer_len * factor
+    return torch.where(length <= expected, torch.zeros_like(length), torch.where(length > max_resp_len, torch.full_like(length, -factor), soft))
+
+
+class _Shaping:
+    """What every shaping strategy shares: no batch statistics, and score() for a chain that
+    runs it as its only stage (every row kept, no advantage)."""
+
+    batch_level = False
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
+        return Scores(None, keep, *group_stats(rows.reward, rows.offsets))
+
+
+class RewardShaping(_Shaping, RewardShapingParams):
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return () if self.stats_key is None else (OPTIONAL + self.stats_key,)
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        reward = rows.reward
+        if self.stats_key is not None:
+            reward = column_op(reward, rows.columns[self.stats_key].to(torch.float64), self.op_type, self.weight)
+        return affine_clip(reward, self.scale, self.bias, self.clip_min, self.clip_max)
+
+
+class DAPOOverlongPenalty(_Shaping, DAPOOverlongPenaltyParams):
+    needs = ()
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        return rows.reward + overlong_penalty(rows.response_length, self.max_resp_len, self.overlong_buffer_len, self.penalty_factor)
+
+
+class TruncatedReward(_Shaping, TruncatedRewardParams):
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return (self.truncate_status_key,)
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        values = rows.columns[self.truncate_status_key]
+        flags = truncated_flags(values, not values.is_floating_point())
+        new = torch.full_like(rows.reward, self.value) if self.mode == "set" else rows.reward + self.value
+        return torch.where(flags, new, rows.reward)
+
+
+class RewardSum(_Shaping, RewardSumParams):
+    @property
+    def needs(self) -> tuple[Column, ...]:
+        return self.reward_keys
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        weights = self.reward_weights or (1.0,) * len(self.reward_keys)
+        out = torch.zeros_like(rows.reward)
+        for key, w in zip(self.reward_keys, weights):
+            out = out + w * rows.columns[key].to(torch.float64)
+        return out
