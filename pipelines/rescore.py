@@ -319,8 +319,12 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
         return {**run_info, "submitted": True, "job_id": getattr(result, "job_id", lambda: None)()}
     if _one_process(p.options):
         shorten_sampler_period()
-    with Progress(cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet):
-        p.run().wait_until_finish()
+    try:
+        with Progress(cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet):
+            p.run().wait_until_finish()
+    except BaseException:
+        progress_marks.clear(staging_dir(cfg.output))  # the marks only count a run in progress
+        raise
     success = storage.join(cfg.output, SUCCESS)
     metrics = storage.join(cfg.output, METRICS)
     failed_dir = storage.join(cfg.output, ownership.FAILED)  # a failed run beside a finished one

@@ -40,6 +40,8 @@ import pyarrow.parquet as pq
 
 from rescore.errors import RUN_FAILURES, ConfigError, InputError
 from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
+from rescore.transforms.files.layout import STAGING as RUN_STAGING
+from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS, TASK_STATS_VIEW
 from rescore.transforms.rows import task_stats as ts
 
 STATS_JSON = "task_stats.json"
@@ -103,7 +105,7 @@ def resolve_inputs(sources: list[str]) -> list[str]:
         if os.path.isdir(source) and (os.path.isdir(os.path.join(source, DELTA_LOG)) or os.path.exists(os.path.join(source, SUCCESS))):
             found = _output_files(source)
         elif os.path.isdir(source):
-            if os.path.exists(os.path.join(source, "_staging")) or glob.glob(os.path.join(glob.escape(source), SCORED_FILES)):
+            if os.path.exists(os.path.join(source, RUN_STAGING)) or glob.glob(os.path.join(glob.escape(source), SCORED_FILES)):
                 raise InputError(f"{source} is not a finished Rescore output (no _SUCCESS, no Delta table)")
             found = sorted(glob.glob(os.path.join(glob.escape(source), "*.parquet")))
         else:
@@ -154,7 +156,7 @@ def run(argv: list[str]) -> dict:
         doc = run_incremental(args, ks, beam_args)
         if band is not None:
             doc["prompt_list"] = {"path": args.prompt_list, "tasks": write_prompt_list(
-                os.path.join(out, TASKS_DIR, "task_stats.parquet"), args.prompt_list, *band)}
+                os.path.join(out, TASK_STATS_VIEW, TASK_STATS), args.prompt_list, *band)}
         return doc
     if os.path.isdir(os.path.join(out, DELTA_LOG)):
         raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
@@ -235,7 +237,6 @@ def write_prompt_list(table_path: str, path: str, lo: float, hi: float) -> int:
 
 
 STATE_KEY = "rescore.task_stats"
-TASKS_DIR = "_task_stats"
 
 
 def _pipeline_options(beam_args: list[str]):
@@ -315,7 +316,7 @@ def run_incremental(args, ks: tuple[int, ...], beam_args: list[str]) -> dict:
     from rescore.transforms.task_stats import GROUP_STATS_FILE, SKIPPED, ComputeTaskStats
 
     options = _pipeline_options(beam_args)
-    staging = os.path.abspath(os.path.join(out, TASKS_DIR, f"_staging-{os.getpid()}"))
+    staging = os.path.abspath(os.path.join(out, TASK_STATS_VIEW, f"_staging-{os.getpid()}"))
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     if readers:
@@ -377,9 +378,9 @@ def write_task_view(out: str, ks: tuple[int, ...], lamb: float, beta_m: float | 
     group_view = groups.drop_columns([n for n, _ in ts.EXACT_COLUMNS])
     group_view = group_view.take(pa.array(sorted(range(group_view.num_rows), key=lambda i: ts.sort_key(
         {"task": group_view["task"][i].as_py(), "batch": group_view["batch"][i].as_py()})), pa.int64()))
-    directory = os.path.join(out, TASKS_DIR)
+    directory = os.path.join(out, TASK_STATS_VIEW)
     os.makedirs(directory, exist_ok=True)
-    for name, table in (("task_batch_stats.parquet", group_view), ("task_stats.parquet", tasks)):
+    for name, table in ((TASK_BATCH_STATS, group_view), (TASK_STATS, tasks)):
         tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
         pq.write_table(table, tmp)
         os.replace(tmp, os.path.join(directory, name))
@@ -387,7 +388,7 @@ def write_task_view(out: str, ks: tuple[int, ...], lamb: float, beta_m: float | 
 
 
 def _task_view_counts(out: str) -> dict:
-    path = os.path.join(out, TASKS_DIR, "task_stats.parquet")
+    path = os.path.join(out, TASK_STATS_VIEW, TASK_STATS)
     return {"tasks": pq.read_metadata(path).num_rows if os.path.exists(path) else 0}
 
 

@@ -61,6 +61,10 @@ class BlobError(ValueError):
     """A blob that is not a readable, safe TRXP payload. The message is one line."""
 
 
+class LineError(ValueError):
+    """A verl rollout-dump line that becomes one rejected row; the message is the reason."""
+
+
 class DeviceError(RuntimeError):
     """--device cuda where no CUDA device is visible."""
 

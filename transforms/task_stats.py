@@ -21,10 +21,10 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rescore.transforms.files.layout import TASK_BATCH_STATS as GROUP_STATS_FILE
+from rescore.transforms.files.layout import TASK_STATS as TASK_STATS_FILE
 from rescore.transforms.rows import task_stats as ts
 
-GROUP_STATS_FILE = "task_batch_stats.parquet"
-TASK_STATS_FILE = "task_stats.parquet"
 SKIPPED = "skipped"
 
 

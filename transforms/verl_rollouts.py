@@ -31,6 +31,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from rescore.errors import LineError
 from rescore.transforms.files import storage
 
 FORMAT = "verl-rollouts"
@@ -88,11 +89,7 @@ def _text(raw: bytes, number: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _Reject(f"bad_utf8: line {number} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-
-
-class _Reject(Exception):
-    """A line that becomes a rejected row; the message is the reason."""
+        raise LineError(f"bad_utf8: line {number} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
 def _unencodable(value) -> bool:
@@ -121,12 +118,12 @@ def _as_text(value) -> str:
 def parse_line(path: str, number: int, raw: bytes, terminated: bool = True) -> dict:
     """One line as a row (SCHEMA's columns without `run`), or a rejected row with its reason.
     Never raises for any bytes: a line is data, never code (json only, no eval or pickle)."""
-    truncated = _Reject(f"truncated_line: line {number}, the last, has no newline and is not complete JSON "
+    truncated = LineError(f"truncated_line: line {number}, the last, has no newline and is not complete JSON "
                         "(a dump cut short)")
     try:
         try:
             text = _text(raw, number)
-        except _Reject:
+        except LineError:
             if not terminated:
                 raise truncated from None
             raise
@@ -135,29 +132,29 @@ def parse_line(path: str, number: int, raw: bytes, terminated: bool = True) -> d
         try:
             entry = json.loads(text)
         except RecursionError:
-            raise _Reject(f"bad_json: line {number} is nested too deeply") from None
+            raise LineError(f"bad_json: line {number} is nested too deeply") from None
         except ValueError as e:
             if not terminated:
                 raise truncated from None
-            raise _Reject(f"bad_json: line {number} is not JSON ({str(e).splitlines()[0][:120]})") from None
+            raise LineError(f"bad_json: line {number} is not JSON ({str(e).splitlines()[0][:120]})") from None
         if not isinstance(entry, dict):
-            raise _Reject(f"bad_json: line {number} is a JSON {type(entry).__name__}, not an object")
+            raise LineError(f"bad_json: line {number} is a JSON {type(entry).__name__}, not an object")
         missing = [k for k in ("input", "output", "score", "step") if k not in entry]
         if missing:
-            raise _Reject(f"missing_field: line {number} has no {missing[0]!r}")
+            raise LineError(f"missing_field: line {number} has no {missing[0]!r}")
         if _unencodable(entry):
-            raise _Reject(f"bad_text: line {number} holds a lone surrogate escape (e.g. \"\\ud800\"), which no UTF-8 text can hold")
+            raise LineError(f"bad_text: line {number} holds a lone surrogate escape (e.g. \"\\ud800\"), which no UTF-8 text can hold")
         score, step, prompt = entry["score"], entry["step"], entry["input"]
         if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise _Reject(f"bad_reward: line {number} score is {_short(score)}, not a number")
+            raise LineError(f"bad_reward: line {number} score is {_short(score)}, not a number")
         try:
             reward = float(score)
         except OverflowError:
-            raise _Reject(f"bad_reward: line {number} score {_short(score)} is beyond the range of a float") from None
+            raise LineError(f"bad_reward: line {number} score {_short(score)} is beyond the range of a float") from None
         if isinstance(step, bool) or not isinstance(step, int):
-            raise _Reject(f"bad_step: line {number} step is {_short(step)}, not an integer")
+            raise LineError(f"bad_step: line {number} step is {_short(step)}, not an integer")
         if not INT64[0] <= step <= INT64[1]:
-            raise _Reject(f"bad_step: line {number} step {_short(step)} is beyond the int64 range")
+            raise LineError(f"bad_step: line {number} step {_short(step)} is beyond the int64 range")
         prompt = _as_text(prompt)
         gts = entry.get("gts")
         extra = {k: v for k, v in entry.items() if k not in KNOWN}
@@ -175,7 +172,7 @@ def parse_line(path: str, number: int, raw: bytes, terminated: bool = True) -> d
             "source_line": number,
             "source_error": None,
         }
-    except _Reject as e:
+    except LineError as e:
         return _error(path, number, str(e))
     except RecursionError:
         return _error(path, number, f"bad_json: line {number} is nested too deeply")

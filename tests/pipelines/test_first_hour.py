@@ -165,7 +165,7 @@ def test_first_hour_smalls(sample, tmp_path, monkeypatch, capsys):
     assert "  epsilon: float = 1e-06" in out and "  std_cal_level: group|batch = 'group'" in out
     assert main(["strategies"]) == 0
     out = capsys.readouterr().out
-    assert "filter:\n  dynamic_filtering " in out and "\nadvantage:\n" in out and "\n  reward_variance " in out
+    assert "filter:\n" in out and "\n  dynamic_filtering " in out and "\nadvantage:\n" in out and "\n  reward_variance " in out
     assert main(["configs"]) == 0
     out = capsys.readouterr().out
     assert "local  " in out.replace("local_multiprocess", "") and "dataflow_gpu" in out

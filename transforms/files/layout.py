@@ -32,6 +32,22 @@ SOURCE_DIR = "_source"
 SOURCE_MARK = "_RESCORE_SOURCE"
 """Written by Rescore into OUTPUT/_source/ when it creates it: only then is the directory Rescore's."""
 
+TASK_STATS = "task_stats.parquet"
+TASK_BATCH_STATS = "task_batch_stats.parquet"
+TASK_STATS_VIEW = "_task_stats"
+"""An incremental task-stats table keeps its per-task view in OUTPUT/_task_stats/."""
+
+
+def task_stats_table(path: str) -> str:
+    """The task_stats.parquet of a `rescore task-stats` output: a directory, an incremental
+    table (its _task_stats/task_stats.parquet) or the file itself."""
+    import os
+
+    if os.path.isdir(os.path.join(path, DELTA_LOG)):
+        return os.path.join(path, TASK_STATS_VIEW, TASK_STATS)
+    return os.path.join(path, TASK_STATS) if os.path.isdir(path) else path
+
+
 SCORED_FILES = "scored-*.parquet"
 FILTERED_FILES = "filtered-*.parquet"
 REJECTED_FILES = "rejected-*.parquet"

@@ -101,14 +101,15 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_if_unpublished(directory: str) -> None:
-    """In a directory this run created: when it holds nothing but Rescore's empty file list, the
-    failed run's staging and an incremental run's work (no file published), remove those, so
-    the directory itself goes (a failed run leaves no folder holding only the ledger)."""
-    from rescore.transforms.files.layout import INCREMENTAL_WORK, LEDGER, STAGING
+    """In a directory this run created: when it holds nothing but Rescore's empty file list (the
+    run stopped before it staged anything), remove that, so the directory itself goes (a failed
+    run leaves no folder holding only the ledger). A run that failed after staging keeps its
+    folder and `_staging/` as before: what it got to is there to look at, never published."""
+    from rescore.transforms.files.layout import LEDGER
 
     try:
         names = set(os.listdir(directory))
-        if not names or not names <= {LEDGER, STAGING, INCREMENTAL_WORK}:
+        if names != {LEDGER}:
             return
         if LEDGER in names:
             with open(os.path.join(directory, LEDGER), encoding="utf-8") as f:

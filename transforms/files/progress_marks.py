@@ -2,7 +2,7 @@
 their work, so the driver's progress line (pipelines/progress.py) counts the work of THIS run,
 step by step, on any runner (in-process, multi-process, Flink, Dataflow: every worker can write
 the staging directory). They are removed with `_staging/` when the run publishes; a failed run's
-are cleared with it by the next run. A mark is a name only:
+are removed when it fails (progress_marks.clear), or with the staging by the next run. A mark is a name only:
 
     read-UUUUU-R     read unit UUUUU was read and validated: R rows passed validation
     score-B-R        shuffle bucket B was scored: R rows (with its duplicate-id rejects)
@@ -50,6 +50,21 @@ def mark(directory: str | None, name: str) -> None:
         else:
             storage.create(path).close()
     except Exception:  # noqa: BLE001  (progress must never break the run)
+        pass
+
+
+def clear(staging: str) -> None:
+    """After a failed run: remove its marks, and `staging` itself when the marks were all it held
+    (a run that failed before the write step staged anything leaves no `_staging/` behind). Local
+    outputs only; elsewhere the next run clears them with the rest of the staging."""
+    if not storage.is_local(staging):
+        return
+    import shutil
+
+    shutil.rmtree(progress_dir(staging), ignore_errors=True)
+    try:
+        os.rmdir(staging)  # only if empty: a staged file is the failed run's, kept as before
+    except OSError:
         pass
 
 

@@ -21,6 +21,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.transforms.files.layout import task_stats_table
+
 SCALE = 1074
 """Every finite float64 is an integer times 2**-SCALE (the smallest subnormal)."""
 
@@ -233,7 +235,7 @@ def history_pass_rates(path: str) -> tuple["np.ndarray", "np.ndarray"]:
 
     from rescore.transforms.rows.keys import task_hash
 
-    table_path = stats_file(path)
+    table_path = task_stats_table(path)
     stat = os.stat(table_path)
     key = (os.path.abspath(table_path), stat.st_mtime_ns, stat.st_size)
     if key not in _HISTORY:
@@ -244,13 +246,3 @@ def history_pass_rates(path: str) -> tuple["np.ndarray", "np.ndarray"]:
             raise ValueError(f"{table_path}: two tasks share a task hash; the history filter cannot tell them apart")
         _HISTORY[key] = (keys[order], table["pass_rate"].to_numpy()[order].astype(np.float64))
     return _HISTORY[key]
-
-
-def stats_file(path: str) -> str:
-    """The task_stats.parquet of a `rescore task-stats` output: a directory, an incremental table
-    (its _task_stats/task_stats.parquet) or the file itself."""
-    import os
-
-    if os.path.isdir(os.path.join(path, "_delta_log")):
-        return os.path.join(path, "_task_stats", "task_stats.parquet")
-    return os.path.join(path, "task_stats.parquet") if os.path.isdir(path) else path

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rescore.transforms.files.layout import task_stats_table
 from rescore.transforms.strategies.registry import (
     ADVANTAGE,
     DUPLICATE,
@@ -435,11 +436,7 @@ class PassRateBandParams(StrategyParams):
         if path is not None and "://" not in path:
             import os
 
-            table = path
-            if os.path.isdir(os.path.join(path, "_delta_log")):  # an incremental task-stats table
-                table = os.path.join(path, "_task_stats", "task_stats.parquet")
-            elif os.path.isdir(path):
-                table = os.path.join(path, "task_stats.parquet")
+            table = task_stats_table(path)
             if not os.path.isfile(table):
                 raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")
 
