@@ -417,12 +417,7 @@ def _with_default_runner(args: list[str]) -> list[str]:
     Beam 2.77's DirectRunner first fetches the Prism binary; Rescore runs its in-process
     FnApiRunner instead, the runner DirectRunner itself falls back to for batch jobs.
     """
-    runner = None
-    for i, a in enumerate(args):
-        if a == "--runner" and i + 1 < len(args):
-            runner = args[i + 1]
-        elif a.startswith("--runner="):
-            runner = a.split("=", 1)[1]
+    runner = _runner_name(args)
     if runner is None:
         return [*args, f"--runner={DEFAULT_RUNNER}"]
     if runner in ("DirectRunner", "SwitchingDirectRunner"):
