@@ -619,16 +619,10 @@ def _check_runner_extra(beam_args: list[str]) -> None:
     """The Dataflow runner needs the [gcp] extra where the job is launched (a dry run too):
     without it, one line naming the extra, before any work (Beam's own ImportError would come
     from inside the pipeline's run)."""
-    runner = None
-    for i, a in enumerate(beam_args):
-        if a == "--runner" and i + 1 < len(beam_args):
-            runner = beam_args[i + 1]
-        elif a.startswith("--runner="):
-            runner = a.split("=", 1)[1]
-    if runner not in ("DataflowRunner", "dataflow", "Dataflow"):
+    if _runner_name(beam_args) not in ("DataflowRunner", "dataflow", "Dataflow"):
         return
-    try:
-        from apache_beam.runners.dataflow.internal import apiclient  # noqa: F401
+    try:  # by module name: an attribute left on the package by an earlier import does not count
+        importlib.import_module("apache_beam.runners.dataflow.internal.apiclient")
     except ImportError:
         raise ConfigError(
             "--runner DataflowRunner needs the [gcp] extra where the job is launched (a --dry_run=True too): "
