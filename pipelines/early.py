@@ -8,7 +8,7 @@ default in-process runner, it starts decoding the first read units of the first 
 threads (transforms/input_plan.py: Prefetch). The read step later takes those tables instead of
 decoding the units itself; whatever it does not take is dropped at the end of the run.
 
-Only a command line made of the options below qualifies: anything else (a --config file, a Beam
+Only a command line made of the options declared `plain` qualifies (pipelines/options.py): anything else (a --config file, a Beam
 option such as --runner, --incremental, the model stage, SQL buffers or verl dumps, --help) may
 change what is read or where, and is simply not prefetched. Nothing here can fail the command or
 change its output: a unit decoded here was read exactly as the read step reads it, and is taken
@@ -17,16 +17,12 @@ only if its file still has the fingerprint it had then.
 
 from __future__ import annotations
 
-WITH_VALUE = frozenset({
-    "--input", "--output", "--strategy", "--algorithm", "--set", "--buckets", "--shard-rows", "--shard_rows",
-    "--max-reject-fraction", "--max_reject_fraction", "--max-group-rows", "--max_group_rows", "--io-threads",
-    "--io_threads", "--device", "--wait-for-lock", "--wait_for_lock", "--log-level", "--log_level",
-})
-FLAGS = frozenset({
-    "--overwrite", "--skip-bad-files", "--skip_bad_files", "--keep-filtered", "--keep_filtered", "--audit-columns",
-    "--audit_columns", "--quiet",
-})
-DEFAULT_SHARD_ROWS = 65536
+from rescore.pipelines.options import plain_flags
+from rescore.transforms.settings import DEFAULT_SHARD_ROWS
+
+WITH_VALUE, FLAGS = plain_flags()
+"""The options a plain run may hold (declared `plain` in pipelines/options.py), with a value and
+without."""
 
 
 def plain_run(argv: list[str]) -> dict[str, list[str]] | None:

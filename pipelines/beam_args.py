@@ -1,0 +1,152 @@
+"""The Beam side of a run's command line: every argument that is not a Rescore flag must be a
+Beam pipeline option (a typo fails instead of being dropped silently), the runner it names and
+what that runner needs (a local path Dataflow's workers cannot reach, the [gcp] extra, a Prism
+binary), and the local runner Rescore pins when none is named."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import os
+
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+from rescore.errors import ConfigError
+from rescore.pipelines.options import parser as _parser
+
+log = logging.getLogger("rescore.pipelines.config")
+
+DEFAULT_RUNNER = "FnApiRunner"
+
+
+def _check_paths_reach_workers(args: list[str], inputs: list[str], output: str, input_table) -> None:
+    """Dataflow's workers are other machines with no mount of the launcher's disk: a local
+    input or output would be read or published there (or fail half-way); refuse it up front.
+    (Flink and Spark workers may share a mount, which Rescore cannot tell: docs/runners.md.)"""
+    if (_runner_name(args) or "").lower() not in ("dataflowrunner", "dataflow"):
+        return
+    if any(a in ("--dry_run=True", "--dry_run=true") for a in args):
+        return  # the job graph is built, nothing runs
+    paths = [("--output", output)] + ([] if input_table else [("--input", i) for i in inputs])
+    for flag, path in paths:
+        if "://" not in path:
+            raise ConfigError(
+                f"{flag} {path!r} is a local path, which DataflowRunner's workers cannot reach: use gs://BUCKET/..."
+            )
+
+
+def _runner_name(args: list[str]) -> str | None:
+    runner = None
+    for i, a in enumerate(args):
+        if a == "--runner" and i + 1 < len(args):
+            runner = args[i + 1]
+        elif a.startswith("--runner="):
+            runner = a.split("=", 1)[1]
+    return runner
+
+
+def _import_runner_options(args: list[str]) -> str | None:
+    """Import the module of the named runner, so the options it defines (DaskRunner's
+    `--dask_client_address`, a custom runner's) are Beam options like the ones Rescore imports
+    itself. Returns why the module could not be imported, or None."""
+    runner = _runner_name(args)
+    if not runner:
+        return None
+    from apache_beam.runners import runner as beam_runner
+
+    known = {**beam_runner._RUNNER_MAP, "daskrunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+    path = known.get(runner.lower(), known.get(runner.lower() + "runner", runner))
+    if "." not in path:
+        return None
+    try:
+        importlib.import_module(path.rsplit(".", 1)[0])
+    except Exception as e:  # a missing extra (dask, ...): the option stays unknown, and we say why
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
+def _check_beam_args(args: list[str]) -> None:
+    why_not = _import_runner_options(args)
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)  # the same parser Beam builds in get_all_options
+    try:
+        _, unknown = parser.parse_known_args(args)
+    except SystemExit:
+        raise ConfigError(f"invalid Beam pipeline options: {' '.join(args)}") from None
+    if unknown:
+        first = unknown[0]
+        if not first.startswith("-"):
+            raise ConfigError(f"unexpected argument {first!r}")
+        flag = first.split("=", 1)[0]
+        known = [o for a in parser._actions for o in a.option_strings] + [
+            o for a in _parser()._actions for o in a.option_strings
+        ]
+        hint = difflib.get_close_matches(flag, known, n=1)
+        did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
+        runner_note = f" (runner {_runner_name(args)}'s module did not import: {why_not})" if why_not else ""
+        raise ConfigError(
+            f"unknown option {flag!r}{did_you_mean}: not a Rescore flag nor a Beam pipeline option{runner_note}"
+        )
+
+
+def _with_default_runner(args: list[str]) -> list[str]:
+    """Pin a local runner that never downloads anything.
+
+    Beam 2.77's DirectRunner first fetches the Prism binary; Rescore runs its in-process
+    FnApiRunner instead, the runner DirectRunner itself falls back to for batch jobs.
+    """
+    runner = _runner_name(args)
+    if runner is None:
+        return [*args, f"--runner={DEFAULT_RUNNER}"]
+    if runner in ("DirectRunner", "SwitchingDirectRunner"):
+        log.info("running %s as the in-process FnApiRunner (no Prism download)", runner)
+        return [*args, f"--runner={DEFAULT_RUNNER}"]
+    if runner in ("PrismRunner", "Prism") and not any(a.startswith("--prism_location") for a in args):
+        return [*args, f"--prism_location={prism_binary()}"]
+    return args
+
+
+def prism_binary() -> str:
+    """The Prism binary `--runner PrismRunner` uses when no --prism_location is given:
+    $RESCORE_PRISM, or the one `go install` built into ~/.cache/rescore/prism/ for this Beam.
+
+    Beam would download a release zip from GitHub at run time (and can hang where that host is
+    unreachable); Rescore refuses instead, saying how to build the binary."""
+    import apache_beam
+
+    path = os.environ.get("RESCORE_PRISM") or os.path.join(
+        os.path.expanduser("~"), ".cache", "rescore", "prism", f"bin-{apache_beam.__version__}", "prism")
+    if not os.access(path, os.X_OK):
+        raise ConfigError(
+            f"--runner PrismRunner needs Beam's Prism binary at {path}: build it with "
+            f"`GOBIN={os.path.dirname(path)} go install github.com/apache/beam/sdks/v2/go/cmd/prism@v{apache_beam.__version__}`"
+            " or pass --prism_location=PATH"
+        )
+    return path
+
+
+def _with_worker_log_level(args: list[str], level: str) -> list[str]:
+    """SDK workers (multi-process, portable) log at INFO by default; follow --log-level.
+
+    Written as Java's level name (`WARN`, which Python's logging also knows): a Java job server
+    (Flink's, Spark's) parses the pipeline options into its own enum and rejects `WARNING`."""
+    if any(a.startswith("--default_sdk_harness_log_level") for a in args):
+        return args
+    return [*args, f"--default_sdk_harness_log_level={'WARN' if level == 'WARNING' else level}"]
+
+
+def _check_runner_extra(beam_args: list[str]) -> None:
+    """The Dataflow runner needs the [gcp] extra where the job is launched (a dry run too):
+    without it, one line naming the extra, before any work (Beam's own ImportError would come
+    from inside the pipeline's run)."""
+    if _runner_name(beam_args) not in ("DataflowRunner", "dataflow", "Dataflow"):
+        return
+    try:  # by module name: an attribute left on the package by an earlier import does not count
+        importlib.import_module("apache_beam.runners.dataflow.internal.apiclient")
+    except ImportError:
+        raise ConfigError(
+            "--runner DataflowRunner needs the [gcp] extra where the job is launched (a --dry_run=True too): "
+            "pip install 'rescore[gcp]' (from the repository: .venv/bin/pip install '.[gcp]')"
+        ) from None

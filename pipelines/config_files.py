@@ -1,0 +1,79 @@
+"""--config YAML files: a path, or the name of a config that ships with Rescore; read, its keys
+and value types checked (pipelines/options.py: check_config), its pipeline_options turned into
+Beam flags."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import yaml
+
+from rescore.errors import ConfigError
+from rescore.pipelines.options import check_config
+
+
+def shipped_configs() -> dict[str, str]:
+    """{name: path} of the run configs that ship with Rescore (the repository's run_configs/,
+    installed as package data): `--config NAME` or `--config run_configs/NAME.yaml` finds them
+    from any directory; `rescore configs` lists them."""
+    import rescore
+
+    found: dict[str, str] = {}
+    for base in [os.path.dirname(rescore.__file__), *rescore.__path__]:
+        directory = os.path.join(base, "run_configs")
+        if os.path.isdir(directory):
+            for name in sorted(os.listdir(directory)):
+                if name.endswith(".yaml"):
+                    found.setdefault(name[: -len(".yaml")], os.path.join(directory, name))
+    return found
+
+
+def _config_path(path: str) -> str:
+    """`path` where it exists; else the shipped config it names (`local`, `local.yaml`,
+    `run_configs/local.yaml`)."""
+    if os.path.exists(path):
+        return path
+    head, name = os.path.split(path)
+    if head in ("", "run_configs", "./run_configs"):
+        shipped = shipped_configs().get(name[: -len(".yaml")] if name.endswith(".yaml") else name)
+        if shipped:
+            return shipped
+    return path
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    given, path = path, _config_path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        shipped = ", ".join(shipped_configs())
+        raise ConfigError(
+            f"cannot read config {given}: {e.strerror}" + (f" (shipped configs: {shipped}; `rescore configs` lists them)" if shipped else "")
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping of keys to values")
+    check_config(path, data)
+    return data
+
+
+def pipeline_option_flags(options: dict[str, Any]) -> list[str]:
+    """YAML pipeline_options -> Beam command-line flags."""
+    flags = []
+    for key, value in options.items():
+        name = f"--{key}"
+        if value is True:
+            flags.append(name)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            flags += [f"{name}={v}" for v in value]
+        elif isinstance(value, dict):
+            flags.append(f"{name}={json.dumps(value)}")
+        else:
+            flags.append(f"{name}={value}")
+    return flags

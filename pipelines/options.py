@@ -1,0 +1,331 @@
+"""Every option of a run, declared once, and what is generated from the declarations: the
+parser (`--help`), the --config YAML keys and their type checks, each option's value from flag
+over YAML over default, and the options pipelines/early.py may prefetch a run with.
+
+The declarations are the fields of `RunConfig`: the launcher's own options here, and the ones
+the Beam steps read in its base class, transforms/settings.py's `StepSettings` (the steps import
+that, never this). A field's type is its check where every value of the type is valid (a YAML
+`overwrite: "false"` is refused, not true); `check` adds the rest. Nothing here imports Beam,
+YAML or the strategies (early.py reads the table before the `rescore` command imports them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import Field, dataclass, fields
+from typing import Any
+
+from rescore.errors import ConfigError
+from rescore.pipelines.model_flags import add_model_flags
+from rescore.transforms.rows.model_columns import ModelOptions
+from rescore.transforms.settings import (
+    StepSettings,
+    flags_of,
+    one_of,
+    option,
+    options,
+    spec,
+    value_type,
+    yaml_key,
+)
+
+INPUT_FORMATS = ("parquet", "verl-rollouts")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_PROGRESS_SECONDS = 15.0
+
+
+def _strategy_help() -> str:
+    from rescore.transforms.strategies.registry import names
+
+    return f"strategy name, or a comma-separated filter,advantage,duplicate chain: {', '.join(names())}"
+
+
+def _algorithm_help() -> str:
+    from rescore.transforms.strategies import algorithms
+
+    return f"Trinity-RFT algorithm preset: {', '.join(algorithms.names())}"
+
+
+def _seconds(flag: str, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < float("inf"):  # also NaN
+        return f"{flag} must be a number of seconds >= 0, got {value!r}"
+    return None
+
+
+def _interval(flag: str, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < float("inf"):
+        return f"{flag} must be a number of seconds > 0, got {value!r}"
+    return None
+
+
+def _input_paths(key: str, value: Any) -> str | None:
+    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        return None
+    return f"{key!r} must be a path or a list of paths, got {value!r}"
+
+
+def _mapping(key: str, value: Any) -> str | None:
+    return None if isinstance(value or {}, dict) else f"{key!r} must be a mapping"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(StepSettings):
+    """A run's options: flags over the --config YAML over the defaults (config.parse_args).
+    The fields of StepSettings (transforms/settings.py) are the ones the steps read."""
+
+    inputs: list[str] = option(
+        flags=("--input",), dest="input", yaml="input", repeat=True, yaml_check=_input_paths, plain=True,
+        help="input Parquet path, directory or glob (repeatable)",
+    )
+    output: str = option(plain=True, help="output directory")
+    strategies: list[str] = option(
+        flags=("--strategy",), dest="strategy", yaml="strategy", repeat=True, plain=True, help=_strategy_help,
+    )
+    algorithm: str | None = option(None, plain=True, help=_algorithm_help)
+    group_filter: str | None = option(
+        None, yaml=None, metavar="MODULE:FUNCTION",
+        help="your function over each task group's rows: True keeps it (the run's filter stage; docs/strategies.md)",
+    )
+    params: dict[str, Any] = option(
+        flags=("--set",), dest="set", yaml="params", repeat=True, metavar="KEY=VALUE", yaml_check=_mapping, plain=True,
+        help="strategy parameter, KEY or STRATEGY.KEY (JSON value)",
+    )
+    config: str | None = option(
+        None, yaml=None, help="YAML run config: a file, or the name of a shipped one (`rescore configs` lists them)",
+    )
+    overwrite: bool = option(False, plain=True, help="replace a finished run in --output")
+    skip_bad_files: bool = option(
+        False, plain=True,
+        help="leave out unreadable or contract-breaking input files instead of stopping (listed in metrics.json)",
+    )
+    incremental: bool = option(
+        False,
+        help="keep OUTPUT as a Delta Lake table and rescore only the batches new, changed or deleted input touches (docs/runners.md)",
+    )
+    run_name: str | None = option(
+        None, yaml=None,
+        help="with --incremental: the run's name, one path component [A-Za-z0-9][A-Za-z0-9._=+-]* (default run=YYYYMMDDTHHMMSS, UTC)",
+    )
+    wait: bool = option(
+        True, flags=("--no-wait", "--no_wait"), dest="no_wait", yaml=None,
+        help="submit to a remote runner and return without waiting (Flex Templates)",
+    )
+    input_table: str | None = option(
+        None, metavar="NAME", help="read the Trinity-RFT experience buffer NAME from the database URL given as --input",
+    )
+    input_format: str = option(
+        "parquet", choices=INPUT_FORMATS, check=lambda flag, v: one_of(flag, v, INPUT_FORMATS, "input format"),
+        help="parquet (default) or verl-rollouts (verl trainer.rollout_data_dir {step}.jsonl files)",
+    )
+    output_db: str | None = option(
+        None, metavar="URL", help="also write the scored experience as a Trinity-RFT buffer into this SQLAlchemy database URL",
+    )
+    output_table: str | None = option(None, metavar="NAME", help="with --output-db: the buffer name to write")
+    wait_for_lock: float = option(
+        0.0, metavar="SECONDS", check=_seconds, plain=True,
+        help="when another run is writing the same --output, wait up to SECONDS for it (default 0: refuse at once)",
+    )
+    quiet: bool = option(False, yaml=None, plain=True, help="no summary on stderr")
+    log_level: str = option(
+        "WARNING", yaml=None, choices=LOG_LEVELS, plain=True,
+        help="WARNING (default): a failure is one `rescore: error:` line, Rescore's warnings come after a successful run, "
+        "Beam's logs are not shown; INFO streams the log (Beam's and its workers' too) and prints the plan; DEBUG also the traceback",
+    )
+    progress_seconds: float = option(
+        DEFAULT_PROGRESS_SECONDS, metavar="SECONDS", check=_interval, env="RESCORE_PROGRESS_SECONDS", plain=True,
+        help=f"where stderr is not a terminal: seconds between progress lines (default {DEFAULT_PROGRESS_SECONDS:g}; "
+        "the environment's RESCORE_PROGRESS_SECONDS sets the default)",
+    )
+    models: ModelOptions = option(
+        default_factory=ModelOptions, flags=None,
+        help="mapping of model-stage settings: teacher_model, reward_model, reward_fn, ... (docs/models.md)",
+    )
+    """The model-stage flags are their own group (pipelines/model_flags.py)."""
+    beam_args: list[str] = option(
+        default_factory=list, flags=None, yaml="pipeline_options", yaml_check=_mapping,
+        help="mapping of Beam pipeline options",
+    )
+    """Every argument that is not a Rescore flag, after the YAML's pipeline_options."""
+    buckets_chosen: bool = False
+    """--buckets (or the config's `buckets`) was given: no local default replaces it."""
+
+
+STEP_GROUP = "how the pipeline reads, scores and writes"
+
+
+def table() -> list[Field]:
+    """Every run option in --help's order: the launcher's, then the steps' (StepSettings)."""
+    steps = {f.name for f in fields(StepSettings)}
+    return [f for f in options(RunConfig) if f.name not in steps] + options(StepSettings)
+
+
+def config_keys() -> dict[str, str]:
+    """{YAML key: help} of every option a --config file may set."""
+    return {yaml_key(f): _help(f) for f in table() if yaml_key(f)}
+
+
+def dest(f: Field) -> str:
+    return spec(f).dest or f.name
+
+
+def _help(f: Field) -> str:
+    text = spec(f).help
+    return text() if callable(text) else text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would exit; a ConfigError keeps the one-line contract
+        raise ConfigError(message)
+
+
+COMMANDS = """commands:
+  rescore --input PATH_OR_GLOB --output DIR --strategy NAME [--set KEY=VALUE ...]
+                                          score experience (the options below)
+  rescore sample --output DIR [--batches N] [--tasks N] [--runs N] [--seed N]
+                                          write sample experience to try it on
+  rescore report OUTPUT_DIR [--to DIR] [--solved-at X]
+                                          report.html and charts of a finished run
+  rescore show PATH [--batches]           what an output or an incremental table holds
+  rescore task-stats --input SOURCE --output DIR [--threshold X] [--k 1,4,8]
+                                          per-task pass rates, pass@k, Beta posterior (docs/curating.md)
+  rescore export OUTPUT_DIR --output DIR --format sft|dpo
+                                          SFT rows or DPO pairs for the next run (docs/curating.md)"""
+
+
+def usage() -> str:
+    """What a bare `rescore` prints: the usage line and the commands."""
+    return f"{parser().format_usage()}\n{COMMANDS}\n\nrescore --help lists every option; rescore sample --help, rescore report --help, rescore show --help"
+
+
+def _add(group, f: Field) -> None:
+    o = spec(f)
+    names = flags_of(f)
+    if not names:
+        return
+    kind = value_type(RunConfig, f)
+    how: dict[str, Any] = {"dest": dest(f), "help": _help(f)}
+    if o.repeat:
+        how["action"] = "append"
+    elif kind is bool:
+        how.update(action="store_true", default=None)
+    elif kind in (int, float):
+        how["type"] = kind
+    if o.choices:
+        how["choices"] = list(o.choices)
+    if o.metavar:
+        how["metavar"] = o.metavar
+    group.add_argument(*names, **how)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `rescore` run command's parser, from the table (and the model stage's flags)."""
+    p = _Parser(
+        prog="rescore",
+        description=f"Rescore logged RL experience: Parquet in, scored Parquet out.\n\n{COMMANDS}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Any other --option is passed to Beam (e.g. --runner, --direct_num_workers).",
+        allow_abbrev=False,
+    )
+    steps = p.add_argument_group(STEP_GROUP)
+    step_names = {f.name for f in fields(StepSettings)}
+    for f in table():
+        _add(steps if f.name in step_names else p, f)
+    add_model_flags(p)
+    return p
+
+
+def plain_flags() -> tuple[frozenset[str], frozenset[str]]:
+    """(flags that take a value, switches) a command line may hold and still have its first
+    read units decoded before Beam and torch import (pipelines/early.py)."""
+    with_value, switches = set(), set()
+    for f in table():
+        if spec(f).plain:
+            (switches if value_type(RunConfig, f) is bool else with_value).update(flags_of(f))
+    return frozenset(with_value), frozenset(switches)
+
+
+# --- --config YAML: the keys and the type of each value ----------------------------------------
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _type_problem(kind: type, key: str, value: Any) -> str | None:
+    if kind is bool and not isinstance(value, bool):
+        return f"{key!r} must be true or false, got {value!r} ({_kind(value)})"
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{key!r} must be an integer, got {value!r} ({_kind(value)})"
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return f"{key!r} must be a number, got {value!r} ({_kind(value)})"
+    if kind is str and not isinstance(value, str):
+        return f"{key!r} must be a string, got {value!r} ({_kind(value)})"
+    return None
+
+
+def check_config(path: str, data: dict[str, Any]) -> None:
+    """The keys of a --config mapping, and each value's type: `overwrite: "false"` (a string) is
+    an error, not true."""
+    by_key = {yaml_key(f): f for f in table() if yaml_key(f)}
+    unknown = sorted(set(data) - set(by_key))
+    if unknown:
+        raise ConfigError(f"config {path}: unknown key {unknown[0]!r}; valid keys: {', '.join(by_key)}")
+    for key, f in by_key.items():  # the mappings first: params, pipeline_options
+        if spec(f).yaml_check is _mapping and _mapping(key, data.get(key)):
+            raise ConfigError(f"config {path}: {_mapping(key, data.get(key))}")
+    for key, value in data.items():
+        f = by_key[key]
+        check = spec(f).yaml_check
+        problem = check(key, value) if check not in (None, _mapping) else _type_problem(value_type(RunConfig, f), key, value)
+        if problem:
+            raise ConfigError(f"config {path}: {problem}")
+
+
+# --- one option's value: flag over YAML over default --------------------------------------------
+
+
+def env_default(f: Field) -> Any:
+    """The default an environment variable sets (`Option.env`), checked like the flag; None
+    where it is unset. The only place these variables are read."""
+    name = spec(f).env
+    text = os.environ.get(name, "").strip() if name else ""
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = text
+    problem = spec(f).check(name, value) if spec(f).check else None
+    if problem:
+        raise ConfigError(problem)
+    return value
+
+
+def value_of(f: Field, args: argparse.Namespace, config: dict[str, Any]) -> tuple[Any, bool]:
+    """(the option's checked value, whether the command line or the YAML gave it)."""
+    o = spec(f)
+    kind = value_type(RunConfig, f)
+    flag = getattr(args, dest(f), None) if flags_of(f) else None
+    from_yaml = config.get(yaml_key(f)) if yaml_key(f) else None
+    value = (flag or from_yaml) if kind is str else (flag if flag is not None else from_yaml)
+    given = value is not None
+    if not given:
+        value = env_default(f)
+        if value is None:
+            value = f.default
+    if o.check:
+        problem = o.check(flags_of(f)[0] if flags_of(f) else f.name, value)
+        if problem:
+            raise ConfigError(problem)
+    if value is None:
+        return None, given
+    if kind is bool:
+        return bool(value), given
+    if kind is float:
+        return float(value), given
+    if kind is str:
+        return (str(value) if value else None) if f.default is None else str(value), given
+    return value, given
