@@ -69,6 +69,7 @@ def run_stage(path: str, model_dir: str, work: str, batch_size: int, device: str
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from rescore.transforms import models as model_stage
+    from rescore.transforms.settings import StepSettings
     from rescore.transforms.rows.model_columns import ModelOptions
     from rescore.transforms.read import plan_input
 
@@ -77,7 +78,7 @@ def run_stage(path: str, model_dir: str, work: str, batch_size: int, device: str
     before = model_stage._Model.loads
     started = time.perf_counter()
     p = beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"]))
-    _ = p | model_stage.ComputeModelColumns(plan, options, work, device=device, context=context)
+    _ = p | model_stage.ComputeModelColumns(plan, options, work, StepSettings(device=device), context=context)
     result = p.run()
     result.wait_until_finish()
     seconds = time.perf_counter() - started

@@ -79,34 +79,30 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
     from rescore.transforms.strategies import DUPLICATE
     from rescore.transforms.write import WriteScored
 
+    from rescore.transforms.settings import step_settings
+
+    settings = step_settings(cfg)  # the run options the steps read: one frozen object
     progress = progress_marks.progress_dir(staging_dir(cfg.output))  # what pipelines/progress.py counts
     units = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
 
         units = p | "ComputeModelColumns" >> ComputeModelColumns(
-            plan, cfg.models, staging_dir(cfg.output), device=cfg.device, context=run_info["models"]["context"]
+            plan, cfg.models, staging_dir(cfg.output), settings, context=run_info["models"]["context"]
         )
     read = units | "ReadExperiences" >> ReadExperiences(
-        plan, needs=scoring.needs, buckets=cfg.buckets, threads=cfg.io_threads, keep_units=_one_process(p.options),
-        progress=progress,
+        plan, settings, needs=scoring.needs, keep_units=_one_process(p.options), progress=progress,
     )
-    scored = read.light | "ScoreGroups" >> ScoreGroups(
-        scoring, max_group_rows=cfg.max_group_rows, device=cfg.device, accelerator=cfg.accelerator,
-        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns, progress=progress,
-    )
+    scored = read.light | "ScoreGroups" >> ScoreGroups(scoring, settings, progress=progress)
     copies = None  # no duplicate stage: no copy plans
     if scoring.duplicates:
         copies = scored.copy_groups | "PlanCopies" >> PlanCopies(seed=scoring.stage(DUPLICATE).seed)
     every_row = (scored.outcomes, read.rejected) | "EveryRow" >> beam.Flatten()
     written = every_row | "WriteScored" >> WriteScored(
-        plan, cfg.output, scoring, copies, device=cfg.device, accelerator=cfg.accelerator,
-        file_metadata=file_metadata(run_info), threads=cfg.io_threads, shard_rows=cfg.shard_rows,
-        keep_filtered=cfg.keep_filtered, audit_columns=cfg.audit_columns,
+        plan, cfg.output, scoring, copies, settings, file_metadata=file_metadata(run_info),
     )
     p | "Finalize" >> Finalize(
-        plan, cfg.output, run_info, scoring, written=written, group_metrics=scored.group_metrics, copies=copies,
-        max_reject_fraction=cfg.max_reject_fraction,
+        plan, cfg.output, run_info, scoring, settings, written=written, group_metrics=scored.group_metrics, copies=copies,
     )
 
 

@@ -12,6 +12,7 @@ from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import ownership
 from rescore.transforms.input_plan import InputPlan
 from rescore.transforms.rows.metrics import check_accounting, reject_budget_failure, summarize
+from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import StrategyChain
 
 
@@ -58,9 +59,10 @@ class Finalize(beam.PTransform):
     files and metrics.json (with `failed`)."""
 
     def __init__(
-        self, plan: InputPlan, output: str, run_info: dict, scoring: StrategyChain, *, written, group_metrics,
-        copies=None, max_reject_fraction: float = 1.0,
+        self, plan: InputPlan, output: str, run_info: dict, scoring: StrategyChain, settings: StepSettings = StepSettings(),
+        *, written, group_metrics, copies=None,
     ):
+        """settings: the run's (max_reject_fraction)."""
         super().__init__()
         self._plan = plan
         self._output = output
@@ -69,7 +71,7 @@ class Finalize(beam.PTransform):
         self._written = written
         self._group_metrics = group_metrics
         self._copies = copies
-        self._max_reject_fraction = max_reject_fraction
+        self._max_reject_fraction = settings.max_reject_fraction
 
     def expand(self, pbegin):
         side = {} if self._copies is None else {"copy_tables": beam.pvalue.AsList(self._copies.metrics)}

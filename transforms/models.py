@@ -34,6 +34,7 @@ from rescore.transforms.files import storage
 from rescore.transforms.verifier import VerifierProcess
 from rescore.transforms.rows.model_columns import UNIT_RECORD, ModelOptions, extend_schema, unit_side_table
 from rescore.transforms.input_plan import InputPlan, read_unit
+from rescore.transforms.settings import StepSettings
 
 MODEL_DIR = "model"
 """Under the output's _staging/: the side files."""
@@ -311,12 +312,16 @@ class ComputeModelColumns(beam.PTransform):
     (`model_context`). The RunInference steps carry the accelerator resource hint, nothing else.
     """
 
-    def __init__(self, plan: InputPlan, options: ModelOptions, staging: str, *, device: str = "auto", context: int | None = None):
+    def __init__(
+        self, plan: InputPlan, options: ModelOptions, staging: str, settings: StepSettings = StepSettings(), *,
+        context: int | None = None,
+    ):
+        """settings: the run's (device)."""
         super().__init__()
         self._plan = plan
         self._options = options
         self._staging = staging
-        self._device = device
+        self._device = settings.device
         self._context = context
 
     def expand(self, pbegin):

@@ -28,6 +28,7 @@ from rescore.transforms.input_plan import (  # noqa: F401  (the plan's names, as
 from rescore.transforms.rows.keys import WHOLE_BATCH, bucket_of, light_columns, light_rows, split_by
 from rescore.transforms.rows.model_columns import apply_model_rejects
 from rescore.transforms.rows.outcomes import rejected_records
+from rescore.transforms.settings import StepSettings
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 
 
@@ -35,21 +36,20 @@ class _ReadLight(beam.DoFn):
     REJECTED = "rejected"
 
     def __init__(
-        self, plan: InputPlan, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False,
+        self, plan: InputPlan, needs: tuple[str, ...], settings: StepSettings, keep_units: bool = False,
         progress: str | None = None,
     ):
         self._units = plan.units
         self._progress = progress
         self._task_type = plan.task_type
         self._needs = tuple(needs)
-        self._buckets = buckets
-        self._threads = threads
+        self._settings = settings
         self._keep_units = keep_units
 
     def setup(self):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
-        self._overlap = Overlap(resolve_threads(self._threads), self._outputs)
+        self._overlap = Overlap(resolve_threads(self._settings.io_threads), self._outputs)
         if self._keep_units:
             unit_cache.expect(self._units)
 
@@ -67,7 +67,7 @@ class _ReadLight(beam.DoFn):
             rejected = (unit.index, rejected_records(bad, batch, check.reasons[bad]))
         light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs)
         progress_marks.mark(self._progress, progress_marks.read_mark(unit.index, table.num_rows - len(bad)))
-        return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._buckets, whole_batches=WHOLE_BATCH in self._needs)))
+        return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._settings.buckets, whole_batches=WHOLE_BATCH in self._needs)))
 
     def _outputs(self, result):
         rows, rejected, parts = result
@@ -101,10 +101,11 @@ class ReadExperiences(beam.PTransform):
     rejected rows by unit)."""
 
     def __init__(
-        self, plan: InputPlan, *, needs: tuple[str, ...], buckets: int, threads: int = 0, keep_units: bool = False,
+        self, plan: InputPlan, settings: StepSettings = StepSettings(), *, needs: tuple[str, ...], keep_units: bool = False,
         progress: str | None = None,
     ):
-        """progress: the directory of the run's progress marks (transforms/files/progress_marks.py).
+        """settings: the run's (buckets, io_threads); needs: the columns the strategies read.
+        progress: the directory of the run's progress marks (transforms/files/progress_marks.py).
         keep_units: offer each decoded unit to this process's unit cache for the write step.
         Only where one process runs every step (the in-process runner): elsewhere the write
         step of a unit usually runs in another process, and what a worker kept would never be
@@ -112,8 +113,7 @@ class ReadExperiences(beam.PTransform):
         super().__init__()
         self._plan = plan
         self._needs = tuple(needs)
-        self._buckets = buckets
-        self._threads = threads
+        self._settings = settings
         self._keep_units = keep_units
         self._progress = progress
 
@@ -125,6 +125,6 @@ class ReadExperiences(beam.PTransform):
         else:
             units = pbegin
         read = units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._needs, self._buckets, self._threads, self._keep_units, self._progress)
+            _ReadLight(self._plan, self._needs, self._settings, self._keep_units, self._progress)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
         return ReadRows(read.light, unit_tables(read.rejected))

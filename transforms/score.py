@@ -25,6 +25,7 @@ from rescore.transforms.rows.copies import copy_groups
 from rescore.transforms.rows.groups import batch_stats_per_row, duplicate_records, prepare_bucket, to_grouped_rows
 from rescore.transforms.rows.metrics import OFFPOLICY_PREFIX, group_metrics
 from rescore.transforms.rows.outcomes import scored_outcomes
+from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.segments import segment_sum
 
@@ -83,18 +84,13 @@ class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
     COPY_GROUPS = "copy_groups"
 
-    def __init__(
-        self, plan: StrategyChain, device: str = "auto", keep_filtered: bool = False, audit_columns: bool = False,
-        progress: str | None = None,
-    ):
+    def __init__(self, plan: StrategyChain, settings: StepSettings, progress: str | None = None):
         self._plan = plan
         self._progress = progress
-        self._device_choice = device
-        self._keep_filtered = keep_filtered
-        self._audit_columns = audit_columns
+        self._settings = settings
 
     def setup(self):
-        self._device = devices.resolve(self._device_choice)
+        self._device = devices.resolve(self._settings.device)
         self._groups = Metrics.counter("rescore", "groups_scored")
 
     def process(self, element, batch_stats=None):
@@ -122,8 +118,8 @@ class _ScoreBucket(beam.DoFn):
             keep,
             None if scores.score is None else scores.score.cpu().numpy(),
             None if scores.token_scale is None else scores.token_scale.cpu().numpy(),
-            reasons=filter_reasons(self._plan, rows, scores) if self._keep_filtered and not keep.all() else None,
-            audit=audit_values(self._plan, rows, scores, per_row_stats) if self._audit_columns else None,
+            reasons=filter_reasons(self._plan, rows, scores) if self._settings.keep_filtered and not keep.all() else None,
+            audit=audit_values(self._plan, rows, scores, per_row_stats) if self._settings.audit_columns else None,
             audit_fields=AUDIT_FIELDS,
             reward=None if scores.reward is None else scores.reward.cpu().numpy(),
         )
@@ -163,22 +159,17 @@ class ScoreGroups(beam.PTransform):
     """(bucket, light rows) -> ScoredGroups: every row's outcome, group metrics and, with a
     duplicate stage, the metadata PlanCopies turns into copy plans."""
 
-    def __init__(
-        self, plan: StrategyChain, max_group_rows: int = 1_000_000, device: str = "auto", accelerator: str | None = None,
-        keep_filtered: bool = False, audit_columns: bool = False, progress: str | None = None,
-    ):
-        """progress: the directory of the run's progress marks (transforms/files/progress_marks.py)."""
+    def __init__(self, plan: StrategyChain, settings: StepSettings = StepSettings(), *, progress: str | None = None):
+        """settings: the run's (max_group_rows, device, accelerator, keep_filtered, audit_columns);
+        progress: the directory of the run's progress marks (transforms/files/progress_marks.py)."""
         super().__init__()
-        self._progress = progress
-        self._keep_filtered = keep_filtered
-        self._audit_columns = audit_columns
         self._plan = plan
-        self._max_group_rows = max_group_rows
-        self._device = device
-        self._hints = {"accelerator": accelerator} if accelerator else {}
+        self._settings = settings
+        self._progress = progress
+        self._hints = {"accelerator": settings.accelerator} if settings.accelerator else {}
 
     def expand(self, keyed) -> ScoredGroups:
-        prepared = keyed | "GroupByBucket" >> beam.GroupByKey() | "SortAndDedupe" >> beam.ParDo(_PrepareBucket(self._max_group_rows))
+        prepared = keyed | "GroupByBucket" >> beam.GroupByKey() | "SortAndDedupe" >> beam.ParDo(_PrepareBucket(self._settings.max_group_rows))
         side = {}
         if self._plan.batch_level:
             batch_stats = (
@@ -188,7 +179,7 @@ class ScoreGroups(beam.PTransform):
                 | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
             )
             side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
-        score = beam.ParDo(_ScoreBucket(self._plan, self._device, self._keep_filtered, self._audit_columns, self._progress), **side).with_outputs(
+        score = beam.ParDo(_ScoreBucket(self._plan, self._settings, self._progress), **side).with_outputs(
             _ScoreBucket.METRICS, _ScoreBucket.COPY_GROUPS, main="outcomes"
         )
         if self._hints:

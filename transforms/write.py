@@ -32,6 +32,7 @@ from rescore.transforms.rows.output_rows import (
 )
 from rescore.transforms.files.layout import part_bounds
 from rescore.transforms.files import parquet_out, unit_cache
+from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 
@@ -43,28 +44,21 @@ a dictionary per token saves ~10 % of their size and costs ~40 % of the file's e
 class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
-    def __init__(
-        self, plan: InputPlan, staging: str, scoring: StrategyChain, device: str = "auto", file_metadata=None, threads: int = 0,
-        shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
-    ):
-        self._keep_filtered = keep_filtered
-        self._audit_columns = audit_columns
-        self._shard_rows = shard_rows
+    def __init__(self, plan: InputPlan, staging: str, scoring: StrategyChain, settings: StepSettings, file_metadata=None):
         self._plan = plan
         self._staging = staging
         self._scoring = scoring
-        self._device_choice = device
+        self._settings = settings
         self._file_metadata = dict(file_metadata or {})
-        self._threads = threads
 
     def setup(self):
-        self._device = devices.resolve(self._device_choice)
+        self._device = devices.resolve(self._settings.device)
         self._schema = shaped_schema(self._plan.schema) if self._scoring.shaping else self._plan.schema
         self._schemas = output_schemas(
-            self._schema, self._plan.task_type, self._scoring, self._file_metadata, self._audit_columns
+            self._schema, self._plan.task_type, self._scoring, self._file_metadata, self._settings.audit_columns
         )
         self._rows_written = Metrics.counter("rescore", "rows_written")
-        threads = resolve_threads(self._threads)
+        threads = resolve_threads(self._settings.io_threads)
         self._overlap = Overlap(threads, self._outputs)
         self._part_pool = ThreadPoolExecutor(threads, thread_name_prefix="rescore-part") if threads > 1 else None
 
@@ -75,7 +69,7 @@ class _WriteUnit(beam.DoFn):
         """Stage the unit's scored rows: one file, or (copies past --shard-rows; a unit itself
         holds at most shard_rows rows) consecutive parts of at most shard_rows rows, written side
         by side."""
-        bounds = part_bounds(table.num_rows, self._shard_rows)
+        bounds = part_bounds(table.num_rows, self._settings.shard_rows)
         if len(bounds) == 2:
             names = [self._name(scored_file, unit_index)]
         else:
@@ -123,7 +117,7 @@ class _WriteUnit(beam.DoFn):
         )
         files = self._write_scored(scored, unit_index)
         fault_injection.maybe_slow_write()
-        filtered = filtered_rows(table, rec, self._schemas) if self._keep_filtered else None
+        filtered = filtered_rows(table, rec, self._schemas) if self._settings.keep_filtered else None
         if filtered is not None:
             files.append(self._name(filtered_file, unit_index))
             parquet_out.write_table(filtered, files[-1])
@@ -150,16 +144,15 @@ class WriteScored(beam.PTransform):
     unit's kept rows followed by their copies."""
 
     def __init__(
-        self, plan: InputPlan, output: str, scoring: StrategyChain, copies: CopyPlans | None = None, *, device: str = "auto",
-        accelerator: str | None = None, file_metadata: dict[str, str] | None = None, threads: int = 0,
-        shard_rows: int = 65536, keep_filtered: bool = False, audit_columns: bool = False,
+        self, plan: InputPlan, output: str, scoring: StrategyChain, copies: CopyPlans | None = None,
+        settings: StepSettings = StepSettings(), *, file_metadata: dict[str, str] | None = None,
     ):
+        """settings: the run's (device, accelerator, io_threads, shard_rows, keep_filtered,
+        audit_columns); file_metadata: key-value metadata of every file written."""
         super().__init__()
-        self._write = _WriteUnit(
-            plan, staging_dir(output), scoring, device, file_metadata, threads, shard_rows, keep_filtered, audit_columns
-        )
+        self._write = _WriteUnit(plan, staging_dir(output), scoring, settings, file_metadata)
         self._copies = copies
-        self._hints = {"accelerator": accelerator} if accelerator else {}
+        self._hints = {"accelerator": settings.accelerator} if settings.accelerator else {}
 
     def expand(self, unit_records) -> WrittenUnits:
         side = {} if self._copies is None else {"copy_plans": beam.pvalue.AsDict(self._copies.plans)}

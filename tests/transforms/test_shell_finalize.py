@@ -18,6 +18,7 @@ from rescore.transforms.rows.metrics import group_metrics, row_metrics
 from rescore.transforms.rows.outcomes import FILTERED, REJECTED, SCORED
 from rescore.transforms.strategies import build_chain
 from rescore.transforms.write import WrittenUnits
+from rescore.transforms.settings import StepSettings
 
 
 def _run(tmp_path, statuses):
@@ -35,8 +36,9 @@ def _run(tmp_path, statuses):
             metrics=p | "RowMetrics" >> beam.Create([row_metrics(batch, np.array(statuses, np.int8), category)]),
         )
         document = p | Finalize(
-            plan, str(out), {"strategy": "grpo"}, build_chain(["grpo"], {}), written=written,
-            group_metrics=p | "Groups" >> beam.Create([groups]), max_reject_fraction=1.0,
+            plan, str(out), {"strategy": "grpo"}, build_chain(["grpo"], {}), StepSettings(max_reject_fraction=1.0),
+            written=written,
+            group_metrics=p | "Groups" >> beam.Create([groups]),
         )
         totals = ("rows_read", "rows_written", "rows_filtered", "rows_rejected", "groups")
         assert_that(

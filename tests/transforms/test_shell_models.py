@@ -8,6 +8,7 @@ from shell_data import ROWS, pipeline, write_experience
 from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.models import ComputeModelColumns, plan_with_models
 from rescore.transforms.read import plan_input, read_unit
+from rescore.transforms.settings import StepSettings
 
 
 def test_compute_model_columns_writes_a_side_file_per_unit(tmp_path):
@@ -16,7 +17,7 @@ def test_compute_model_columns_writes_a_side_file_per_unit(tmp_path):
     plan, context = plan_with_models(plan_input([write_experience(tmp_path / "in")], shard_rows=4), options, staging)
     assert len(plan.units) == 3 and all(u.model_file for u in plan.units)
     with pipeline() as p:
-        units = p | ComputeModelColumns(plan, options, staging, device="cpu", context=context)
+        units = p | ComputeModelColumns(plan, options, staging, StepSettings(device="cpu"), context=context)
         assert_that(units, equal_to([0, 1, 2]))
     table = pa.concat_tables([read_unit(u) for u in plan.units])
     # every response has 4 tokens; a row that fails validation (the null reward) goes to no model

@@ -9,6 +9,7 @@ from shell_data import ROWS, gathered, pipeline, write_experience
 from rescore.transforms.read import ReadExperiences, plan_input
 from rescore.transforms.rows.keys import bucket_of
 from rescore.transforms.rows.outcomes import REJECTED
+from rescore.transforms.settings import StepSettings
 
 
 def test_read_experiences_keys_valid_rows_by_bucket_and_rejects_bad_ones(tmp_path):
@@ -28,7 +29,7 @@ def test_read_experiences_keys_valid_rows_by_bucket_and_rejects_bad_ones(tmp_pat
 
     valid = [(b, t, r, reward, i // 4, i % 4) for i, (b, t, r, reward) in enumerate(ROWS) if reward is not None]
     with pipeline() as p:
-        read = p | ReadExperiences(plan, needs=(), buckets=8)
+        read = p | ReadExperiences(plan, StepSettings(buckets=8), needs=())
         assert_that(read.light | "LightRows" >> gathered(light_rows), equal_to([valid]), label="CheckLight")
         assert_that(
             read.rejected | "Rejected" >> gathered(rejected),
@@ -49,7 +50,7 @@ def test_units_are_kept_for_the_write_step_only_when_asked(tmp_path):
         for keep, offered in ((False, 0), (True, len(plan.units))):
             cache = unit_cache.reset(1 << 20)
             with pipeline() as p:
-                p | ReadExperiences(plan, needs=(), buckets=8, keep_units=keep)
+                p | ReadExperiences(plan, StepSettings(buckets=8), needs=(), keep_units=keep)
             assert cache.stats.offered == offered
             assert (cache.held > 0) is keep
     finally:

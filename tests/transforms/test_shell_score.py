@@ -9,6 +9,7 @@ from shell_data import gathered, grpo, light_table, pipeline
 from rescore.transforms.rows.outcomes import FILTERED, REJECTED, SCORED
 from rescore.transforms.score import ScoreGroups
 from rescore.transforms.strategies import build_chain
+from rescore.transforms.settings import StepSettings
 
 
 def test_score_groups_scores_filters_rejects_duplicate_ids_and_describes_groups():
@@ -47,7 +48,7 @@ def test_score_groups_scores_filters_rejects_duplicate_ids_and_describes_groups(
     with pipeline() as p:
         scored = (
             p | beam.Create([(3, unit0), (5, unit1)])
-            | ScoreGroups(chain, device="cpu", keep_filtered=True)
+            | ScoreGroups(chain, StepSettings(device="cpu", keep_filtered=True))
         )
         assert_that(scored.outcomes | "Outcomes" >> gathered(outcomes), equal_to([10]), label="CheckOutcomes")
         assert_that(
@@ -92,5 +93,5 @@ def test_score_groups_takes_batch_statistics_across_buckets():
         return sorted(found)
 
     with pipeline() as p:
-        scored = p | beam.Create(parts) | ScoreGroups(build_chain(["reinforce_plus_plus_baseline"], {}), device="cpu")
+        scored = p | beam.Create(parts) | ScoreGroups(build_chain(["reinforce_plus_plus_baseline"], {}), StepSettings(device="cpu"))
         assert_that(scored.outcomes | "Scores" >> gathered(scores), equal_to([sorted(expected)]))

@@ -14,6 +14,7 @@ from rescore.transforms.read import plan_input
 from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED, records
 from rescore.transforms.strategies import build_chain
 from rescore.transforms.write import WriteScored
+from rescore.transforms.settings import StepSettings
 
 
 def test_write_scored_stages_every_row_of_each_unit(tmp_path):
@@ -67,7 +68,7 @@ def test_write_scored_stages_every_row_of_each_unit(tmp_path):
         )
         result = (
             p | beam.Create(unit_records)
-            | WriteScored(plan, str(out), chain, copies, device="cpu", shard_rows=4, keep_filtered=True, threads=1)
+            | WriteScored(plan, str(out), chain, copies, StepSettings(device="cpu", shard_rows=4, keep_filtered=True, io_threads=1))
         )
         assert_that(result.files | "Files" >> gathered(written), equal_to([True]), label="CheckFiles")
         assert_that(
