@@ -870,7 +870,8 @@ def run(cfg) -> dict[str, Any]:
             }
             p = beam.Pipeline(options=options)
             rs.build(p, plan, scoring, run_cfg, run_info)
-            with Progress(work, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet):
+            with Progress(work, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet,
+                          interval=cfg.progress_seconds):
                 p.run().wait_until_finish()
             metrics = storage.join(work, METRICS)
             doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}

@@ -8,14 +8,13 @@ Dataflow, and never counts an earlier run's files (an --overwrite rerun starts a
 percentage is the mean of the three steps' fractions.
 
 On a terminal the line is rewritten in place every half second. Elsewhere (cron, Airflow, CI
-logs) a plain line is printed every RESCORE_PROGRESS_SECONDS seconds (default 15), the first
+logs) a plain line is printed every --progress-seconds seconds (default 15), the first
 after that long, so a quick run or a quick failure prints nothing more. --quiet prints none.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -24,17 +23,9 @@ from rescore.pipelines.wording import plural
 from rescore.transforms.files import progress_marks
 from rescore.transforms.files.layout import staging_dir
 
-INTERVAL_ENV = "RESCORE_PROGRESS_SECONDS"
 DEFAULT_INTERVAL = 15.0
-
-
-def log_interval() -> float:
-    """Seconds between two progress lines where stderr is not a terminal."""
-    try:
-        value = float(os.environ.get(INTERVAL_ENV, "") or DEFAULT_INTERVAL)
-    except ValueError:
-        return DEFAULT_INTERVAL
-    return value if value > 0 else DEFAULT_INTERVAL
+"""Seconds between two progress lines where stderr is not a terminal, where the caller gives
+none (a run gives its --progress-seconds, pipelines/options.py)."""
 
 
 class Progress:
@@ -47,7 +38,7 @@ class Progress:
         self._stream = stream or sys.stderr
         self._tty = hasattr(self._stream, "isatty") and self._stream.isatty()
         self._enabled = enabled
-        self._interval = 0.5 if self._tty else (log_interval() if interval is None else interval)
+        self._interval = 0.5 if self._tty else (DEFAULT_INTERVAL if interval is None else interval)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()

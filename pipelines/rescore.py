@@ -316,7 +316,8 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
     if _one_process(p.options):
         shorten_sampler_period()
     try:
-        with Progress(cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet):
+        with Progress(cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet,
+                      interval=cfg.progress_seconds):
             p.run().wait_until_finish()
     except BaseException:
         progress_marks.clear(staging_dir(cfg.output))  # the marks only count a run in progress

@@ -1,0 +1,164 @@
+"""Run options are declared once (transforms/settings.py StepSettings, pipelines/options.py
+RunConfig): the parser, --help, the --config keys and their checks, the settings the steps take
+and early.py's plain-run flags all come from the declarations, and nothing else declares one."""
+
+import ast
+import dataclasses
+import os
+import pickle
+from dataclasses import fields
+
+import pytest
+
+from rescore.errors import ConfigError
+from rescore.pipelines import early, options
+from rescore.pipelines.config import parse_args
+from rescore.pipelines.options import RunConfig, check_config, parser, table
+from rescore.transforms.settings import StepSettings, flags_of, spec, step_settings, value_type, yaml_key
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL_GROUP = "model stage"
+DECLARED_IN = {os.path.join("pipelines", "options.py"), os.path.join("transforms", "settings.py")}
+
+
+def _run(*argv, env=None, monkeypatch=None, tmp_path=None):
+    (tmp_path / "in.parquet").touch()
+    return parse_args(["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--strategy", "grpo", *argv])
+
+
+def test_the_parser_is_the_table():
+    """Every declared flag is in the parser under its dest, and every flag of the parser outside
+    the model stage's group is a declared one: the parser declares nothing itself."""
+    p = parser()
+    declared = {flag: f for f in table() for flag in flags_of(f)}
+    actions = {o: a for a in p._actions for o in a.option_strings}
+    for flag, f in declared.items():
+        assert flag in actions, flag
+        assert actions[flag].dest == options.dest(f)
+        assert actions[flag].help == options._help(f)
+    model = {o for g in p._action_groups if g.title and g.title.startswith(MODEL_GROUP) for a in g._group_actions
+             for o in a.option_strings}
+    assert set(actions) - {"-h", "--help"} - model == set(declared)
+    # the steps' options are a group of their own in --help
+    steps = next(g for g in p._action_groups if g.title == options.STEP_GROUP)
+    assert {o for a in steps._group_actions for o in a.option_strings} == {
+        flag for f in fields(StepSettings) for flag in flags_of(f)}
+
+
+def test_the_yaml_keys_and_their_types_are_the_table():
+    keys = options.config_keys()
+    assert list(keys) == [yaml_key(f) for f in table() if yaml_key(f)]
+    assert {"input", "output", "strategy", "params", "pipeline_options", "models", "buckets", "unit_cache_mb",
+            "read_ahead_mb", "progress_seconds", "wait_for_lock"} <= set(keys)
+    assert not {"quiet", "log_level", "run_name", "config", "group_filter"} & set(keys)  # command line only
+    wrong = {bool: ("true or false", "yes"), int: ("an integer", 1.5), float: ("a number", "x"), str: ("a string", 3)}
+    checked = 0
+    for f in table():
+        kind = value_type(RunConfig, f)
+        if yaml_key(f) and kind in wrong and spec(f).yaml_check is None:
+            what, value = wrong[kind]
+            with pytest.raises(ConfigError, match=rf"^config c.yaml: '{yaml_key(f)}' must be {what}, got {value!r}"):
+                check_config("c.yaml", {yaml_key(f): value})
+            checked += 1
+    assert checked >= 20
+    with pytest.raises(ConfigError, match=r"unknown key 'bukets'; valid keys: input, output, "):
+        check_config("c.yaml", {"bukets": 3})
+
+
+def test_the_steps_get_one_frozen_picklable_settings_object(tmp_path):
+    cfg = _run("--device", "cpu", "--io-threads", "2", "--keep-filtered", "--unit-cache-mb", "64", tmp_path=tmp_path)
+    settings = step_settings(cfg)
+    assert type(settings) is StepSettings and isinstance(cfg, StepSettings)
+    assert (settings.device, settings.io_threads, settings.keep_filtered, settings.unit_cache_mb) == ("cpu", 2, True, 64.0)
+    assert pickle.loads(pickle.dumps(settings)) == settings
+    assert all(isinstance(getattr(settings, f.name), (bool, int, float, str, type(None))) for f in fields(settings))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.device = "cuda"
+    assert all(spec(f) is not None for f in fields(StepSettings))  # every step setting is a declared option
+
+
+def test_early_prefetches_only_with_the_options_declared_plain():
+    plain = [f for f in table() if spec(f).plain]
+    assert early.WITH_VALUE | early.FLAGS == {flag for f in plain for flag in flags_of(f)}
+    assert "--config" not in early.WITH_VALUE and "--incremental" not in early.FLAGS
+    assert early.plain_run(["--input", "a", "--output", "b", "--unit-cache-mb", "0", "--progress-seconds=2"])
+    assert early.plain_run(["--input", "a", "--output", "b", "--accelerator", "x"]) is None
+
+
+def _declares(path: str, flags: set[str]) -> list[str]:
+    """The add_argument calls in `path` that declare one of `flags`, unless the module is another
+    command's (`prog="rescore sample"`: its --output is its own)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    progs = [k.value.value for node in ast.walk(tree) if isinstance(node, ast.Call) for k in node.keywords
+             if k.arg == "prog" and isinstance(k.value, ast.Constant)]
+    if any(str(prog).startswith("rescore ") for prog in progs):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            names = {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+            found += sorted(names & flags)
+    return found
+
+
+def test_nothing_else_declares_a_run_option():
+    """No other module adds a run option's flag to the run's parser, and the environment
+    variables that set an option's default are read only in pipelines/options.py."""
+    flags = {flag for f in table() for flag in flags_of(f)}
+    envs = {spec(f).env for f in table() if spec(f).env}
+    assert envs == {"RESCORE_UNIT_CACHE_MB", "RESCORE_READ_AHEAD_MB", "RESCORE_PROGRESS_SECONDS"}
+    # transforms/files/unit_cache.py reads the two cache variables until the unit-store handle
+    # (issue 29, item 3) takes the values from the run's settings.
+    allowed = {os.path.join("transforms", "files", "unit_cache.py")}
+    for folder in ("pipelines", "transforms", "schemas", "rescore"):
+        for base, _, names in os.walk(os.path.join(ROOT, folder)):
+            for name in names:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(base, name)
+                rel = os.path.relpath(path, ROOT)
+                if rel in DECLARED_IN:
+                    continue
+                assert _declares(path, flags) == [], rel
+                if rel not in allowed:
+                    text = open(path, encoding="utf-8").read()
+                    assert not [e for e in envs if e in text], rel
+
+
+def test_the_new_options_flag_yaml_environment_and_default(tmp_path, monkeypatch):
+    for name in ("RESCORE_UNIT_CACHE_MB", "RESCORE_READ_AHEAD_MB", "RESCORE_PROGRESS_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = _run(tmp_path=tmp_path)
+    assert (cfg.unit_cache_mb, cfg.read_ahead_mb, cfg.progress_seconds) == (None, None, 15.0)
+    monkeypatch.setenv("RESCORE_UNIT_CACHE_MB", "12")
+    monkeypatch.setenv("RESCORE_PROGRESS_SECONDS", "0.2")
+    cfg = _run(tmp_path=tmp_path)
+    assert (cfg.unit_cache_mb, cfg.progress_seconds) == (12.0, 0.2)
+    cfg = _run("--unit-cache-mb", "0", "--read_ahead_mb", "8", "--progress-seconds", "3", tmp_path=tmp_path)
+    assert (cfg.unit_cache_mb, cfg.read_ahead_mb, cfg.progress_seconds) == (0.0, 8.0, 3.0)  # the flag over the variable
+    config = tmp_path / "run.yaml"
+    config.write_text("unit_cache_mb: 100\nread_ahead_mb: 0\nprogress_seconds: 60\n")
+    cfg = _run("--config", str(config), tmp_path=tmp_path)
+    assert (cfg.unit_cache_mb, cfg.read_ahead_mb, cfg.progress_seconds) == (100.0, 0.0, 60.0)
+    with pytest.raises(ConfigError, match=r"^--unit-cache-mb must be a number of MB >= 0 \(0: off\), got -1.0$"):
+        _run("--unit-cache-mb", "-1", tmp_path=tmp_path)
+    with pytest.raises(ConfigError, match=r"^--progress-seconds must be a number of seconds > 0, got 0.0$"):
+        _run("--progress-seconds", "0", tmp_path=tmp_path)
+    monkeypatch.setenv("RESCORE_READ_AHEAD_MB", "lots")
+    with pytest.raises(ConfigError, match=r"^RESCORE_READ_AHEAD_MB must be a number of MB >= 0 \(0: off\), got 'lots'$"):
+        _run(tmp_path=tmp_path)
+
+
+def test_a_bad_new_option_is_one_line_and_exit_2(tmp_path):
+    from batched import run_many
+
+    (tmp_path / "in.parquet").touch()
+    out = tmp_path / "out"
+    [(code, err), (code2, err2)] = run_many(str(tmp_path / "err"), [
+        ["--input", str(tmp_path / "in.parquet"), "--output", str(out), "--strategy", "grpo", "--read-ahead-mb", "-2"],
+        (["--input", str(tmp_path / "in.parquet"), "--output", str(out), "--strategy", "grpo"],
+         {"RESCORE_PROGRESS_SECONDS": "soon"}),
+    ])
+    assert (code, err) == (2, "rescore: error: --read-ahead-mb must be a number of MB >= 0 (0: off), got -2.0\n")
+    assert (code2, err2) == (2, "rescore: error: RESCORE_PROGRESS_SECONDS must be a number of seconds > 0, got 'soon'\n")
+    assert not out.exists()
