@@ -4,38 +4,42 @@ and their YAML counterpart (`models:` in --config), parsed into ModelOptions."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 from rescore.errors import ConfigError
 from rescore.transforms.rows.model_columns import DEFAULT_REWARD_FN_TIMEOUT, ModelOptions
+from rescore.transforms.settings import value_type
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-YAML_KEYS = {
-    "teacher_model": str, "logprob_model": str, "reward_model": str, "reward_fn": str, "tokenizer": str,
-    "dtype": str, "batch_size": int, "batch_tokens": int, "padding_side": str, "accelerator": str,
-    "reward_fn_timeout": float,
-    "entropy": bool, "sum_pi_squared": bool, "ref_model": str,
-}
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model stage (needs the [models] extra; see docs/models.md)")
-    g.add_argument("--teacher-model", "--teacher_model", metavar="DIR", help="Hugging Face causal LM directory: fills teacher_logprobs")
-    g.add_argument("--logprob-model", "--logprob_model", metavar="DIR", help="Hugging Face causal LM directory: fills logprobs (the input's kept as logprobs_original)")
-    g.add_argument("--entropy", action="store_true", default=None, help="with --logprob-model: also write per-token entropy (same forward pass)")
-    g.add_argument("--sum-pi-squared", "--sum_pi_squared", action="store_true", default=None, help="with --logprob-model: also write per-token sum_pi_squared, the sum over the vocabulary of p^2 (same forward pass)")
-    g.add_argument("--ref-model", "--ref_model", metavar="DIR", help="Hugging Face causal LM directory: fills ref_logprobs (the reference policy, for KL)")
-    g.add_argument("--reward-model", "--reward_model", metavar="DIR", help="Hugging Face sequence-classification reward model: replaces reward (kept as reward_original)")
-    g.add_argument("--reward-fn", "--reward_fn", metavar="MODULE:FUNCTION", help="Python verifier over prompt/response text or tokens: replaces reward (kept as reward_original)")
-    g.add_argument("--reward-fn-timeout", "--reward_fn_timeout", metavar="SECONDS", type=_seconds,
-                   help=f"with --reward-fn: seconds one verifier call may take before its row is rejected "
-                        f"(default {DEFAULT_REWARD_FN_TIMEOUT:g}; 0: no limit, the verifier runs in the worker's own process)")
-    g.add_argument("--tokenizer", metavar="DIR", help="Hugging Face tokenizer directory, for a --reward-fn that takes text")
-    g.add_argument("--model-dtype", "--model_dtype", choices=DTYPES, help="model weights' dtype (default auto: bfloat16/float16 on a GPU, float32 on CPU)")
-    g.add_argument("--model-batch-size", "--model_batch_size", type=int, help="rows per model batch (default 16)")
-    g.add_argument("--model-batch-tokens", "--model_batch_tokens", type=int, help="tokens per model batch instead of a row count (default 0: off)")
-    g.add_argument("--model-padding-side", "--model_padding_side", choices=("right", "left"), help="padding of model batches (default right; results do not depend on it)")
-    g.add_argument("--model-accelerator", "--model_accelerator", metavar="SPEC", help="accelerator resource hint for the model stage only, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'")
+@dataclass(frozen=True)
+class ModelFlag:
+    """One model-stage option: `key` is its ModelOptions field (whose type is its type) and its
+    key under the YAML `models:`; `flag` its command-line flag (also with underscores)."""
+
+    key: str
+    flag: str
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None
+    """argparse's type=, where the field's type is not enough."""
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        name = self.flag[2:]
+        return (self.flag, "--" + name.replace("-", "_")) if "-" in name else (self.flag,)
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def kind(self) -> type:
+        return value_type(ModelOptions, {f.name: f for f in fields(ModelOptions)}[self.key])
 
 
 def _seconds(text: str) -> float:
@@ -50,6 +54,43 @@ def _seconds(text: str) -> float:
     return value
 
 
+MODEL_FLAGS = (
+    ModelFlag("teacher_model", "--teacher-model", "Hugging Face causal LM directory: fills teacher_logprobs", metavar="DIR"),
+    ModelFlag("logprob_model", "--logprob-model", "Hugging Face causal LM directory: fills logprobs (the input's kept as logprobs_original)", metavar="DIR"),
+    ModelFlag("entropy", "--entropy", "with --logprob-model: also write per-token entropy (same forward pass)"),
+    ModelFlag("sum_pi_squared", "--sum-pi-squared", "with --logprob-model: also write per-token sum_pi_squared, the sum over the vocabulary of p^2 (same forward pass)"),
+    ModelFlag("ref_model", "--ref-model", "Hugging Face causal LM directory: fills ref_logprobs (the reference policy, for KL)", metavar="DIR"),
+    ModelFlag("reward_model", "--reward-model", "Hugging Face sequence-classification reward model: replaces reward (kept as reward_original)", metavar="DIR"),
+    ModelFlag("reward_fn", "--reward-fn", "Python verifier over prompt/response text or tokens: replaces reward (kept as reward_original)", metavar="MODULE:FUNCTION"),
+    ModelFlag("reward_fn_timeout", "--reward-fn-timeout", f"with --reward-fn: seconds one verifier call may take before its row is rejected "
+              f"(default {DEFAULT_REWARD_FN_TIMEOUT:g}; 0: no limit, the verifier runs in the worker's own process)", metavar="SECONDS", parse=_seconds),
+    ModelFlag("tokenizer", "--tokenizer", "Hugging Face tokenizer directory, for a --reward-fn that takes text", metavar="DIR"),
+    ModelFlag("dtype", "--model-dtype", "model weights' dtype (default auto: bfloat16/float16 on a GPU, float32 on CPU)", choices=DTYPES),
+    ModelFlag("batch_size", "--model-batch-size", "rows per model batch (default 16)"),
+    ModelFlag("batch_tokens", "--model-batch-tokens", "tokens per model batch instead of a row count (default 0: off)"),
+    ModelFlag("padding_side", "--model-padding-side", "padding of model batches (default right; results do not depend on it)", choices=("right", "left")),
+    ModelFlag("accelerator", "--model-accelerator", "accelerator resource hint for the model stage only, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'", metavar="SPEC"),
+)
+"""The model stage's options, in --help's order: ModelOptions' fields, each given by its flag or
+its key under `models:` in a --config file."""
+YAML_KEYS = {m.key: m.kind for m in MODEL_FLAGS}
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model stage (needs the [models] extra; see docs/models.md)")
+    for m in MODEL_FLAGS:
+        how: dict[str, Any] = {"help": m.help}
+        if m.kind is bool:
+            how.update(action="store_true", default=None)
+        elif m.parse or m.kind in (int, float):
+            how["type"] = m.parse or m.kind
+        if m.metavar:
+            how["metavar"] = m.metavar
+        if m.choices:
+            how["choices"] = m.choices
+        g.add_argument(*m.flags, **how)
+
+
 def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
     """Flags over the YAML `models:` mapping over the defaults."""
     if not isinstance(config or {}, dict):
@@ -58,14 +99,7 @@ def model_options(args: argparse.Namespace, config: Any) -> ModelOptions:
     unknown = sorted(set(config) - set(YAML_KEYS))
     if unknown:
         raise ConfigError(f"config 'models': unknown key {unknown[0]!r}; valid keys: {', '.join(YAML_KEYS)}")
-    flags = {
-        "teacher_model": args.teacher_model, "logprob_model": args.logprob_model, "reward_model": args.reward_model,
-        "reward_fn": args.reward_fn, "tokenizer": args.tokenizer, "dtype": args.model_dtype,
-        "batch_size": args.model_batch_size, "batch_tokens": args.model_batch_tokens,
-        "padding_side": args.model_padding_side, "accelerator": args.model_accelerator,
-        "reward_fn_timeout": args.reward_fn_timeout,
-        "entropy": args.entropy, "sum_pi_squared": args.sum_pi_squared, "ref_model": args.ref_model,
-    }
+    flags = {m.key: getattr(args, m.dest) for m in MODEL_FLAGS}
     values = {k: v for k, v in config.items() if v is not None}
     values.update({k: v for k, v in flags.items() if v is not None})
     for key, value in values.items():

@@ -13,12 +13,15 @@ import pytest
 from rescore.errors import ConfigError
 from rescore.pipelines import early, options
 from rescore.pipelines.config import parse_args
+from rescore.pipelines.model_flags import MODEL_FLAGS, YAML_KEYS
 from rescore.pipelines.options import RunConfig, check_config, parser, table
+from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.settings import StepSettings, flags_of, spec, step_settings, value_type, yaml_key
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_GROUP = "model stage"
-DECLARED_IN = {os.path.join("pipelines", "options.py"), os.path.join("transforms", "settings.py")}
+DECLARED_IN = {os.path.join("pipelines", "options.py"), os.path.join("transforms", "settings.py"),
+               os.path.join("pipelines", "model_flags.py")}
 
 
 def _run(*argv, env=None, monkeypatch=None, tmp_path=None):
@@ -39,6 +42,10 @@ def test_the_parser_is_the_table():
     model = {o for g in p._action_groups if g.title and g.title.startswith(MODEL_GROUP) for a in g._group_actions
              for o in a.option_strings}
     assert set(actions) - {"-h", "--help"} - model == set(declared)
+    # the model stage's group is its table: one flag per ModelOptions field, typed by the field
+    assert model == {flag for m in MODEL_FLAGS for flag in m.flags}
+    assert [m.key for m in MODEL_FLAGS] == list(YAML_KEYS) and set(YAML_KEYS) == {f.name for f in fields(ModelOptions)}
+    assert (YAML_KEYS["batch_size"], YAML_KEYS["entropy"], YAML_KEYS["reward_fn_timeout"]) == (int, bool, float)
     # the steps' options are a group of their own in --help
     steps = next(g for g in p._action_groups if g.title == options.STEP_GROUP)
     assert {o for a in steps._group_actions for o in a.option_strings} == {
@@ -102,9 +109,9 @@ def _declares(path: str, flags: set[str]) -> list[str]:
 
 
 def test_nothing_else_declares_a_run_option():
-    """No other module adds a run option's flag to the run's parser, and the environment
+    """No other module adds a run option's flag (or a model stage's) to the run's parser, and the environment
     variables that set an option's default are read only in pipelines/options.py."""
-    flags = {flag for f in table() for flag in flags_of(f)}
+    flags = {flag for f in table() for flag in flags_of(f)} | {flag for m in MODEL_FLAGS for flag in m.flags}
     envs = {spec(f).env for f in table() if spec(f).env}
     assert envs == {"RESCORE_UNIT_CACHE_MB", "RESCORE_READ_AHEAD_MB", "RESCORE_PROGRESS_SECONDS"}
     # transforms/files/unit_cache.py reads the two cache variables until the unit-store handle
