@@ -11,7 +11,6 @@ from the three, and the rules across options (the strategies, the sources, the m
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 from rescore.errors import ConfigError
@@ -20,28 +19,17 @@ from rescore.pipelines.beam_args import (  # noqa: F401  (DEFAULT_RUNNER, prism_
     _check_beam_args,
     _check_paths_reach_workers,
     _check_runner_extra,
-    _runner_name,
     _with_default_runner,
     _with_worker_log_level,
     prism_binary,
 )
 from rescore.pipelines.config_files import load_yaml, pipeline_option_flags, shipped_configs  # noqa: F401
 from rescore.pipelines.model_flags import model_options
-from rescore.pipelines.options import INPUT_FORMATS, RunConfig, parser, usage  # noqa: F401
-from rescore.pipelines.options import parser as _parser  # noqa: F401  (tests read the parser's actions)
-from rescore.pipelines.options import value_of
-from rescore.transforms.settings import options
+from rescore.pipelines.options import RunConfig, usage, value_of  # noqa: F401  (usage: imported from here)
+from rescore.pipelines.options import parser as _parser
 from rescore.transforms.files.layout import table_name_problem
-from rescore.transforms.settings import (  # noqa: F401  (the defaults, as before)
-    DEFAULT_BUCKETS,
-    DEFAULT_MAX_GROUP_ROWS,
-    DEFAULT_MAX_REJECT_FRACTION,
-    DEFAULT_SHARD_ROWS,
-    LOCAL_BUCKET_ROWS,
-)
+from rescore.transforms.settings import DEFAULT_BUCKETS, LOCAL_BUCKET_ROWS, options
 from rescore.transforms.strategies import algorithms, names
-
-log = logging.getLogger(__name__)
 
 
 def parse_value(text: str) -> Any:

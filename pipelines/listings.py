@@ -50,7 +50,7 @@ def strategies(argv: list[str]) -> int:
 
 
 def configs(argv: list[str]) -> int:
-    from rescore.pipelines.config import shipped_configs
+    from rescore.pipelines.config_files import shipped_configs
 
     if argv:
         print(("" if argv[:1] in (["-h"], ["--help"]) else "rescore: error: ") + "usage: rescore configs   (the run configs that ship with Rescore; use one with --config NAME)",
