@@ -4,8 +4,11 @@ and early.py's plain-run flags all come from the declarations, and nothing else 
 
 import ast
 import dataclasses
+import json
 import os
 import pickle
+import subprocess
+import sys
 from dataclasses import fields
 
 import pytest
@@ -24,7 +27,7 @@ DECLARED_IN = {os.path.join("pipelines", "options.py"), os.path.join("transforms
                os.path.join("pipelines", "model_flags.py")}
 
 
-def _run(*argv, env=None, monkeypatch=None, tmp_path=None):
+def _run(*argv, tmp_path):
     (tmp_path / "in.parquet").touch()
     return parse_args(["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--strategy", "grpo", *argv])
 
@@ -90,6 +93,17 @@ def test_early_prefetches_only_with_the_options_declared_plain():
     assert "--config" not in early.WITH_VALUE and "--incremental" not in early.FLAGS
     assert early.plain_run(["--input", "a", "--output", "b", "--unit-cache-mb", "0", "--progress-seconds=2"])
     assert early.plain_run(["--input", "a", "--output", "b", "--accelerator", "x"]) is None
+
+
+def test_the_table_is_read_before_beam_torch_and_the_strategies_import():
+    """early.py reads the table before the `rescore` command imports Beam and torch: the table
+    imports neither, nor the strategy catalog (--strategy's help lists it only when asked)."""
+    probe = ("import json, sys\nimport rescore.pipelines.early\n"
+             "print(json.dumps([m for m in ('apache_beam', 'torch', 'yaml', 'rescore.transforms.strategies.catalog')"
+             " if m in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stderr
 
 
 def _declares(path: str, flags: set[str]) -> list[str]:
