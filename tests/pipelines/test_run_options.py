@@ -183,3 +183,14 @@ def test_a_bad_new_option_is_one_line_and_exit_2(tmp_path):
     assert (code, err) == (2, "rescore: error: --read-ahead-mb must be a number of MB >= 0 (0: off), got -2.0\n")
     assert (code2, err2) == (2, "rescore: error: RESCORE_PROGRESS_SECONDS must be a number of seconds > 0, got 'soon'\n")
     assert not out.exists()
+
+
+def test_the_readme_flag_table_has_every_option():
+    """A declared option is documented: each flag (its dashed form) heads a row of README.md's
+    flag table."""
+    import re
+
+    rows = [line.split("|")[1] for line in open(os.path.join(ROOT, "README.md"), encoding="utf-8") if line.startswith("| `--")]
+    heads = " ".join(rows)
+    flags = [flags_of(f)[0] for f in table() if flags_of(f)] + [m.flag for m in MODEL_FLAGS]
+    assert [flag for flag in flags if not re.search(rf"{re.escape(flag)}\b", heads)] == []
