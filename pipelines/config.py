@@ -102,6 +102,12 @@ class RunConfig:
     output_table: str | None = None
     models: ModelOptions = field(default_factory=ModelOptions)
     wait_for_lock: float = 0.0
+    # declared by the options table (opts)
+    unit_cache_mb: float | None = None
+    """MB of decoded read units kept between a unit's two reads in one process (0: off); None: 1/16
+    of physical memory, at most 1.5 GiB (transforms/files/unit_cache.py: budget_bytes)."""
+    read_ahead_mb: float | None = None
+    """MB the unit cache's read-ahead may hold over its budget (0: off); None: a sixth of the budget."""
 
 
 class _Parser(argparse.ArgumentParser):
