@@ -174,3 +174,11 @@ def test_unit_of_a_row_group_is_read_whole(one_group, slices):
     (unit,) = _units(path, shard_rows=ROWS)
     assert unit.rows is None and read_unit(unit, slices=slices).equals(whole)
     assert isinstance(unit, ReadUnit)
+
+
+def test_a_slice_read_without_the_runs_decoders_gives_the_same_rows(one_group):
+    """read_unit with no SliceDecoders (a read on its own, e.g. the launcher's) decodes the rows
+    before the slice with decoders of its own and leaves nothing open."""
+    path, whole = one_group
+    for unit in reversed(_units(path)):
+        _check(unit, read_unit(unit), whole)
