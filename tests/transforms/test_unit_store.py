@@ -31,6 +31,7 @@ def test_a_pickled_handle_acquires_the_launchers_store_and_carries_no_tables():
     assert store.cache.held == 0
 
 
+@pytest.mark.slow  # a Python process that imports Beam: ~12 s on the shared 2-core machine
 def test_another_process_builds_its_own_store_from_the_runs_settings():
     handle = UnitStoreHandle(cache_mb=3, read_ahead_mb=1)
     handle.store.published = ({"launcher": True}, "metrics.json")
