@@ -29,14 +29,14 @@ keep_freed_pages()  # likewise
 
 from rescore.pipelines.early import prefetch_from  # noqa: E402
 
-prefetch_from(sys.argv[1:])  # likewise: the first units decode during the imports (not timed below)
+PREFETCH = prefetch_from(sys.argv[1:])  # likewise: the first units decode during the imports (not timed below)
 
 from rescore.pipelines import rescore  # noqa: E402
 
 IMPORTED = time.perf_counter() - T0
 
 # The step classes import torch: here, where the command imports it while it builds the job.
-from rescore.transforms import finalize, input_plan, read, score, write  # noqa: E402
+from rescore.transforms import finalize, read, score, unit_store, write  # noqa: E402
 from rescore.transforms.files import parquet_out  # noqa: E402
 from rescore.transforms.rows import output_rows  # noqa: E402
 
@@ -62,13 +62,13 @@ def _wrap(owner, name: str, label: str) -> None:
 
 STEPS = [
     (read._ReadLight, "_work", "read+validate unit"),
-    (input_plan, "read_unit", "  parquet read"),
+    (unit_store, "read_unit", "  parquet read"),
     (read, "check_rows", "  check_rows"),
     (read, "light_rows", "  light_rows"),
     (score._PrepareBucket, "process", "sort+dedupe bucket"),
     (score._ScoreBucket, "process", "score bucket"),
     (write._WriteUnit, "_work", "read back+write unit"),
-    (write, "read_unit", "  parquet read (again)"),
+    (unit_store.UnitStore, "read_back", "  read back (cache/file)"),
     (output_rows, "score_columns", "  token broadcast"),
     (parquet_out, "write_table", "  parquet write"),
     (finalize._Finalize, "process", "finalize"),
@@ -78,10 +78,11 @@ STEPS = [
 def main(argv: list[str]) -> int:
     for owner, name, label in STEPS:
         _wrap(owner, name, label)
-    code = rescore.main(argv)
+    code = rescore.main(argv, prefetch=PREFETCH)
     total = time.perf_counter() - T0
     print(f"{'imports':24s} {0.0:6.2f} - {IMPORTED:6.2f} s")
-    print(f"{'prefetched units taken':24s} {input_plan.last_prefetch[1]} of {input_plan.last_prefetch[0]}")
+    if PREFETCH is not None:
+        print(f"{'prefetched units taken':24s} {PREFETCH.taken} of {PREFETCH.units}")
     spans: dict[str, list[float]] = {}
     for label, start, end in _events:
         span = spans.setdefault(label, [start, end, 0.0, 0])

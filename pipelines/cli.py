@@ -54,7 +54,7 @@ def main() -> None:
     keep_freed_pages()
     from rescore.pipelines.early import prefetch_from
 
-    prefetch_from(sys.argv[1:])  # the first read units decode while Beam and torch import
+    prefetch = prefetch_from(sys.argv[1:])  # the first read units decode while Beam and torch import
     from rescore.pipelines import rescore
 
-    rescore.cli()
+    rescore.cli(prefetch=prefetch)

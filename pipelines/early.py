@@ -5,8 +5,10 @@ Importing Beam and torch takes ~2 s of one core on every run, and nothing else c
 that time but work that does not need the GIL: Parquet decoding. So before those imports, the
 command looks at its own command line; where it is a plain run on local Parquet files with the
 default in-process runner, it starts decoding the first read units of the first input file on
-threads (transforms/input_plan.py: Prefetch). The read step later takes those tables instead of
-decoding the units itself; whatever it does not take is dropped at the end of the run.
+a thread (transforms/unit_store.py: Prefetch) and hands the Prefetch to the run
+(pipelines/cli.py -> rescore.run -> build_job), which puts it in the run's UnitStore. The read
+step later takes those tables instead of decoding the units itself; whatever it does not take
+is dropped at the end of the run.
 
 Only a command line made of the options declared `plain` qualifies (pipelines/options.py): anything else (a --config file, a Beam
 option such as --runner, --incremental, the model stage, SQL buffers or verl dumps, --help) may
@@ -49,19 +51,20 @@ def plain_run(argv: list[str]) -> dict[str, list[str]] | None:
     return found if found.get("--input") and found.get("--output") else None
 
 
-def prefetch_from(argv: list[str]) -> None:
-    """Start decoding the first read units where `argv` is a plain local run; never raises."""
+def prefetch_from(argv: list[str]):
+    """The Prefetch (transforms/unit_store.py) decoding the first read units where `argv` is a
+    plain local run, for the run to take over; None otherwise. Never raises."""
     try:
         options = plain_run(argv)
         if options is None:
-            return
+            return None
         shard_rows = int(options.get("--shard-rows", [DEFAULT_SHARD_ROWS])[-1])
         threads = int(options.get("--io-threads", ["0"])[-1])
         if shard_rows < 1 or threads < 0:
-            return
-        from rescore.transforms.input_plan import start_prefetch
+            return None
+        from rescore.transforms.unit_store import start_prefetch
         from rescore.transforms.unit_threads import resolve_threads  # no Beam at import
 
-        start_prefetch(options["--input"], shard_rows=shard_rows, threads=resolve_threads(threads))
+        return start_prefetch(options["--input"], shard_rows=shard_rows, threads=resolve_threads(threads))
     except Exception:  # noqa: BLE001  (the run itself reports any problem with its command line)
-        return
+        return None

@@ -51,9 +51,10 @@ from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
-from rescore.transforms.files import ownership, progress_marks, row_group_slices, storage
+from rescore.transforms.files import ownership, progress_marks, storage
 from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
-from rescore.transforms.input_plan import InputPlan, plan_input, start_prefetch, stop_prefetch
+from rescore.transforms.input_plan import InputPlan, plan_input
+from rescore.transforms.unit_store import Prefetch, UnitStoreHandle, start_prefetch
 from rescore.transforms.unit_threads import resolve_threads
 
 if TYPE_CHECKING:
@@ -68,8 +69,14 @@ INTERRUPTED = "rescore: interrupted; this run published nothing (an earlier fini
 USER_ERRORS = errors.USER_ERRORS
 
 
-def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict) -> None:
-    """The whole job: read -> score -> plan copies -> write -> finalize."""
+def build(
+    p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict,
+    unit_store: UnitStoreHandle | None = None,
+) -> UnitStoreHandle:
+    """The whole job: read -> score -> plan copies -> write -> finalize. `unit_store`: the run's
+    prefetch, unit cache and slice decoders, and the finalize step's document
+    (transforms/unit_store.py); None: a new one (no prefetch). Returns it: the launcher closes
+    it when the run ends."""
     # The shells are imported here, not with this module: they load torch, which option
     # parsing, --help and a bad command line never need.
     from rescore.transforms.copies import PlanCopies
@@ -83,6 +90,8 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
 
     settings = step_settings(cfg)  # the run options the steps read: one frozen object
     progress = progress_marks.progress_dir(staging_dir(cfg.output))  # what pipelines/progress.py counts
+    if unit_store is None:
+        unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb)
     units = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
@@ -92,6 +101,7 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
         )
     read = units | "ReadExperiences" >> ReadExperiences(
         plan, settings, needs=scoring.needs, keep_units=_one_process(p.options), progress=progress,
+        unit_store=unit_store,
     )
     scored = read.light | "ScoreGroups" >> ScoreGroups(scoring, settings, progress=progress)
     copies = None  # no duplicate stage: no copy plans
@@ -99,11 +109,13 @@ def build(p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunCon
         copies = scored.copy_groups | "PlanCopies" >> PlanCopies(seed=scoring.stage(DUPLICATE).seed)
     every_row = (scored.outcomes, read.rejected) | "EveryRow" >> beam.Flatten()
     written = every_row | "WriteScored" >> WriteScored(
-        plan, cfg.output, scoring, copies, settings, file_metadata=file_metadata(run_info),
+        plan, cfg.output, scoring, copies, settings, file_metadata=file_metadata(run_info), unit_store=unit_store,
     )
     p | "Finalize" >> Finalize(
         plan, cfg.output, run_info, scoring, settings, written=written, group_metrics=scored.group_metrics, copies=copies,
+        unit_store=unit_store,
     )
+    return unit_store
 
 
 def config_hash(strategy: str, params: dict, algorithm: str | None) -> str:
@@ -198,12 +210,14 @@ def _with_newest_model_version(scoring, plan: InputPlan, cfg: RunConfig):
         return scoring
     import pyarrow.compute as pc
 
-    from rescore.transforms.input_plan import read_unit
+    from rescore.transforms.files.row_group_slices import SliceDecoders
     from rescore.transforms.strategies import build_chain
+    from rescore.transforms.unit_read import read_unit
 
     newest = None
+    slices = SliceDecoders()  # the units in order: a sliced row group's column decoded once
     for unit in plan.units:
-        table = read_unit(unit, [stage.model_version_key])
+        table = read_unit(unit, [stage.model_version_key], slices=slices)
         if stage.model_version_key not in table.column_names:
             continue
         top = pc.max(table[stage.model_version_key]).as_py()
@@ -214,11 +228,20 @@ def _with_newest_model_version(scoring, plan: InputPlan, cfg: RunConfig):
     return build_chain(cfg.strategies, {**cfg.params, f"{stage.name}.current_model_version": int(newest)})
 
 
-def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple[beam.Pipeline, InputPlan, dict[str, Any]]:
-    """Plan the input, prepare the output and build the pipeline (not run)."""
+def build_job(
+    cfg: RunConfig, extra_info: dict[str, Any] | None = None, *, prefetch: Prefetch | None = None
+) -> tuple[beam.Pipeline, InputPlan, dict[str, Any], UnitStoreHandle]:
+    """Plan the input, prepare the output and build the pipeline (not run). `prefetch`: the
+    first units the command started decoding (pipelines/early.py), for the run's UnitStore.
+    Returns the pipeline, the plan, run_info and the run's UnitStoreHandle (to close at the end)."""
     options = PipelineOptions(cfg.beam_args)
-    if _in_process(cfg, options):  # the first units decode while torch loads
-        start_prefetch(cfg.inputs, shard_rows=cfg.shard_rows, threads=resolve_threads(cfg.io_threads))
+    if not _in_process(cfg, options):  # no read step in this process to take them
+        if prefetch is not None:
+            prefetch.close()
+        prefetch = None
+    elif prefetch is None:  # the first units decode while torch loads
+        prefetch = start_prefetch(cfg.inputs, shard_rows=cfg.shard_rows, threads=resolve_threads(cfg.io_threads))
+    unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb, prefetch=prefetch)
     from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)
@@ -266,17 +289,18 @@ def build_job(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> tuple
         **(extra_info or {}),
     }
     p = beam.Pipeline(options=options)
-    build(p, plan, scoring, cfg, run_info)
-    return p, plan, run_info
+    build(p, plan, scoring, cfg, run_info, unit_store)
+    return p, plan, run_info, unit_store
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
+def run(argv: list[str] | None = None, *, prefetch: Prefetch | None = None) -> dict[str, Any]:
     """Run the job; returns the metrics.json document. Raises on failure.
 
     With Beam's --dry_run=True (Dataflow) the job graph is built and not submitted; the result
     is {"dry_run": True, "job": the runner's job object, ...}. With --no-wait the job is
     submitted and {"submitted": True, ...} returned. With --incremental, see
     pipelines/incremental.py; {"nothing_new": True, ...} when every input file is scored.
+    `prefetch`: the first read units the command started decoding (pipelines/early.py).
     """
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
@@ -284,14 +308,17 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     from rescore.pipelines import sources  # Trinity SQL buffers, verl rollout dumps
 
     ownership.check_output_path(cfg.output)
+    if prefetch is not None and (cfg.incremental or sources.wanted(cfg)):
+        prefetch.close()  # pipelines/early.py starts none for these runs: nothing would take it
+        prefetch = None
     if PipelineOptions(cfg.beam_args).view_as(TestOptions).dry_run and not sources.wanted(cfg):
-        return _run_incremental(cfg) if cfg.incremental else _run_once(cfg)
+        return _run_incremental(cfg) if cfg.incremental else _run_once(cfg, prefetch=prefetch)
     with output_lock.acquire(cfg.output, cfg.wait_for_lock):  # one run at a time per output
         if sources.wanted(cfg):
             return sources.run(cfg, _run_once)
         if cfg.incremental:
             return _run_incremental(cfg)
-        return _run_once(cfg)
+        return _run_once(cfg, prefetch=prefetch)
 
 
 def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
@@ -299,15 +326,21 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
     return incremental.run(cfg)
 
 
-def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None, *, prefetch: Prefetch | None = None) -> dict[str, Any]:
+    unit_store = None
     try:
-        return _run_built(cfg, *build_job(cfg, extra_info))
-    finally:
-        stop_prefetch()  # whatever the read step did not take
-        row_group_slices.clear()  # decoders of sliced row groups this run left open
+        p, plan, run_info, unit_store = build_job(cfg, extra_info, prefetch=prefetch)
+        return _run_built(cfg, p, plan, run_info, unit_store)
+    finally:  # what the read step did not take, cached units, decoders this run left open
+        if unit_store is not None:
+            unit_store.close()
+        elif prefetch is not None:
+            prefetch.close()
 
 
-def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict[str, Any]) -> dict[str, Any]:
+def _run_built(
+    cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict[str, Any], unit_store: UnitStoreHandle
+) -> dict[str, Any]:
     if p.options.view_as(TestOptions).dry_run:
         return {**run_info, "dry_run": True, "job": getattr(p.run(), "job", None)}
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:
@@ -323,15 +356,16 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
         progress_marks.clear(staging_dir(cfg.output))  # the marks only count a run in progress
         raise
     success = storage.join(cfg.output, SUCCESS)
-    metrics = storage.join(cfg.output, METRICS)
     failed_dir = storage.join(cfg.output, ownership.FAILED)  # a failed run beside a finished one
-    if storage.exists(storage.join(failed_dir, METRICS)):
-        doc = json.loads(storage.read_text(storage.join(failed_dir, METRICS)))
+    # The finalize step leaves its document in the run's store where it ran in this process;
+    # elsewhere (a remote or multi-process runner) the file it published is the one place both
+    # reach, and reading it back is how the launcher learns the result.
+    doc, where = unit_store.published() or _published_file(cfg.output)
+    if doc.get("failed") and where == storage.join(failed_dir, METRICS):
         raise RejectBudgetExceeded(
             f"{doc['failed']}; the rejected rows and metrics.json are in {failed_dir}, the finished "
             f"earlier run in {cfg.output} was left as it was"
         )
-    doc = json.loads(storage.read_text(metrics)) if storage.exists(metrics) else {}
     if doc.get("failed"):
         raise RejectBudgetExceeded(
             f"{doc['failed']}; the rejected rows and metrics.json are in {cfg.output}, no _SUCCESS was written"
@@ -339,6 +373,15 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
     if not storage.exists(success):
         raise RuntimeError(f"the pipeline finished but {success} was not written")
     return doc
+
+
+def _published_file(output: str) -> tuple[dict[str, Any], str]:
+    """(metrics.json's document, its path) as the finalize step published it in OUTPUT (or, for
+    a failed run beside a finished one, OUTPUT/_failed); ({}, path) where there is none."""
+    for metrics in (storage.join(output, ownership.FAILED, METRICS), storage.join(output, METRICS)):
+        if storage.exists(metrics):
+            return json.loads(storage.read_text(metrics)), metrics
+    return {}, metrics
 
 
 def _summary(doc: dict[str, Any], seconds: float) -> str:
@@ -407,9 +450,9 @@ def _no_foreign_errors(record: logging.LogRecord) -> bool:
     return record.levelno < logging.ERROR or record.name.split(".")[0] in ("rescore", "pipelines", "transforms", "schemas")
 
 
-def main(argv: list[str] | None = None, *, from_process: bool | None = None) -> int:
+def main(argv: list[str] | None = None, *, from_process: bool | None = None, prefetch: Prefetch | None = None) -> int:
     """The command; `from_process` (default: argv is None, the command line) makes the summary's
-    wall time count the process's start-up too."""
+    wall time count the process's start-up too; `prefetch`: see run()."""
     started = time.monotonic()
     from_process = argv is None if from_process is None else from_process
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -419,20 +462,20 @@ def main(argv: list[str] | None = None, *, from_process: bool | None = None) -> 
         if level == "INFO":  # Beam's ERROR log of a failed step repeats the error line, with a traceback
             for handler in logging.getLogger().handlers:
                 handler.addFilter(_no_foreign_errors)
-        return _main(argv, None, started, from_process)
+        return _main(argv, None, started, from_process, prefetch)
     held = _HeldLogs()
     root = logging.getLogger()
     root.addHandler(held)
     logging.captureWarnings(True)
     try:
-        code = _main(argv, held, started, from_process)
+        code = _main(argv, held, started, from_process, prefetch)
     finally:
         root.removeHandler(held)
         logging.captureWarnings(False)
     return code
 
 
-def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process: bool) -> int:
+def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process: bool, prefetch: Prefetch | None = None) -> int:
     """The command; with `held`, log records are written only after a success."""
     if argv[:1] == ["sample"]:
         from rescore.pipelines import sample
@@ -467,7 +510,7 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
             return EXIT_OK
     quiet = "--quiet" in argv
     try:
-        doc = run(argv)
+        doc = run(argv, prefetch=prefetch)
     except USER_ERRORS as e:
         print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_CONFIG
@@ -516,7 +559,7 @@ def _interrupt(signum, frame):
         os._exit(EXIT_FAILED)
 
 
-def _main_with_one_line_stderr(argv: list[str]) -> int:
+def _main_with_one_line_stderr(argv: list[str], prefetch: Prefetch | None = None) -> int:
     """main() with file descriptor 2 sent to a temporary file while it runs, and sys.stderr kept
     on the real stderr: what other processes and libraries write there directly (Beam's worker
     processes log their tracebacks to the stderr they inherit) is shown after a success and
@@ -530,7 +573,7 @@ def _main_with_one_line_stderr(argv: list[str]) -> int:
     spill = tempfile.TemporaryFile()
     os.dup2(spill.fileno(), 2)
     sys.stderr = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    code = main(argv, from_process=True)
+    code = main(argv, from_process=True, prefetch=prefetch)
     sys.stderr.flush()
     if code == EXIT_OK:
         spill.seek(0)
@@ -566,8 +609,9 @@ def _without_worker_logs(text: bytes) -> bytes:
     return b"".join(kept)
 
 
-def cli() -> None:
-    """The command line: main(), then exit without the interpreter's teardown.
+def cli(prefetch: Prefetch | None = None) -> None:
+    """The command line: main(), then exit without the interpreter's teardown. `prefetch`: the
+    first read units pipelines/cli.py started decoding before it imported this module.
 
     Importing Beam and torch builds about a million Python objects. The entry points import
     them with the garbage collector off (a collection then finds nothing to free) and freeze
@@ -580,9 +624,9 @@ def cli() -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
     argv = sys.argv[1:]
     if argv[:1] in (["sample"], ["report"]) or _log_level(argv) in ("DEBUG", "INFO"):
-        code = main(argv, from_process=True)
+        code = main(argv, from_process=True, prefetch=prefetch)
     else:
-        code = _main_with_one_line_stderr(argv)
+        code = _main_with_one_line_stderr(argv, prefetch)
     if "apache_beam.runners.portability.job_server" in sys.modules:
         # A portable runner (Flink's, Spark's) started a job server JVM and registered its stop
         # with atexit; os._exit skips atexit, which left one JVM behind per run.

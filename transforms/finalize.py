@@ -1,5 +1,9 @@
 """Finalize: once every read unit is written, check the run's accounting and publish it: the
-staged data files, metrics.json, then _SUCCESS last (transforms/files/ownership.py: publish)."""
+staged data files, metrics.json, then _SUCCESS last (transforms/files/ownership.py: publish).
+
+The document it publishes is also left in the run's UnitStore (transforms/unit_store.py): where
+this step runs in the launcher's process, the launcher takes it from there instead of reading
+metrics.json back."""
 
 from __future__ import annotations
 
@@ -14,10 +18,15 @@ from rescore.transforms.input_plan import InputPlan
 from rescore.transforms.rows.metrics import check_accounting, reject_budget_failure, summarize
 from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import StrategyChain
+from rescore.transforms.unit_store import UnitStoreHandle
 
 
 class _Finalize(beam.DoFn):
-    def __init__(self, plan: InputPlan, output: str, run_info: dict, stages, max_reject_fraction: float):
+    def __init__(
+        self, plan: InputPlan, output: str, run_info: dict, stages, max_reject_fraction: float,
+        unit_store: UnitStoreHandle | None = None,
+    ):
+        self._unit_store = unit_store
         self._plan = plan
         self._output = output
         self._run_info = run_info
@@ -46,7 +55,11 @@ class _Finalize(beam.DoFn):
             fingerprints.verify(unit.path, unit.fingerprint)
         # Publish: only Rescore's own files are replaced, a finished earlier run only at the end.
         staged = [path for _, paths in sorted(files) for path in paths]
-        ownership.publish(self._output, staged, json.dumps(document, indent=2) + "\n", failed=bool(failure))
+        text = json.dumps(document, indent=2) + "\n"
+        where = ownership.publish(self._output, staged, text, failed=bool(failure))
+        if self._unit_store is not None:  # the launcher's, where this runs in its process
+            # The document as the file holds it (JSON: tuples are lists), for the launcher.
+            self._unit_store.acquire().published = (json.loads(text), where)
         yield document
 
 
@@ -60,10 +73,13 @@ class Finalize(beam.PTransform):
 
     def __init__(
         self, plan: InputPlan, output: str, run_info: dict, scoring: StrategyChain, settings: StepSettings = StepSettings(),
-        *, written, group_metrics, copies=None,
+        *, written, group_metrics, copies=None, unit_store: UnitStoreHandle | None = None,
     ):
-        """settings: the run's (max_reject_fraction)."""
+        """settings: the run's (max_reject_fraction). unit_store: the run's UnitStoreHandle: the
+        published document is left in the store of the process this step runs in
+        (pipelines/rescore.py takes it where that is its own)."""
         super().__init__()
+        self._unit_store = unit_store
         self._plan = plan
         self._output = output
         self._run_info = run_info
@@ -80,7 +96,9 @@ class Finalize(beam.PTransform):
             | "FinalizeTrigger" >> beam.Create([None])
             | "Publish"
             >> beam.ParDo(
-                _Finalize(self._plan, self._output, self._run_info, self._stages, self._max_reject_fraction),
+                _Finalize(
+                    self._plan, self._output, self._run_info, self._stages, self._max_reject_fraction, self._unit_store
+                ),
                 files=beam.pvalue.AsList(self._written.files),
                 group_tables=beam.pvalue.AsList(self._group_metrics),
                 row_tables=beam.pvalue.AsList(self._written.metrics),

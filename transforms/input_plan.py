@@ -1,17 +1,16 @@
-"""The input plan and the reads of read units, without Beam: matching the input, checking every
-file's footer and schema before the pipeline starts, splitting files into read units, reading a
-unit (with its fingerprint checks), and decoding the first units early (Prefetch).
+"""The input plan, without Beam: matching the input, checking every file's footer and schema
+before the pipeline starts, and splitting files into read units (ReadUnit).
 
-Nothing here imports Beam where the input is local, so the `rescore` command can start decoding
-the first read units before it imports Beam and torch (pipelines/early.py). The Beam step that
+Reading a unit is transforms/unit_read.py; what one process keeps of the units it read (the
+prefetch, the cache between the two reads, the read-ahead) is transforms/unit_store.py. Nothing
+here imports Beam where the input is local, so the `rescore` command can plan and decode the
+first read units before it imports Beam and torch (pipelines/early.py). The Beam step that
 reads units for their light rows is ReadExperiences (transforms/read.py).
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -22,10 +21,8 @@ import pyarrow.compute as pc
 from rescore.errors import InputError
 from rescore.schemas import SchemaError, unify, validate_file_schema
 from rescore.transforms.files import fingerprint as fingerprints
-from rescore.transforms.files import row_group_slices, storage, unit_cache
+from rescore.transforms.files import storage
 from rescore.transforms.files.layout import part_bounds
-from rescore.transforms.rows.keys import light_columns
-from rescore.transforms.rows.model_columns import join_model_columns
 
 
 @dataclass(frozen=True)
@@ -289,216 +286,10 @@ def file_units(
     return units
 
 
-def read_unit(unit: ReadUnit, columns: list[str] | None = None, *, use_threads: bool = True) -> pa.Table:
-    """The unit's rows in file order (columns=None: all of them).
-
-    A file whose footer read fine but whose data pages do not decode fails with a message
-    naming the file and row groups (the plan cannot see that without reading every page).
-    """
-    if unit.fingerprint is not None:
-        fingerprints.verify(unit.path, unit.fingerprint)
-    try:
-        pf = storage.open_parquet(unit.path)
-        if columns is not None:
-            present = set(pf.schema_arrow.names)
-            columns = [c for c in columns if c in present]
-        if unit.rows is None:
-            table = _decode(pf, list(unit.row_groups), columns, use_threads)
-        else:
-            table = _decode_slice(pf, unit, pf.schema_arrow.names if columns is None else columns)
-    except OSError as e:
-        raise OSError(f"{unit.path}: cannot read {unit.where()}: {_first_line(e)}") from e
-    except (pa.ArrowException, ValueError) as e:
-        raise ValueError(f"{unit.path}: corrupt data in {unit.where()}: {_first_line(e)}") from e
-    if unit.fingerprint is not None:  # a write during the read shows in stat()
-        fingerprints.same_stat(unit.path, unit.fingerprint)
-    if table.num_rows != unit.num_rows:
-        raise ValueError(f"{unit.path}: {unit.where()} hold {table.num_rows} rows, the footer says {unit.num_rows}")
-    if unit.model_file is not None:
-        table = join_model_columns(table, storage.open_parquet(unit.model_file).read())
-    return table
-
-
-READ_BATCH_VALUES = 1 << 20
-"""Values (list elements) per column per decoded batch of a read unit."""
-
-
-def _batch_rows(pf, row_groups: list[int], columns: list[str] | None) -> int:
-    """Rows per decoded batch: about READ_BATCH_VALUES values in the widest column read (64 to
-    65,536 rows), from the footer's value counts."""
-    meta = pf.metadata
-    owner = [field.name for field in pf.schema_arrow for _ in range(_leaves(field.type))]  # leaf -> column
-    per_row = 1.0
-    for g in row_groups:
-        group = meta.row_group(g)
-        if group.num_rows == 0 or group.num_columns != len(owner):
-            continue
-        for k in range(group.num_columns):
-            if columns is None or owner[k] in columns:
-                per_row = max(per_row, group.column(k).num_values / group.num_rows)
-    return int(min(1 << 16, max(64, READ_BATCH_VALUES // per_row)))
-
-
-def _leaves(t: pa.DataType) -> int:
-    """Parquet leaf columns of an Arrow type (a column's leaves are consecutive in the footer)."""
-    if pa.types.is_struct(t):
-        return sum(_leaves(t.field(i).type) for i in range(t.num_fields))
-    if pa.types.is_map(t):
-        return _leaves(t.key_type) + _leaves(t.item_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _leaves(t.value_type)
-    return 1
-
-
-def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: bool) -> pa.Table:
-    """The row groups' rows: the same table as `read_row_groups` (values, types, schema
-    metadata, one chunk per column), decoded in batches of about READ_BATCH_VALUES values.
-
-    Parquet's list reader reserves room for one value per row and grows its value and level
-    buffers by reallocation as it decodes: reading a whole unit at once copied each token column
-    about once more, into fresh pages each time (204,800 rows of 256 tokens: ~630k page faults,
-    1.2 s of kernel time for the reads). Batches grow small buffers that the allocator hands
-    back to the next batch, and one exact-size copy joins them: ~300k faults, ~0.6 s
-    (benchmarks/README.md, issue 18). The joined columns let the output writer take them
-    without a copy of its own.
-    """
-    batch_rows = _batch_rows(pf, row_groups, columns)
-    batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=columns, use_threads=use_threads))
-    if not batches:  # no rows: the schema as the file gives it
-        return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
-    table = pa.Table.from_batches(batches)
-    return table.combine_chunks() if len(batches) > 1 else table
-
-
-def _decode_slice(pf, unit: ReadUnit, columns: list[str]) -> pa.Table:
-    """Rows unit.rows of the unit's row group, each column from its decoder in this process
-    (transforms/files/row_group_slices.py): the same table as `_decode` of the whole row group,
-    sliced."""
-    group = unit.row_groups[0]
-
-    def open_column(name: str):
-        # A reader of its own (decoders run on several threads) that reads the column chunk as
-        # it decodes it: pre-buffered, a large row group's chunk would be held for all its slices.
-        own = storage.open_parquet(unit.path, streaming=True)
-        return own.iter_batches(batch_size=_batch_rows(own, [group], [name]), row_groups=[group], columns=[name], use_threads=False)
-
-    key = (unit.path, unit.fingerprint, group)
-    return row_group_slices.read(key, pf.metadata.row_group(group).num_rows, *unit.rows, columns, open_column)
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns: missing ones null, narrower types widened
-    (`schemas/widening.py`: the one rule, the one conversion)."""
-    from rescore.schemas.widening import cast_table
-
-    return cast_table(table, schema)
-
-
-class Prefetch:
-    """The first read units of a local in-process run, decoded on threads while the launcher
-    imports Beam and torch and builds the pipeline (GIL-bound work that leaves a core idle).
-
-    What is decoded is exactly what the read step would decode first: `read_unit` of the
-    contract's light columns, with its fingerprint checks; the read step takes a unit's table
-    instead of reading it (reading any column a strategy needs besides), or reads it as before
-    when the unit was not prefetched, not started yet, or failed (a read error is then raised by
-    the read step's own read, where it always was). Units are matched by file, fingerprint and
-    row groups, so a unit of a file changed after the prefetch is never taken: it is read.
-    """
-
-    def __init__(self, units: list[ReadUnit], columns: list[str]):
-        # One thread, decoding on itself alone and at a lower priority: the launcher's imports
-        # are the critical path and keep a core; the prefetch takes what is left.
-        pool = ThreadPoolExecutor(1, thread_name_prefix="rescore-prefetch", initializer=_lower_priority)
-        self._futures = {unit_cache.unit_key(u): pool.submit(read_unit, u, columns, use_threads=False) for u in units}
-        pool.shutdown(wait=False)
-        self.units = len(units)
-        self.taken = 0
-
-    def take(self, unit: ReadUnit) -> pa.Table | None:
-        future = self._futures.pop(unit_cache.unit_key(unit), None)
-        if future is None or future.cancel():  # not prefetched, or not started: read it now
-            return None
-        try:
-            table = future.result()
-        except Exception:  # noqa: BLE001  (the read step reads the unit itself and reports)
-            return None
-        self.taken += 1
-        return table
-
-    def close(self) -> None:
-        for future in self._futures.values():
-            future.cancel()
-        self._futures.clear()
-
-
-def _lower_priority() -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only (Linux)
-    except (AttributeError, OSError):  # pragma: no cover - elsewhere: normal priority
-        pass
-
-
-_prefetch: Prefetch | None = None
-PREFETCH_UNITS_PER_THREAD = 4
-"""Units queued for the prefetch per read thread. The prefetch thread decodes them one after the
-other while the command imports and builds the job; the read step cancels those not started
-yet and reads them itself, so a long queue costs nothing. Two per thread left the prefetch
-thread idle for the last ~0.6 s of the imports at 1,024,000 rows (2 cores); with four it had
-decoded 6 of the 8 when the read step began."""
-last_prefetch: tuple[int, int] = (0, 0)
-"""(units prefetched, units the read step took) of the last run that prefetched (tests, timeline)."""
-
-
-def _local_files(pattern: str) -> list[str]:
-    """The regular files a local pattern matches (a directory: its *.parquet), without Beam."""
-    if os.path.isdir(pattern):
-        pattern = os.path.join(pattern, "*.parquet")
-    found = glob.glob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
-    return [p for p in found if os.path.isfile(p)]
-
-
-def _file_units(path: str, shard_rows: int) -> list[ReadUnit]:
-    """The read units of one file, as plan_input makes them (without the schema checks)."""
+def planned_file_units(path: str, shard_rows: int) -> list[ReadUnit]:
+    """The read units of one file as plan_input makes them, numbered from 0 (its footer and
+    fingerprint only, without the schema checks: the prefetch's, transforms/unit_store.py)."""
     planned = fingerprints.take(path)
     _, counts = _footer(path)
     fingerprints.verify(path, planned)
     return file_units(path, counts, shard_rows, fingerprint=planned)
-
-
-def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int) -> None:
-    """Start decoding the first read units of the first local input file (up to
-    PREFETCH_UNITS_PER_THREAD per read thread, one at a time). Never raises: planning the run reports any problem with the
-    input. A prefetch already running (the command's, started before its imports) is kept."""
-    global _prefetch
-    if _prefetch is not None:
-        return
-    try:
-        if not patterns or not all(storage.is_local(p) for p in patterns):
-            return
-        files = [f for pattern in patterns for f in _local_files(pattern)]
-        if not files:
-            return
-        units = _file_units(min(files), shard_rows)[: max(1, threads) * PREFETCH_UNITS_PER_THREAD]
-    except Exception:  # noqa: BLE001
-        return
-    if units:
-        _prefetch = Prefetch(units, light_columns(()))
-
-
-def stop_prefetch() -> None:
-    """Drop what was prefetched and not taken (the end of a run)."""
-    global _prefetch, last_prefetch
-    if _prefetch is not None:
-        last_prefetch = (_prefetch.units, _prefetch.taken)
-        _prefetch.close()
-        _prefetch = None
-
-
-def _first_read(unit: ReadUnit, columns: list[str]) -> pa.Table:
-    """The read step's read of `unit`: the prefetched table (plus any column it lacks), else
-    read_unit."""
-    table = _prefetch.take(unit) if _prefetch is not None and unit.model_file is None else None
-    if table is None:
-        return read_unit(unit, columns)
-    return unit_cache.with_columns(table, unit, columns, read_unit)

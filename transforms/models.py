@@ -6,7 +6,7 @@
                  -> WriteModelColumns (one side file per unit) -> unit indices
 
 The side files (`_staging/model/unit-NNNNN.parquet`) are joined wherever a unit is read
-(transforms/read.read_unit): the light read, so rewards and log-probs reach the scoring, and
+(transforms/unit_read.read_unit): the light read, so rewards and log-probs reach the scoring, and
 the write step, so they reach the output. The tokens are read once for the models and the
 light-row shuffle carries what it carried before.
 """
@@ -33,8 +33,10 @@ from rescore.transforms import inference
 from rescore.transforms.files import storage
 from rescore.transforms.verifier import VerifierProcess
 from rescore.transforms.rows.model_columns import UNIT_RECORD, ModelOptions, extend_schema, unit_side_table
-from rescore.transforms.input_plan import InputPlan, read_unit
+from rescore.transforms.files.row_group_slices import SliceDecoders
+from rescore.transforms.input_plan import InputPlan
 from rescore.transforms.settings import StepSettings
+from rescore.transforms.unit_read import read_unit
 
 MODEL_DIR = "model"
 """Under the output's _staging/: the side files."""
@@ -246,11 +248,18 @@ class _ModelInputs(beam.DoFn):
     def setup(self):
         self._rows = Metrics.counter("rescore", "model_rows")
         self._tokens = Metrics.counter("rescore", "model_tokens")
+        # Decoders of sliced row groups for this step's reads: the slices a DoFn reads in order
+        # decode each row once. Its own, not the run's UnitStore: the token columns it reads are
+        # not the read step's, and RunInference's model is the Shared object of this stage.
+        self._slices = SliceDecoders()
+
+    def teardown(self):
+        self._slices.clear()
 
     def process(self, unit_index: int):
         unit = self._units[unit_index]
         columns = ["tokens", "prompt_length", "action_mask", "logprobs", *(_EXTRA if self._extras else ("reward",))]
-        table = read_unit(replace(unit, model_file=None), columns)
+        table = read_unit(replace(unit, model_file=None), columns, slices=self._slices)
         n = table.num_rows
         reasons: dict[int, str] = {}
         if n and "tokens" not in table.column_names:

@@ -1,5 +1,6 @@
 """ReadExperiences: each read unit read, validated and turned into light rows keyed by shuffle
-bucket. The input plan and the reads themselves are in transforms/input_plan.py (no Beam)."""
+bucket. The input plan is transforms/input_plan.py, the reads transforms/unit_read.py, what the
+process keeps of them (prefetch, unit cache) transforms/unit_store.py (no Beam)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,14 @@ from apache_beam.metrics import Metrics
 from rescore.errors import InputError  # noqa: F401  (the old name rescore.transforms.read.InputError)
 from rescore.schemas import check_rows
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
-from rescore.transforms.files import progress_marks, unit_cache
-from rescore.transforms.input_plan import (  # noqa: F401  (the plan's names, as before)
-    InputPlan,
-    ReadUnit,
-    _first_read,
-    conform,
-    plan_input,
-    read_unit,
-    split_row_groups,
-    start_prefetch,
-    stop_prefetch,
-)
+from rescore.transforms.files import progress_marks
+from rescore.transforms.input_plan import InputPlan, ReadUnit, plan_input, split_row_groups  # noqa: F401  (the plan's names, as before)
 from rescore.transforms.rows.keys import WHOLE_BATCH, bucket_of, light_columns, light_rows, split_by
 from rescore.transforms.rows.model_columns import apply_model_rejects
 from rescore.transforms.rows.outcomes import rejected_records
 from rescore.transforms.settings import StepSettings
+from rescore.transforms.unit_read import conform, read_unit  # noqa: F401  (as before)
+from rescore.transforms.unit_store import UnitStoreHandle
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 
 
@@ -37,9 +30,10 @@ class _ReadLight(beam.DoFn):
 
     def __init__(
         self, plan: InputPlan, needs: tuple[str, ...], settings: StepSettings, keep_units: bool = False,
-        progress: str | None = None,
+        progress: str | None = None, unit_store: UnitStoreHandle | None = None,
     ):
         self._units = plan.units
+        self._unit_store = unit_store
         self._progress = progress
         self._task_type = plan.task_type
         self._needs = tuple(needs)
@@ -50,15 +44,16 @@ class _ReadLight(beam.DoFn):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
         self._overlap = Overlap(resolve_threads(self._settings.io_threads), self._outputs)
+        self._store = self._unit_store.acquire()
         if self._keep_units:
-            unit_cache.expect(self._units)
+            self._store.expect(self._units)
 
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
-        table = _first_read(unit, light_columns(self._needs))
+        table = self._store.first_read(unit, light_columns(self._needs))
         if self._keep_units:  # the write step, in this process, takes it instead of reading the unit again
-            unit_cache.offer(unit, table, read_unit)
+            self._store.offer(unit, table)
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))
         bad = np.flatnonzero(~check.ok)
         rejected = None
@@ -85,6 +80,7 @@ class _ReadLight(beam.DoFn):
 
     def teardown(self):
         self._overlap.close()
+        self._store = None
 
 
 class ReadRows(NamedTuple):
@@ -102,15 +98,18 @@ class ReadExperiences(beam.PTransform):
 
     def __init__(
         self, plan: InputPlan, settings: StepSettings = StepSettings(), *, needs: tuple[str, ...], keep_units: bool = False,
-        progress: str | None = None,
+        progress: str | None = None, unit_store: UnitStoreHandle | None = None,
     ):
         """settings: the run's (buckets, io_threads); needs: the columns the strategies read.
         progress: the directory of the run's progress marks (transforms/files/progress_marks.py).
-        keep_units: offer each decoded unit to this process's unit cache for the write step.
-        Only where one process runs every step (the in-process runner): elsewhere the write
-        step of a unit usually runs in another process, and what a worker kept would never be
-        taken, only held."""
+        unit_store: the run's UnitStoreHandle (transforms/unit_store.py): the prefetched units
+        taken, the cache offered to, the slice decoders; None: a store of this step's own,
+        with no cache. keep_units: offer each decoded unit to the store's cache for the write
+        step. Only where one process runs every step (the in-process runner): elsewhere the
+        write step of a unit usually runs in another process, and what a worker kept would
+        never be taken, only held."""
         super().__init__()
+        self._unit_store = unit_store or UnitStoreHandle(cache_mb=0)
         self._plan = plan
         self._needs = tuple(needs)
         self._settings = settings
@@ -125,6 +124,6 @@ class ReadExperiences(beam.PTransform):
         else:
             units = pbegin
         read = units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._needs, self._settings, self._keep_units, self._progress)
+            _ReadLight(self._plan, self._needs, self._settings, self._keep_units, self._progress, self._unit_store)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
         return ReadRows(read.light, unit_tables(read.rejected))

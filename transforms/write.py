@@ -19,7 +19,7 @@ from rescore.transforms import fault_injection
 from rescore.transforms.copies import CopyPlans
 from rescore.transforms.files import progress_marks, storage
 from rescore.transforms.files.layout import filtered_file, rejected_file, scored_file, staging_dir
-from rescore.transforms.input_plan import InputPlan, conform, read_unit
+from rescore.transforms.input_plan import InputPlan
 from rescore.transforms.rows.output_rows import (
     filtered_rows,
     output_schemas,
@@ -31,9 +31,11 @@ from rescore.transforms.rows.output_rows import (
     unit_outcomes,
 )
 from rescore.transforms.files.layout import part_bounds
-from rescore.transforms.files import parquet_out, unit_cache
+from rescore.transforms.files import parquet_out
 from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import StrategyChain
+from rescore.transforms.unit_read import conform
+from rescore.transforms.unit_store import UnitStoreHandle
 from rescore.transforms.unit_threads import Overlap, resolve_threads
 
 PLAIN_COLUMNS = ("advantages", "returns")
@@ -44,7 +46,11 @@ a dictionary per token saves ~10 % of their size and costs ~40 % of the file's e
 class _WriteUnit(beam.DoFn):
     METRICS = "metrics"
 
-    def __init__(self, plan: InputPlan, staging: str, scoring: StrategyChain, settings: StepSettings, file_metadata=None):
+    def __init__(
+        self, plan: InputPlan, staging: str, scoring: StrategyChain, settings: StepSettings, file_metadata=None,
+        unit_store: UnitStoreHandle | None = None,
+    ):
+        self._unit_store = unit_store
         self._plan = plan
         self._staging = staging
         self._scoring = scoring
@@ -52,6 +58,7 @@ class _WriteUnit(beam.DoFn):
         self._file_metadata = dict(file_metadata or {})
 
     def setup(self):
+        self._store = self._unit_store.acquire()
         self._device = devices.resolve(self._settings.device)
         self._schema = shaped_schema(self._plan.schema) if self._scoring.shaping else self._plan.schema
         self._schemas = output_schemas(
@@ -97,6 +104,7 @@ class _WriteUnit(beam.DoFn):
         self._overlap.close()
         if self._part_pool is not None:
             self._part_pool.shutdown(wait=True)
+        self._store = None
 
     def _outputs(self, result):
         unit_index, files, rows_written, metrics = result
@@ -109,7 +117,7 @@ class _WriteUnit(beam.DoFn):
         unit = self._plan.units[unit_index]
         rec = unit_outcomes(parts, unit_index, unit.num_rows, unit.path)
         fault_injection.maybe_pause_readback()
-        table = conform(unit_cache.read_back(unit, read_unit), self._plan.schema)
+        table = conform(self._store.read_back(unit), self._plan.schema)
         if self._scoring.shaping:  # the shaped reward is written; the input's as reward_original
             table = shaped_table(table, rec, self._schema)
         scored, copied_batch = scored_rows(
@@ -146,11 +154,16 @@ class WriteScored(beam.PTransform):
     def __init__(
         self, plan: InputPlan, output: str, scoring: StrategyChain, copies: CopyPlans | None = None,
         settings: StepSettings = StepSettings(), *, file_metadata: dict[str, str] | None = None,
+        unit_store: UnitStoreHandle | None = None,
     ):
         """settings: the run's (device, accelerator, io_threads, shard_rows, keep_filtered,
-        audit_columns); file_metadata: key-value metadata of every file written."""
+        audit_columns); file_metadata: key-value metadata of every file written. unit_store: the
+        run's UnitStoreHandle (transforms/unit_store.py), whose cache holds the units the read
+        step kept; None: a store of this step's own (every unit is read)."""
         super().__init__()
-        self._write = _WriteUnit(plan, staging_dir(output), scoring, settings, file_metadata)
+        self._write = _WriteUnit(
+            plan, staging_dir(output), scoring, settings, file_metadata, unit_store or UnitStoreHandle(cache_mb=0),
+        )
         self._copies = copies
         self._hints = {"accelerator": settings.accelerator} if settings.accelerator else {}
 

@@ -1,4 +1,4 @@
-"""input_plan.read_unit decodes a unit in batches of about READ_BATCH_VALUES list values (the
+"""unit_read.read_unit decodes a unit in batches of about READ_BATCH_VALUES list values (the
 Parquet list reader otherwise grows whole-unit buffers by reallocation) and joins them: the
 table must be exactly what pyarrow's `read_row_groups` gives, whatever the batch size."""
 
@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rescore.transforms import input_plan
-from rescore.transforms.input_plan import ReadUnit, read_unit
+from rescore.transforms import unit_read
+from rescore.transforms.input_plan import ReadUnit
+from rescore.transforms.unit_read import read_unit
 
 
 def _file(path, rows: int, row_group: int, seed: int = 0):
@@ -29,7 +30,7 @@ def _file(path, rows: int, row_group: int, seed: int = 0):
 @pytest.mark.parametrize("batch_values", [1, 2000, 8000, 1 << 20])  # 64, ~100, ~400 rows, whole groups
 @pytest.mark.parametrize("columns", [None, ["reward", "tokens"], ["task"]])
 def test_batched_read_equals_whole_read(tmp_path, monkeypatch, batch_values, columns):
-    monkeypatch.setattr(input_plan, "READ_BATCH_VALUES", batch_values)
+    monkeypatch.setattr(unit_read, "READ_BATCH_VALUES", batch_values)
     path = _file(str(tmp_path / "x.parquet"), rows=500, row_group=120)
     groups = (0, 1, 3)  # row 3 (300 values), the null reward and the null mask are in group 0
     unit = ReadUnit(0, path, groups, sum(pq.ParquetFile(path).metadata.row_group(g).num_rows for g in groups))
@@ -44,8 +45,8 @@ def test_batch_rows_follow_the_widest_column_read(tmp_path):
     path = _file(str(tmp_path / "x.parquet"), rows=500, row_group=500)
     pf = pq.ParquetFile(path)
     per_row = pf.metadata.row_group(0).column(3).num_values / 500  # tokens: ~20 values a row
-    assert input_plan._batch_rows(pf, [0], None) == int(input_plan.READ_BATCH_VALUES // per_row)
-    assert input_plan._batch_rows(pf, [0], ["batch", "reward"]) == 1 << 16  # scalars: capped
+    assert unit_read._batch_rows(pf, [0], None) == int(unit_read.READ_BATCH_VALUES // per_row)
+    assert unit_read._batch_rows(pf, [0], ["batch", "reward"]) == 1 << 16  # scalars: capped
 
 
 def test_empty_unit_keeps_the_schema(tmp_path):
@@ -67,7 +68,7 @@ def test_batch_rows_count_each_columns_own_leaves(tmp_path):
     })
     pq.write_table(table, path)
     pf = pq.ParquetFile(path)
-    assert input_plan._batch_rows(pf, [0], ["x.y"]) == 1 << 16
-    assert input_plan._batch_rows(pf, [0], ["x"]) == int(input_plan.READ_BATCH_VALUES // 50)
-    assert input_plan._batch_rows(pf, [0], ["s"]) == int(input_plan.READ_BATCH_VALUES // 100)
+    assert unit_read._batch_rows(pf, [0], ["x.y"]) == 1 << 16
+    assert unit_read._batch_rows(pf, [0], ["x"]) == int(unit_read.READ_BATCH_VALUES // 50)
+    assert unit_read._batch_rows(pf, [0], ["s"]) == int(unit_read.READ_BATCH_VALUES // 100)
     assert read_unit(ReadUnit(0, path, (0,), 100), ["s", "x.y"]).equals(pf.read_row_groups([0], columns=["s", "x.y"]))

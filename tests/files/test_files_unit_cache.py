@@ -1,10 +1,12 @@
-"""files/unit_cache.py: the write step takes the table the first read decoded instead of reading
-the unit again, within a byte budget, only after the same fingerprint check a read makes; the
-output is the same with the cache on or off and with any --io-threads."""
+"""files/unit_cache.py (in a run's UnitStore, transforms/unit_store.py): the write step takes the
+table the first read decoded instead of reading the unit again, within a byte budget, only after
+the same fingerprint check a read makes; the output is the same with the cache on or off and
+with any --io-threads."""
 
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,19 +16,34 @@ from data import SCHEMA_INT_TASK, random_rows, write_parquet
 
 from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
-from rescore.transforms.read import plan_input, read_unit
 from rescore.transforms.files import unit_cache
 from rescore.transforms.files.unit_cache import UnitCache
+from rescore.transforms.input_plan import plan_input
+from rescore.transforms.unit_read import read_unit
+from rescore.transforms.unit_store import UnitStore
 
 LIGHT = ["batch", "task", "run", "step", "reward", "tokens", "prompt_length", "logprobs", "action_mask"]
+MB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def fresh_cache():
-    """Each test starts with an empty process cache of the default size, and leaves one."""
-    unit_cache.reset()
-    yield
-    unit_cache.reset()
+def run_with(glob: str, out: str, *args: str, cache_bytes: int | None = None, ahead_bytes: int | None = None,
+             before_run=None) -> tuple[UnitStore, int]:
+    """A whole in-process run with the unit_cache_mb / read_ahead_mb settings of these sizes:
+    (the run's UnitStore, the bytes its cache still held when the run ended, before its close)."""
+    from rescore.pipelines import rescore as rs
+    from rescore.pipelines.config import parse_args
+
+    cfg = parse_args(["--input", glob, "--output", out, "--strategy", "grpo", *args, "--quiet"])
+    cfg = replace(cfg, unit_cache_mb=None if cache_bytes is None else cache_bytes / MB,
+                  read_ahead_mb=None if ahead_bytes is None else ahead_bytes / MB)
+    p, plan, info, handle = rs.build_job(cfg)
+    try:
+        if before_run is not None:
+            before_run(handle.store)
+        rs._run_built(cfg, p, plan, info, handle)
+        return handle.store, handle.store.cache.held
+    finally:
+        handle.close()
 
 
 def table_of(rows: int) -> pa.Table:
@@ -52,14 +69,12 @@ def test_a_table_larger_than_the_budget_and_a_zero_budget_keep_nothing():
     assert UnitCache(budget=80).offer("a", table_of(10))
 
 
-def test_default_budget_follows_the_environment(monkeypatch):
-    monkeypatch.setenv(unit_cache.BUDGET_ENV, "0")
-    assert unit_cache.default_budget() == 0
-    monkeypatch.setenv(unit_cache.BUDGET_ENV, "1.5")
-    assert unit_cache.default_budget() == 3 << 19
-    monkeypatch.delenv(unit_cache.BUDGET_ENV)
+def test_the_budget_follows_the_setting_and_ignores_the_old_environment_variable(monkeypatch):
+    monkeypatch.setenv("RESCORE_UNIT_CACHE_MB", "7")  # no longer read: the run setting unit_cache_mb is
+    assert unit_cache.budget_bytes(0) == 0 and UnitStore(0).cache.budget == 0
+    assert unit_cache.budget_bytes(1.5) == 3 << 19 and UnitStore(1.5).cache.budget == 3 << 19
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert unit_cache.default_budget() == int(min(unit_cache.DEFAULT_CAP, memory / 16))
+    assert unit_cache.budget_bytes(None) == int(min(unit_cache.DEFAULT_CAP, memory / 16)) == UnitStore().cache.budget
     assert unit_cache.DEFAULT_CAP == 3 << 29  # 1.5 GiB: docs/runners.md says so
 
 
@@ -70,37 +85,41 @@ def unit(tmp_path):
     return plan.units[0]
 
 
-def counting(calls):
-    def read(unit, columns=None):
-        calls.append(columns)
-        return read_unit(unit, columns)
+def counting(store: UnitStore, calls: list) -> UnitStore:
+    """`store`, its reads of units recorded in `calls` (the columns asked for)."""
+    read = store.read
 
-    return read
+    def counted(unit, columns=None):
+        calls.append(columns)
+        return read(unit, columns)
+
+    store.read = counted
+    return store
 
 
 def test_read_back_serves_the_first_read_and_reads_only_what_it_lacks(unit):
     calls = []
+    store = counting(UnitStore(), calls)
     full = read_unit(unit)
-    unit_cache.offer(unit, read_unit(unit))
-    back = unit_cache.read_back(unit, counting(calls))
+    store.offer(unit, read_unit(unit))
+    back = store.read_back(unit)
     assert calls == [] and back.equals(full)  # a hit: no read at all
 
-    unit_cache.offer(unit, read_unit(unit, LIGHT))  # the light read leaves out "note"
-    back = unit_cache.read_back(unit, counting(calls))
+    store.offer(unit, read_unit(unit, LIGHT))  # the light read leaves out "note"
+    back = store.read_back(unit)
     assert calls == [["note"]]
     assert back.select(full.column_names).equals(full)
 
-    assert unit_cache.read_back(unit, counting(calls)).equals(full)  # taken: read again
+    assert store.read_back(unit).equals(full)  # taken: read again
     assert calls[-1] is None
-    assert unit_cache.cache().stats.hits == 2 and unit_cache.cache().stats.misses == 1
+    assert store.cache.stats.hits == 2 and store.cache.stats.misses == 1
 
 
 def test_a_unit_without_a_fingerprint_is_never_kept(unit):
-    from dataclasses import replace
-
     bare = replace(unit, fingerprint=None)
-    unit_cache.offer(bare, read_unit(bare))
-    assert unit_cache.cache().held == 0
+    store = UnitStore()
+    store.offer(bare, read_unit(bare))
+    assert store.cache.held == 0
 
 
 def rewrite(path: str) -> None:
@@ -111,40 +130,41 @@ def rewrite(path: str) -> None:
 
 
 def test_a_file_rewritten_between_the_reads_fails_as_a_read_would(unit):
-    unit_cache.offer(unit, read_unit(unit, LIGHT))
+    store = UnitStore()
+    store.offer(unit, read_unit(unit, LIGHT))
     rewrite(unit.path)
     with pytest.raises(fingerprints.InputChanged) as hit:
-        unit_cache.read_back(unit, read_unit)
-    assert unit_cache.cache().stats.hits == 1  # it was the cached table that was refused
+        store.read_back(unit)
+    assert store.cache.stats.hits == 1  # it was the cached table that was refused
     with pytest.raises(fingerprints.InputChanged) as read:
         read_unit(unit)
     assert str(hit.value) == str(read.value) and "changed while the run was reading it" in str(hit.value)
 
 
 def test_a_touched_file_is_refused_too(unit):
-    unit_cache.offer(unit, read_unit(unit))
+    store = UnitStore()
+    store.offer(unit, read_unit(unit))
     os.utime(unit.path, ns=(1, 1))
     with pytest.raises(fingerprints.InputChanged):
-        unit_cache.read_back(unit, read_unit)
+        store.read_back(unit)
 
 
 def scored_files(out: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.parquet"))}
 
 
-def test_output_is_byte_identical_with_the_cache_on_or_off_and_any_io_threads(tmp_path, rescore):
+def test_output_is_byte_identical_with_the_cache_on_or_off_and_any_io_threads(tmp_path):
     rows = random_rows(seed=8, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=3, row_group_size=6, schema=SCHEMA_INT_TASK)
     outputs = {}
     for budget, threads in ((0, 1), (None, 1), (None, 2), (None, 4), (0, 4)):
-        cache = unit_cache.reset(budget)
-        _, out = rescore(glob, "--strategy", "grpo", "--io-threads", str(threads), "--shard-rows", "20",
-                         output=str(tmp_path / f"out-{budget}-{threads}"))
+        out = str(tmp_path / f"out-{budget}-{threads}")
+        store, held = run_with(glob, out, "--io-threads", str(threads), "--shard-rows", "20", cache_bytes=budget)
         outputs[(budget, threads)] = scored_files(out)
         if budget is None:
-            assert cache.stats.hits == cache.stats.kept > 3 and cache.held == 0  # every unit taken back
+            assert store.cache.stats.hits == store.cache.stats.kept > 3 and held == 0  # every unit taken back
         else:
-            assert cache.stats.hits == 0
+            assert store.cache.stats.hits == 0
     first = outputs[(0, 1)]
     assert len(first) > 3
     assert all(files == first for files in outputs.values())
@@ -196,7 +216,7 @@ def resume_after_read_ahead(pause, cache) -> None:
     (pause / "resume").touch()
 
 
-def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, rescore, monkeypatch):
+def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, monkeypatch):
     rows = random_rows(seed=9, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=6, schema=SCHEMA_INT_TASK)
     plan = plan_input([glob], shard_rows=20)
@@ -204,16 +224,22 @@ def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(t
     per_row = first.select(["batch", "task", "run", "step", "reward", "prompt_length", "action_mask"]).nbytes / first.num_rows
     budget = first.nbytes + int(per_row * plan.num_rows) + 64  # first unit whole, the others in part
     outputs = {}
-    for name, size, ahead in (("off", 0, "0"), ("part", budget, "0"), ("ahead", budget, "1000")):
-        monkeypatch.setenv(unit_cache.AHEAD_ENV, ahead)
-        cache = unit_cache.reset(size)
+    for name, size, ahead in (("off", 0, 0), ("part", budget, 0), ("ahead", budget, 1000 * MB)):
+        release = None
         if name == "ahead":  # the write step waits until the read-ahead is done: no race to the first take
             pause = tmp_path / "pause"
             pause.mkdir()
             monkeypatch.setenv(fault_injection.ENV, f"pause_readback:{pause}")
-            release = threading.Thread(target=resume_after_read_ahead, args=(pause, cache))
-            release.start()
-        _, out = rescore(glob, "--strategy", "grpo", "--io-threads", "1", "--shard-rows", "20", output=str(tmp_path / name))
+            fault_injection.refresh()
+
+            def before_run(store):
+                nonlocal release
+                release = threading.Thread(target=resume_after_read_ahead, args=(pause, store.cache))
+                release.start()
+        out = str(tmp_path / name)
+        store, held = run_with(glob, out, "--io-threads", "1", "--shard-rows", "20", cache_bytes=size, ahead_bytes=ahead,
+                               before_run=before_run if name == "ahead" else None)
+        cache = store.cache
         if name == "ahead":
             release.join(10)
             monkeypatch.delenv(fault_injection.ENV)
@@ -221,7 +247,7 @@ def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(t
         outputs[name] = scored_files(out)
         if size:
             assert cache.stats.partial > 0 and cache.stats.kept > cache.stats.partial
-            assert cache.stats.hits == cache.stats.kept and cache.held == 0
+            assert cache.stats.hits == cache.stats.kept and held == 0
             # Read ahead: every partial entry completed before the write step began (or none).
             assert cache.stats.ahead == (cache.stats.partial if name == "ahead" else 0)
     assert len(plan.units) > 3 and len(outputs["off"]) > 3
@@ -319,35 +345,35 @@ def test_a_failed_read_ahead_leaves_the_entry_as_it_was_and_zero_turns_it_off():
     assert calls == [] and off.stats.ahead == 0
 
 
-def test_default_read_ahead_follows_the_environment(monkeypatch):
-    monkeypatch.delenv(unit_cache.AHEAD_ENV, raising=False)
+def test_the_read_ahead_follows_its_setting(monkeypatch):
+    monkeypatch.setenv("RESCORE_READ_AHEAD_MB", "5")  # no longer read: the run setting read_ahead_mb is
     assert UnitCache(budget=6 << 28).ahead == 1 << 28  # a sixth of the budget: docs/runners.md says so
-    monkeypatch.setenv(unit_cache.AHEAD_ENV, "0")
-    assert UnitCache(budget=1 << 30).ahead == 0
-    monkeypatch.setenv(unit_cache.AHEAD_ENV, "2")
-    assert UnitCache(budget=1 << 30).ahead == 2 << 20
+    assert UnitStore(6 << 8).cache.ahead == 1 << 28
+    assert UnitStore(1 << 10, 0).cache.ahead == 0
+    assert UnitStore(1 << 10, 2).cache.ahead == 2 << 20
 
 
-def light_unit_cache(unit, ahead: int) -> UnitCache:
-    """The process cache, with room for the first read of `unit` in part only (its scalars)."""
+def light_unit_store(unit, ahead: int) -> UnitStore:
+    """A store with room for the first read of `unit` in part only (its scalars)."""
     first = read_unit(unit, LIGHT)
     scalars = first.select(["batch", "task", "run", "step", "reward", "prompt_length"]).nbytes
-    cache = unit_cache._cache = UnitCache(budget=scalars + 8, ahead=ahead)
-    cache.expect("run", unit.num_rows)
-    return cache
+    store = UnitStore((scalars + 8) / MB, ahead / MB)
+    store.cache.expect("run", unit.num_rows)
+    return store
 
 
 def test_read_ahead_reads_what_the_first_read_had_and_the_write_step_the_rest(unit):
-    cache = light_unit_cache(unit, ahead=1 << 30)
+    store = light_unit_store(unit, ahead=1 << 30)
+    cache = store.cache
     first = read_unit(unit, LIGHT)  # the first read leaves out the "note" column
-    unit_cache.offer(unit, first, read_unit)
+    store.offer(unit, first)
     cache.join_ahead(10)
     assert cache.stats.partial == 1 and cache.stats.ahead == 1
     held = cache._entries[unit_cache.unit_key(unit)]
     assert sorted(held.column_names) == sorted(first.column_names)  # no more than it had
     assert cache.held == held.nbytes <= cache.budget + cache.ahead
     calls = []
-    back = unit_cache.read_back(unit, counting(calls))
+    back = counting(store, calls).read_back(unit)
     assert calls == [["note"]]  # the write step reads only what the first read left out
     full = read_unit(unit)
     assert back.select(full.column_names).equals(full)
@@ -355,17 +381,19 @@ def test_read_ahead_reads_what_the_first_read_had_and_the_write_step_the_rest(un
 
 def test_read_ahead_stays_within_budget_and_ahead(unit):
     first = read_unit(unit, LIGHT)
-    cache = light_unit_cache(unit, ahead=1)  # too little room for any completion
-    unit_cache.offer(unit, first, read_unit)
+    store = light_unit_store(unit, ahead=1)  # too little room for any completion
+    cache = store.cache
+    store.offer(unit, first)
     cache.join_ahead(10)
     assert cache.stats.partial == 1 and cache.stats.ahead == 0 and cache.held <= cache.budget
 
 
 def test_read_back_of_a_unit_read_ahead_checks_the_file_as_a_read_would(unit):
-    cache = light_unit_cache(unit, ahead=1 << 30)
-    unit_cache.offer(unit, read_unit(unit, LIGHT), read_unit)
+    store = light_unit_store(unit, ahead=1 << 30)
+    cache = store.cache
+    store.offer(unit, read_unit(unit, LIGHT))
     cache.join_ahead(10)
     assert cache.stats.partial == 1 and cache.stats.ahead == 1
     rewrite(unit.path)
     with pytest.raises(fingerprints.InputChanged):
-        unit_cache.read_back(unit, read_unit)
+        store.read_back(unit)

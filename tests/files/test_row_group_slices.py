@@ -12,8 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rescore.transforms.files import fingerprint as fingerprints
-from rescore.transforms.files import row_group_slices, unit_cache
-from rescore.transforms.input_plan import ReadUnit, file_units, plan_input, read_unit
+from rescore.transforms.files import unit_cache
+from rescore.transforms.files.row_group_slices import SliceDecoders
+from rescore.transforms.input_plan import ReadUnit, file_units, plan_input
+from rescore.transforms.unit_read import read_unit
 
 ROWS = 5_000
 
@@ -37,9 +39,15 @@ def one_group(tmp_path):
     }).replace_schema_metadata({"origin": "test"})
     path = str(tmp_path / "one.parquet")
     pq.write_table(table, path, row_group_size=ROWS)
-    row_group_slices.clear()
-    yield path, pq.ParquetFile(path).read_row_group(0)
-    row_group_slices.clear()
+    return path, pq.ParquetFile(path).read_row_group(0)
+
+
+@pytest.fixture()
+def slices():
+    """The decoders of one run (a UnitStore's, transforms/unit_store.py)."""
+    decoders = SliceDecoders()
+    yield decoders
+    decoders.clear()
 
 
 def _units(path, shard_rows=1_000):
@@ -65,59 +73,59 @@ def test_file_units_slice_only_row_groups_past_shard_rows():
     assert unit_cache.unit_key(units[2]) != unit_cache.unit_key(units[3])
 
 
-def test_slices_read_in_order_decode_each_row_once(one_group):
+def test_slices_read_in_order_decode_each_row_once(one_group, slices):
     path, whole = one_group
     units = _units(path)
     assert len(units) == 5 and [u.rows for u in units][:2] == [(0, 1000), (1000, 2000)]
-    start = row_group_slices.Stats(**vars(row_group_slices.stats))
+    start = type(slices.stats)(**vars(slices.stats))
     for unit in units:
-        _check(unit, read_unit(unit), whole)
-    assert row_group_slices.stats.decoded_rows - start.decoded_rows == ROWS * whole.num_columns
-    assert row_group_slices.stats.restarts == start.restarts
-    assert not row_group_slices._decoders  # read to the end: closed
+        _check(unit, read_unit(unit, slices=slices), whole)
+    assert slices.stats.decoded_rows - start.decoded_rows == ROWS * whole.num_columns
+    assert slices.stats.restarts == start.restarts
+    assert slices.open() == 0  # read to the end: closed
 
 
-def test_any_order_and_any_columns_give_the_same_rows(one_group):
+def test_any_order_and_any_columns_give_the_same_rows(one_group, slices):
     path, whole = one_group
     units = _units(path, shard_rows=700)
     order = list(range(len(units)))
     random.Random(5).shuffle(order)
     for k in order:
-        _check(units[k], read_unit(units[k], ["ids", "batch"]), whole, ["ids", "batch"])
+        _check(units[k], read_unit(units[k], ["ids", "batch"], slices=slices), whole, ["ids", "batch"])
     for k in reversed(order):
-        _check(units[k], read_unit(units[k]), whole)
+        _check(units[k], read_unit(units[k], slices=slices), whole)
 
 
-def test_a_slice_ahead_keeps_the_rows_it_passes_for_the_next_read(one_group):
+def test_a_slice_ahead_keeps_the_rows_it_passes_for_the_next_read(one_group, slices):
     path, whole = one_group
     units = _units(path)
-    start = row_group_slices.stats.decoded_rows
+    start = slices.stats.decoded_rows
     for k in (1, 0, 3, 2, 4):  # two threads asking for consecutive slices, the second first
-        _check(units[k], read_unit(units[k], ["ids"]), whole, ["ids"])
-    assert row_group_slices.stats.decoded_rows - start == ROWS
+        _check(units[k], read_unit(units[k], ["ids"], slices=slices), whole, ["ids"])
+    assert slices.stats.decoded_rows - start == ROWS
 
 
-def test_a_read_behind_its_decoder_starts_over(one_group):
+def test_a_read_behind_its_decoder_starts_over(one_group, slices):
     path, whole = one_group
     units = _units(path)
-    restarts = row_group_slices.stats.restarts
+    restarts = slices.stats.restarts
     for k in (0, 1, 2, 0):
-        _check(units[k], read_unit(units[k], ["reward"]), whole, ["reward"])
-    assert row_group_slices.stats.restarts == restarts + 1
+        _check(units[k], read_unit(units[k], ["reward"], slices=slices), whole, ["reward"])
+    assert slices.stats.restarts == restarts + 1
 
 
-def test_slices_read_on_threads(one_group):
+def test_slices_read_on_threads(one_group, slices):
     path, whole = one_group
     units = _units(path, shard_rows=500)
     got, errors = {}, []
 
     def read(unit):
         try:
-            got[unit.index] = read_unit(unit)
+            got[unit.index] = read_unit(unit, slices=slices)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    start = row_group_slices.stats.decoded_rows
+    start = slices.stats.decoded_rows
     for first in range(0, len(units), 2):
         threads = [threading.Thread(target=read, args=(u,)) for u in units[first:first + 2]]
         for t in threads:
@@ -127,10 +135,10 @@ def test_slices_read_on_threads(one_group):
     assert not errors
     for unit in units:
         _check(unit, got[unit.index], whole)
-    assert row_group_slices.stats.decoded_rows - start == ROWS * whole.num_columns
+    assert slices.stats.decoded_rows - start == ROWS * whole.num_columns
 
 
-def test_a_failed_read_leaves_the_next_read_right():
+def test_a_failed_read_leaves_the_next_read_right(slices):
     batches = [pa.record_batch({"x": pa.array(np.arange(k, k + 10))}) for k in range(0, 50, 10)]
     calls = []
 
@@ -142,26 +150,35 @@ def test_a_failed_read_leaves_the_next_read_right():
             yield batch
 
     with pytest.raises(OSError):
-        row_group_slices.read(("f", None, 0), 50, 0, 25, ["x"], open_column)
-    got = row_group_slices.read(("f", None, 0), 50, 0, 25, ["x"], open_column)
+        slices.read(("f", None, 0), 50, 0, 25, ["x"], open_column)
+    got = slices.read(("f", None, 0), 50, 0, 25, ["x"], open_column)
     assert got["x"].to_pylist() == list(range(25)) and len(calls) == 2
-    assert row_group_slices.read(("f", None, 0), 50, 25, 50, ["x"], open_column)["x"].to_pylist() == list(range(25, 50))
+    assert slices.read(("f", None, 0), 50, 25, 50, ["x"], open_column)["x"].to_pylist() == list(range(25, 50))
     with pytest.raises(ValueError, match="ended after 50 rows, the footer says 60"):
-        row_group_slices.read(("g", None, 0), 60, 40, 60, ["x"], lambda name: iter(batches))
-    row_group_slices.clear()
+        slices.read(("g", None, 0), 60, 40, 60, ["x"], lambda name: iter(batches))
+    slices.clear()
+    assert slices.open() == 0
 
 
-def test_a_sliced_file_changed_after_planning_is_not_read(one_group, tmp_path):
+def test_a_sliced_file_changed_after_planning_is_not_read(one_group, slices, tmp_path):
     path, whole = one_group
     unit = _units(path)[2]
-    read_unit(_units(path)[0])  # decoders open on the planned file
+    read_unit(_units(path)[0], slices=slices)  # decoders open on the planned file
     pq.write_table(whole.slice(0, 10), path)
     with pytest.raises(fingerprints.InputChanged):
-        read_unit(unit)
+        read_unit(unit, slices=slices)
 
 
-def test_unit_of_a_row_group_is_read_whole(one_group):
+def test_unit_of_a_row_group_is_read_whole(one_group, slices):
     path, whole = one_group
     (unit,) = _units(path, shard_rows=ROWS)
-    assert unit.rows is None and read_unit(unit).equals(whole)
+    assert unit.rows is None and read_unit(unit, slices=slices).equals(whole)
     assert isinstance(unit, ReadUnit)
+
+
+def test_a_slice_read_without_the_runs_decoders_gives_the_same_rows(one_group):
+    """read_unit with no SliceDecoders (a read on its own, e.g. the launcher's) decodes the rows
+    before the slice with decoders of its own and leaves nothing open."""
+    path, whole = one_group
+    for unit in reversed(_units(path)):
+        _check(unit, read_unit(unit), whole)

@@ -1,6 +1,7 @@
 """The first read units decode before the command imports Beam and torch (pipelines/early.py,
-transforms/input_plan.py: Prefetch): only for a plain local run, never changing the output, and
-never taking a unit whose file changed after it was decoded."""
+transforms/unit_store.py: Prefetch), handed to the run, which puts it in its UnitStore: only for
+a plain local run, never changing the output, and never taking a unit whose file changed after
+it was decoded."""
 
 import json
 import os
@@ -14,16 +15,9 @@ import pytest
 from data import SCHEMA_INT_TASK, random_rows, write_parquet
 
 from rescore.pipelines.early import plain_run, prefetch_from
-from rescore.transforms import input_plan
+from rescore.transforms import input_plan, unit_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(autouse=True)
-def no_prefetch_left():
-    input_plan.stop_prefetch()
-    yield
-    input_plan.stop_prefetch()
 
 
 @pytest.mark.parametrize(
@@ -60,8 +54,7 @@ def test_anything_else_is_not_prefetched(argv):
 
 def test_nothing_is_started_for_remote_or_missing_input(tmp_path):
     for pattern in ("gs://bucket/x/*.parquet", str(tmp_path / "none-*.parquet")):
-        prefetch_from(["--input", pattern, "--output", str(tmp_path / "out")])
-        assert input_plan._prefetch is None
+        assert prefetch_from(["--input", pattern, "--output", str(tmp_path / "out")]) is None
 
 
 def _input(tmp_path) -> str:
@@ -73,35 +66,33 @@ def _scored(out: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.parquet"))}
 
 
-def _run(glob: str, out: str, *, prefetch: bool) -> dict[str, bytes]:
+def _run(glob: str, out: str, *, prefetch: bool) -> tuple[dict[str, bytes], unit_store.Prefetch | None]:
     from rescore.pipelines.rescore import run
 
     argv = ["--input", glob, "--output", out, "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
-    if prefetch:
-        prefetch_from(argv)
-        assert input_plan._prefetch is not None
-    run(argv)
-    return _scored(out)
+    early = prefetch_from(argv) if prefetch else None
+    assert (early is not None) is prefetch
+    run(argv, prefetch=early)
+    return _scored(out), early
 
 
 def test_the_read_step_takes_the_prefetched_units_and_the_output_is_the_same(tmp_path):
     glob = _input(tmp_path)
-    plain = _run(glob, str(tmp_path / "plain"), prefetch=False)
-    early = _run(glob, str(tmp_path / "early"), prefetch=True)
+    plain, _ = _run(glob, str(tmp_path / "plain"), prefetch=False)
+    early, prefetch = _run(glob, str(tmp_path / "early"), prefetch=True)
     first = sorted(Path(glob).parent.glob("*.parquet"))[0]
-    units = len(input_plan._file_units(str(first), 15))
+    units = len(input_plan.planned_file_units(str(first), 15))
     assert units >= 4
-    prefetched, taken = input_plan.last_prefetch
     # up to PREFETCH_UNITS_PER_THREAD per read thread; one not started is read by the step
-    assert prefetched == min(units, 2 * input_plan.PREFETCH_UNITS_PER_THREAD) and taken >= 1
+    assert prefetch.units == min(units, 2 * unit_store.PREFETCH_UNITS_PER_THREAD) and prefetch.taken >= 1
     assert len(plain) > 4 and early == plain
+    assert not prefetch._futures and prefetch.slices.open() == 0  # the run's end closed it
 
 
 def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     glob = _input(tmp_path)
     argv = ["--input", glob, "--output", str(tmp_path / "out"), "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
-    prefetch_from(argv)
-    first = input_plan._prefetch
+    first = prefetch_from(argv)
     queued = len(first._futures)
     assert queued == first.units >= 4
     for future in first._futures.values():  # the first file's units are decoded as it was
@@ -113,9 +104,9 @@ def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
 
     from rescore.pipelines.rescore import run
 
-    run(argv)
-    assert input_plan.last_prefetch == (queued, 0)  # the file's fingerprint changed: nothing taken
-    assert _scored(str(tmp_path / "out")) == _run(glob, str(tmp_path / "again"), prefetch=False)
+    run(argv, prefetch=first)
+    assert (first.units, first.taken) == (queued, 0)  # the file's fingerprint changed: nothing taken
+    assert _scored(str(tmp_path / "out")) == _run(glob, str(tmp_path / "again"), prefetch=False)[0]
 
 
 def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
@@ -123,16 +114,14 @@ def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
     probe = (
         "import json, sys\n"
         "from rescore.pipelines.early import prefetch_from\n"
-        f"prefetch_from(['--input', {glob!r}, '--output', {str(tmp_path / 'o')!r}, '--shard-rows', '15', '--io-threads', '1'])\n"
-        "from rescore.transforms import input_plan\n"
-        "p = input_plan._prefetch\n"
-        "[f.result() for f in p._futures.values()]\n"
+        f"p = prefetch_from(['--input', {glob!r}, '--output', {str(tmp_path / 'o')!r}, '--shard-rows', '15', '--io-threads', '1'])\n"
+        "p.wait()\n"
         "print(json.dumps({'units': p.units, 'beam': 'apache_beam' in sys.modules, 'torch': 'torch' in sys.modules}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert proc.returncode == 0, proc.stderr
     first = sorted(Path(glob).parent.glob("*.parquet"))[0]
-    queued = min(len(input_plan._file_units(str(first), 15)), input_plan.PREFETCH_UNITS_PER_THREAD)  # one read thread
+    queued = min(len(input_plan.planned_file_units(str(first), 15)), unit_store.PREFETCH_UNITS_PER_THREAD)  # one read thread
     assert queued == 4
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"units": queued, "beam": False, "torch": False}

@@ -158,13 +158,20 @@ def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
 def test_a_row_group_larger_than_shard_rows_is_read_in_slices(tmp_path, rescore):
     """One row group past --shard-rows: read units of consecutive slices of at most shard-rows
     rows, one file each, in input order, holding the rows a run that reads it whole writes."""
-    from rescore.transforms.files import row_group_slices
+    from rescore.pipelines import rescore as rs
+    from rescore.pipelines.config import parse_args
 
     rows = multi_step_rows(6)
     glob = write_parquet(rows, str(tmp_path / "in"), files=1, row_group_size=len(rows), schema=SCHEMA_MULTI_STEP)
     _, whole = rescore(glob, "--strategy", "grpo", "--shard-rows", str(len(rows)), output=str(tmp_path / "whole"))
-    before = row_group_slices.stats.decoded_rows
-    metrics, sliced = rescore(glob, "--strategy", "grpo", "--shard-rows", "40", output=str(tmp_path / "sliced"))
+    sliced = str(tmp_path / "sliced")
+    cfg = parse_args(["--input", glob, "--output", sliced, "--strategy", "grpo", "--shard-rows", "40", "--quiet"])
+    p, plan, info, unit_store = rs.build_job(cfg)  # as the command runs it, keeping the run's store to look into
+    try:
+        metrics = rs._run_built(cfg, p, plan, info, unit_store)
+    finally:
+        unit_store.close()
+    slices = unit_store.store.slices
     n = -(-len(rows) // 40)
     names = sorted(p.name for p in Path(sliced).glob("scored-*.parquet"))
     assert names == [f"scored-{k:05d}-of-{n:05d}.parquet" for k in range(n)]
@@ -176,7 +183,8 @@ def test_a_row_group_larger_than_shard_rows_is_read_in_slices(tmp_path, rescore)
     # The in-process run decodes each column of the row group once per read pass (read, then
     # read back): no slice decoded the rows before it again.
     columns = len(SCHEMA_MULTI_STEP.names)
-    assert 0 < row_group_slices.stats.decoded_rows - before <= 2 * columns * len(rows)
+    assert 0 < slices.stats.decoded_rows <= 2 * columns * len(rows)
+    assert slices.open() == 0  # closed with the run's store
 
 
 def test_part_bounds():

@@ -40,21 +40,21 @@ def test_read_experiences_keys_valid_rows_by_bucket_and_rejects_bad_ones(tmp_pat
 
 
 def test_units_are_kept_for_the_write_step_only_when_asked(tmp_path):
-    """keep_units (the in-process runner) offers each decoded unit to this process's cache;
-    without it (distributed runners, where the write of a unit runs elsewhere) nothing is kept,
-    so no worker holds tables nobody takes."""
-    from rescore.transforms.files import unit_cache
+    """keep_units (the in-process runner) offers each decoded unit to the run's store (the one
+    handle the step is given, transforms/unit_store.py); without it (distributed runners, where
+    the write of a unit runs elsewhere) nothing is kept, so no worker holds tables nobody takes."""
+    from rescore.transforms.unit_store import UnitStoreHandle
 
     plan = plan_input([write_experience(tmp_path)], shard_rows=4)
-    try:
-        for keep, offered in ((False, 0), (True, len(plan.units))):
-            cache = unit_cache.reset(1 << 20)
-            with pipeline() as p:
-                p | ReadExperiences(plan, StepSettings(buckets=8), needs=(), keep_units=keep)
-            assert cache.stats.offered == offered
-            assert (cache.held > 0) is keep
-    finally:
-        unit_cache.reset()
+    for keep, offered in ((False, 0), (True, len(plan.units))):
+        handle = UnitStoreHandle(cache_mb=1)
+        with pipeline() as p:
+            p | ReadExperiences(plan, StepSettings(buckets=8), needs=(), keep_units=keep, unit_store=handle)
+        cache = handle.store.cache  # the step's copy of the handle reached the launcher's store
+        assert cache.stats.offered == offered
+        assert (cache.held > 0) is keep
+        handle.close()
+        assert cache.held == 0
 
 
 def test_the_command_keeps_units_only_where_one_process_runs_every_step():

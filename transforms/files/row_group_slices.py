@@ -19,8 +19,9 @@ A read of a slice ahead of its decoder passes the rows between; it keeps them fo
 read if they are at most KEEP_SLICES slices' worth (the other read thread asks for that slice
 next), else drops them. A read behind its decoder (a slice read twice, or the slices of one row
 group spread over several workers) starts the column over, and pays for the rows before it once
-more. Decoders are per process, at most MAX_DECODERS (the least recently used is dropped), and
-closed once their row group is read to the end.
+more. The decoders live in a SliceDecoders: one per process and run (the run's UnitStore,
+transforms/unit_store.py, holds it), at most MAX_DECODERS (the least recently used is
+dropped), each closed once its row group is read to the end, all of them when the run ends.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pyarrow as pa
 KEEP_SLICES = 2
 """Rows passed on the way to a slice are kept while they are at most this many times its rows."""
 MAX_DECODERS = 64
-"""Open column decoders per process (each holds an open file, its read buffer and the rows it
+"""Open column decoders per SliceDecoders (each holds an open file, its read buffer and the rows it
 decoded that no read has taken yet)."""
 
 
@@ -49,21 +50,12 @@ class Stats:
     """Rows passed and not kept (summed over columns)."""
 
 
-stats = Stats()
-_stats_lock = threading.Lock()
-
-
-def _count(**added: int) -> None:
-    with _stats_lock:  # decoders of different columns count on several threads
-        for name, value in added.items():
-            setattr(stats, name, getattr(stats, name) + value)
-
-
 class _Column:
     """One column of one row group, decoded front to back on demand."""
 
-    def __init__(self, rows: int, open_batches: Callable[[], Iterator[pa.RecordBatch]]):
+    def __init__(self, rows: int, open_batches: Callable[[], Iterator[pa.RecordBatch]], count: Callable[..., None]):
         self.lock = threading.Lock()
+        self._count = count
         self.rows = rows
         self._open = open_batches
         self._batches: Iterator[pa.RecordBatch] | None = None
@@ -80,7 +72,7 @@ class _Column:
         """(field, schema metadata, the arrays of rows [start, stop) in order)."""
         if not self._covered(start, min(stop, self._next)):
             if self._batches is not None:
-                _count(restarts=1)
+                self._count(restarts=1)
             self.reset()
         if stop > self._next:
             held = sum(len(a) for _, a in self._held)
@@ -127,59 +119,75 @@ class _Column:
                 raise ValueError(f"the row group ended after {self._next} rows, the footer says {self.rows}")
             if self._field is None:
                 self._field, self._metadata = batch.schema.field(0), batch.schema.metadata
-            _count(decoded_rows=batch.num_rows)
+            self._count(decoded_rows=batch.num_rows)
             first, array = self._next, batch.column(0)
             self._next += batch.num_rows
             if drop_before is not None and first < drop_before:
                 cut = min(drop_before - first, len(array))
-                _count(dropped_rows=cut)
+                self._count(dropped_rows=cut)
                 first, array = first + cut, array.slice(cut)
             if len(array):
                 self._held.append((first, array))
 
 
-_decoders: OrderedDict[tuple, _Column] = OrderedDict()
-_lock = threading.Lock()
+class SliceDecoders:
+    """The open column decoders of sliced row groups, and what they decoded (`stats`);
+    thread-safe. One per process and run: the run's UnitStore holds it, so the prefetch, the
+    read step, the read-ahead and the write step of an in-process run continue each other's
+    decoders, and `clear` (the store's close) drops them at the end of the run."""
 
+    def __init__(self):
+        self.stats = Stats()
+        self._decoders: OrderedDict[tuple, _Column] = OrderedDict()
+        self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
 
-def _decoder(key: tuple, rows: int, open_batches: Callable[[], Iterator[pa.RecordBatch]]) -> _Column:
-    with _lock:
-        found = _decoders.pop(key, None) or _Column(rows, open_batches)
-        _decoders[key] = found  # the most recently used last
-        while len(_decoders) > MAX_DECODERS:
-            _decoders.popitem(last=False)
-        return found
+    def _count(self, **added: int) -> None:
+        with self._stats_lock:  # decoders of different columns count on several threads
+            for name, value in added.items():
+                setattr(self.stats, name, getattr(self.stats, name) + value)
 
+    def _decoder(self, key: tuple, rows: int, open_batches: Callable[[], Iterator[pa.RecordBatch]]) -> _Column:
+        with self._lock:
+            found = self._decoders.pop(key, None) or _Column(rows, open_batches, self._count)
+            self._decoders[key] = found  # the most recently used last
+            while len(self._decoders) > MAX_DECODERS:
+                self._decoders.popitem(last=False)
+            return found
 
-def read(
-    key: tuple, group_rows: int, start: int, stop: int, columns: list[str],
-    open_column: Callable[[str], Iterator[pa.RecordBatch]],
-) -> pa.Table:
-    """Rows [start, stop) of a row group of `group_rows` rows, `columns` in that order: the
-    table `read_row_group(...).slice(start, stop - start)` gives, one chunk per column.
+    def read(
+        self, key: tuple, group_rows: int, start: int, stop: int, columns: list[str],
+        open_column: Callable[[str], Iterator[pa.RecordBatch]],
+    ) -> pa.Table:
+        """Rows [start, stop) of a row group of `group_rows` rows, `columns` in that order: the
+        table `read_row_group(...).slice(start, stop - start)` gives, one chunk per column.
 
-    `key` names the row group as planned (file, fingerprint, row group); `open_column(name)`
-    starts a decoder of one column from the row group's first row (record batches of that
-    column alone)."""
-    fields, arrays, metadata = [], [], None
-    for name in columns:
-        column = _decoder((*key, name), group_rows, lambda name=name: open_column(name))
-        with column.lock:
-            try:
-                field, metadata, pieces = column.read(start, stop)
-            except BaseException:
-                column.reset()  # a read that failed half-way: the next one starts the column over
-                raise
-            if column.done:
-                with _lock:
-                    if _decoders.get((*key, name)) is column:
-                        del _decoders[(*key, name)]
-        fields.append(field)
-        arrays.append(pa.concat_arrays(pieces) if len(pieces) != 1 else pieces[0])
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+        `key` names the row group as planned (file, fingerprint, row group); `open_column(name)`
+        starts a decoder of one column from the row group's first row (record batches of that
+        column alone)."""
+        fields, arrays, metadata = [], [], None
+        for name in columns:
+            column = self._decoder((*key, name), group_rows, lambda name=name: open_column(name))
+            with column.lock:
+                try:
+                    field, metadata, pieces = column.read(start, stop)
+                except BaseException:
+                    column.reset()  # a read that failed half-way: the next one starts the column over
+                    raise
+                if column.done:
+                    with self._lock:
+                        if self._decoders.get((*key, name)) is column:
+                            del self._decoders[(*key, name)]
+            fields.append(field)
+            arrays.append(pa.concat_arrays(pieces) if len(pieces) != 1 else pieces[0])
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
+    def open(self) -> int:
+        """Column decoders open now."""
+        with self._lock:
+            return len(self._decoders)
 
-def clear() -> None:
-    """Close every decoder (tests; the end of a run)."""
-    with _lock:
-        _decoders.clear()
+    def clear(self) -> None:
+        """Close every decoder (the end of a run)."""
+        with self._lock:
+            self._decoders.clear()

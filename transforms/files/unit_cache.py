@@ -24,19 +24,19 @@ the columns of the first read that the partial entries lack, in unit order (the 
 in-process write step takes them), while the shuffle and the scoring keep one core busy and
 leave the other idle. It stops
 at the write step's first take (from then on both cores are busy writing, and it would only
-compete with them) and holds at most `ahead` bytes over the budget (RESCORE_READ_AHEAD_MB,
-default a sixth of the budget). A completed entry is served like a whole one; a write that
+compete with them) and holds at most `ahead` bytes over the budget (the run setting
+read_ahead_mb, default a sixth of the budget). A completed entry is served like a whole one; a write that
 comes for a unit being completed waits for that read instead of starting its own. A read-ahead
 that fails leaves the entry as it was: the write step's own read then fails or succeeds as it
 always did, and the fingerprint check at `read_back` covers what was read ahead too.
 
-Multi-process and remote runners simply miss (the second read runs in another process). Nothing
-here imports Beam.
+Multi-process and remote runners simply miss (the second read runs in another process). The
+cache of a run is part of its UnitStore (transforms/unit_store.py), which the read and write
+steps are given; the store's offer/expect/read_back use it. Nothing here imports Beam.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections import OrderedDict
@@ -45,23 +45,20 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
 
-BUDGET_ENV = "RESCORE_UNIT_CACHE_MB"
-"""Cache size in MB (0 turns it off); default: DEFAULT_FRACTION of physical memory, at most DEFAULT_CAP."""
 DEFAULT_FRACTION = 1 / 16
+"""The cache's default size: this fraction of physical memory, at most DEFAULT_CAP."""
 DEFAULT_CAP = 3 << 29  # 1.5 GiB
-AHEAD_ENV = "RESCORE_READ_AHEAD_MB"
-"""Bytes (MB) the read-ahead may hold over the budget (0 turns it off); default AHEAD_FRACTION of the budget."""
 AHEAD_FRACTION = 1 / 6
+"""The read-ahead's default room over the budget: this fraction of the budget."""
 
 
-def default_budget() -> int:
-    """Bytes the cache may hold: RESCORE_UNIT_CACHE_MB, else 1/16 of physical memory (at most 1.5 GiB)."""
-    chosen = os.environ.get(BUDGET_ENV, "").strip()
-    if chosen:
-        return max(0, int(float(chosen) * (1 << 20)))
+def budget_bytes(cache_mb: float | None) -> int:
+    """Bytes the cache may hold: `cache_mb` MB (the run setting unit_cache_mb; 0 turns it off),
+    else (None) DEFAULT_FRACTION of this machine's physical memory, at most DEFAULT_CAP."""
+    if cache_mb is not None:
+        return max(0, int(float(cache_mb) * (1 << 20)))
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
@@ -69,11 +66,11 @@ def default_budget() -> int:
     return int(min(DEFAULT_CAP, memory * DEFAULT_FRACTION))
 
 
-def default_ahead(budget: int) -> int:
-    """Bytes the read-ahead may hold over `budget`: RESCORE_READ_AHEAD_MB, else AHEAD_FRACTION of it."""
-    chosen = os.environ.get(AHEAD_ENV, "").strip()
-    if chosen:
-        return max(0, int(float(chosen) * (1 << 20)))
+def ahead_bytes(read_ahead_mb: float | None, budget: int) -> int:
+    """Bytes the read-ahead may hold over `budget`: `read_ahead_mb` MB (the run setting
+    read_ahead_mb; 0 turns it off), else (None) AHEAD_FRACTION of the budget."""
+    if read_ahead_mb is not None:
+        return max(0, int(float(read_ahead_mb) * (1 << 20)))
     return int(budget * AHEAD_FRACTION)
 
 
@@ -122,7 +119,7 @@ class UnitCache:
 
     def __init__(self, budget: int, ahead: int | None = None):
         self.budget = budget
-        self.ahead = default_ahead(budget) if ahead is None else ahead
+        self.ahead = ahead_bytes(None, budget) if ahead is None else ahead
         self.held = 0
         self.stats = Stats()
         self._entries: OrderedDict = OrderedDict()
@@ -278,68 +275,10 @@ class UnitCache:
             self._changed.notify_all()
 
 
-_cache: UnitCache | None = None
-_cache_lock = threading.Lock()
-
-
-def cache() -> UnitCache:
-    """This process's cache (created on first use with default_budget())."""
-    global _cache
-    with _cache_lock:
-        if _cache is None:
-            _cache = UnitCache(default_budget())
-        return _cache
-
-
-def reset(budget: int | None = None) -> UnitCache:
-    """A fresh process cache (tests; a run that wants another budget)."""
-    global _cache
-    with _cache_lock:
-        _cache = UnitCache(default_budget() if budget is None else budget)
-        return _cache
-
-
 def unit_key(unit) -> tuple:
     # The file as planned (path, fingerprint) and which of its rows: a unit of another plan, or
     # of a file that was replaced, never matches.
     return (unit.path, tuple(unit.row_groups), unit.rows, unit.num_rows, unit.fingerprint, unit.model_file)
-
-
-def offer(unit, table: pa.Table, read: Callable[..., pa.Table] | None = None) -> None:
-    """After the first read of `unit`: keep its decoded table for the second read, if it fits;
-    with `read` (transforms/input_plan.read_unit), what a partial entry lacks may be read ahead.
-
-    Only units with a planned fingerprint are kept: the second read must be able to prove the
-    file unchanged (read_unit has just checked it before and after the first read).
-    """
-    if unit.fingerprint is not None and cache().budget > 0:
-        # A unit with a model stage's side file keeps all or nothing: a re-read of missing
-        # columns reads the input file alone.
-        # The read-ahead completes the columns of `table` that a partial entry lacks, no more:
-        # what it adds to the bytes held is known before it reads (columns the first read left
-        # out are read by the write step itself, as for a unit kept whole).
-        complete = None if read is None else functools.partial(with_columns, unit=unit, columns=table.column_names, read=read)
-        cache().offer(unit_key(unit), table, partial=unit.model_file is None, order=unit.index, complete=complete)
-
-
-def expect(units) -> None:
-    """The run reads these read units: the cache keeps room for the cheap columns of all of them."""
-    if cache().budget > 0:
-        units = tuple(units)
-        cache().expect(hash(tuple(unit_key(u) for u in units)), sum(u.num_rows for u in units))
-
-
-def read_back(unit, read: Callable[..., pa.Table]) -> pa.Table:
-    """The unit's rows with every column, for the second read: the table the first read kept
-    (after the same fingerprint check a read makes, plus any column it did not read), else
-    `read(unit)` (transforms/read.read_unit)."""
-    if unit.fingerprint is None:
-        return read(unit)
-    table = cache().take(unit_key(unit))
-    if table is None:
-        return read(unit)
-    fingerprints.verify(unit.path, unit.fingerprint)  # raises InputChanged, as read_unit does
-    return with_columns(table, unit, None, read)
 
 
 def with_columns(table: pa.Table, unit, columns: list[str] | None, read: Callable[..., pa.Table]) -> pa.Table:

@@ -1,0 +1,257 @@
+"""What one process keeps of a run's read units, and the one handle the steps reach it by.
+
+Rescore reads each read unit twice (docs/architecture.md, "The flow of one row"); on one machine
+three things make the second read, and the first, cheaper, and they share state between steps:
+
+- the prefetch (`Prefetch`): the first units of a plain local run decoded on a thread while the
+  launcher imports Beam and torch; the read step takes them instead of reading them;
+- the unit cache and its read-ahead (transforms/files/unit_cache.py): the read step offers each
+  decoded unit, the write step takes it instead of reading the unit again;
+- the column decoders of sliced row groups (transforms/files/row_group_slices.py), which
+  continue where the last slice's read stopped.
+
+A `UnitStore` holds the three for one run in one process. The steps are given a
+`UnitStoreHandle`, created once per run where the job is built (pipelines/rescore.py: build_job,
+or build()), with Beam's `Shared` idiom: a pickled handle carries only a key and the run's
+settings, and `acquire()` in a step's setup returns the store of that process. Where every step
+runs in the launcher's process (the in-process runner), that is the one store the launcher made
+(with the prefetch it started) and holds for the run; a worker of another runner builds its own,
+whose cache simply misses (the write step reads the unit again). Nothing here is a process
+global: a run's store is closed at its end (prefetched tables not taken, cached units, open
+decoders dropped), and the next run makes a new one.
+
+The store is also the in-process result channel: the finalize step leaves the document it
+published (`published`) for the launcher, which reads metrics.json back only where the finalize
+step ran elsewhere.
+
+Correctness never depends on the store: each of the three serves a table only when it is the
+one a read of the unit would give now (fingerprints checked), else the unit is read.
+Nothing here imports Beam but `UnitStoreHandle` (when one is created), so pipelines/early.py
+can start the prefetch before Beam is imported.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+
+from rescore.transforms.files import fingerprint as fingerprints
+from rescore.transforms.files import storage
+from rescore.transforms.files.row_group_slices import SliceDecoders
+from rescore.transforms.files.unit_cache import UnitCache, ahead_bytes, budget_bytes, unit_key, with_columns
+from rescore.transforms.input_plan import ReadUnit, planned_file_units
+from rescore.transforms.rows.keys import light_columns
+from rescore.transforms.unit_read import read_unit
+
+PREFETCH_UNITS_PER_THREAD = 4
+"""Units queued for the prefetch per read thread. The prefetch thread decodes them one after the
+other while the command imports and builds the job; the read step cancels those not started
+yet and reads them itself, so a long queue costs nothing. Two per thread left the prefetch
+thread idle for the last ~0.6 s of the imports at 1,024,000 rows (2 cores); with four it had
+decoded 6 of the 8 when the read step began."""
+
+
+class Prefetch:
+    """The first read units of a local in-process run, decoded on a thread while the launcher
+    imports Beam and torch and builds the pipeline (GIL-bound work that leaves a core idle).
+
+    What is decoded is exactly what the read step would decode first: `read_unit` of the
+    contract's light columns, with its fingerprint checks; the read step takes a unit's table
+    instead of reading it (reading any column a strategy needs besides), or reads it as before
+    when the unit was not prefetched, not started yet, or failed (a read error is then raised by
+    the read step's own read, where it always was). Units are matched by file, fingerprint and
+    row groups, so a unit of a file changed after the prefetch is never taken: it is read.
+    `slices`: the decoders its reads of sliced row groups leave open, which the run's store
+    adopts (the read step continues them).
+    """
+
+    def __init__(self, units: list[ReadUnit], columns: list[str]):
+        self.slices = SliceDecoders()
+        # One thread, decoding on itself alone and at a lower priority: the launcher's imports
+        # are the critical path and keep a core; the prefetch takes what is left.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="rescore-prefetch", initializer=_lower_priority)
+        self._futures = {
+            unit_key(u): pool.submit(read_unit, u, columns, use_threads=False, slices=self.slices) for u in units
+        }
+        pool.shutdown(wait=False)
+        self.units = len(units)
+        """Units queued."""
+        self.taken = 0
+        """Units the read step took."""
+
+    def take(self, unit: ReadUnit) -> pa.Table | None:
+        future = self._futures.pop(unit_key(unit), None)
+        if future is None or future.cancel():  # not prefetched, or not started: read it now
+            return None
+        try:
+            table = future.result()
+        except Exception:  # noqa: BLE001  (the read step reads the unit itself and reports)
+            return None
+        self.taken += 1
+        return table
+
+    def wait(self) -> None:
+        """Wait for every queued unit to be decoded (tests)."""
+        for future in list(self._futures.values()):
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._futures.clear()
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only (Linux)
+    except (AttributeError, OSError):  # pragma: no cover - elsewhere: normal priority
+        pass
+
+
+def _local_files(pattern: str) -> list[str]:
+    """The regular files a local pattern matches (a directory: its *.parquet), without Beam."""
+    if os.path.isdir(pattern):
+        pattern = os.path.join(pattern, "*.parquet")
+    found = glob.glob(pattern, recursive=True) if glob.has_magic(pattern) else [pattern]
+    return [p for p in found if os.path.isfile(p)]
+
+
+def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int) -> Prefetch | None:
+    """Start decoding the first read units of the first local input file (up to
+    PREFETCH_UNITS_PER_THREAD per read thread, one at a time); None where the input is not local
+    files. Never raises: planning the run reports any problem with the input."""
+    try:
+        if not patterns or not all(storage.is_local(p) for p in patterns):
+            return None
+        files = [f for pattern in patterns for f in _local_files(pattern)]
+        if not files:
+            return None
+        units = planned_file_units(min(files), shard_rows)[: max(1, threads) * PREFETCH_UNITS_PER_THREAD]
+    except Exception:  # noqa: BLE001
+        return None
+    return Prefetch(units, light_columns(())) if units else None
+
+
+class UnitStore:
+    """One process's prefetch, unit cache (with its read-ahead) and slice decoders for one run,
+    and the document its finalize step published (module docstring). Thread-safe.
+
+    cache_mb / read_ahead_mb: the run settings unit_cache_mb and read_ahead_mb (None: the
+    defaults of transforms/files/unit_cache.py, from this machine's memory)."""
+
+    def __init__(self, cache_mb: float | None = None, read_ahead_mb: float | None = None, *, prefetch: Prefetch | None = None):
+        budget = budget_bytes(cache_mb)
+        self.cache = UnitCache(budget, ahead_bytes(read_ahead_mb, budget))
+        self.prefetch = prefetch
+        self.slices = prefetch.slices if prefetch is not None else SliceDecoders()
+        self.published: tuple[dict[str, Any], str] | None = None
+        """(metrics.json's document, where it was written), set by the finalize step."""
+
+    def read(self, unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
+        """read_unit with this run's slice decoders."""
+        return read_unit(unit, columns, slices=self.slices)
+
+    def first_read(self, unit: ReadUnit, columns: list[str]) -> pa.Table:
+        """The read step's read of `unit`: the prefetched table (plus any column it lacks), else
+        read."""
+        table = self.prefetch.take(unit) if self.prefetch is not None and unit.model_file is None else None
+        if table is None:
+            return self.read(unit, columns)
+        return with_columns(table, unit, columns, self.read)
+
+    def expect(self, units) -> None:
+        """The run reads these read units: the cache keeps room for the cheap columns of all of them."""
+        if self.cache.budget > 0:
+            units = tuple(units)
+            self.cache.expect(hash(tuple(unit_key(u) for u in units)), sum(u.num_rows for u in units))
+
+    def offer(self, unit: ReadUnit, table: pa.Table) -> None:
+        """After the first read of `unit`: keep its decoded table for the second read, if it fits;
+        what a partial entry lacks may be read ahead.
+
+        Only units with a planned fingerprint are kept: the second read must be able to prove the
+        file unchanged (read_unit has just checked it before and after the first read).
+        """
+        if unit.fingerprint is None or self.cache.budget <= 0:
+            return
+        # A unit with a model stage's side file keeps all or nothing: a re-read of missing
+        # columns reads the input file alone.
+        # The read-ahead completes the columns of `table` that a partial entry lacks, no more:
+        # what it adds to the bytes held is known before it reads (columns the first read left
+        # out are read by the write step itself, as for a unit kept whole).
+        columns = table.column_names
+
+        def complete(part: pa.Table) -> pa.Table:
+            return with_columns(part, unit, columns, self.read)
+
+        self.cache.offer(unit_key(unit), table, partial=unit.model_file is None, order=unit.index, complete=complete)
+
+    def read_back(self, unit: ReadUnit) -> pa.Table:
+        """The unit's rows with every column, for the second read: the table the first read kept
+        (after the same fingerprint check a read makes, plus any column it did not read), else
+        read(unit)."""
+        if unit.fingerprint is None:
+            return self.read(unit)
+        table = self.cache.take(unit_key(unit))
+        if table is None:
+            return self.read(unit)
+        fingerprints.verify(unit.path, unit.fingerprint)  # raises InputChanged, as read_unit does
+        return with_columns(table, unit, None, self.read)
+
+    def close(self) -> None:
+        """The end of the run: drop what was prefetched and not taken, every cached unit and every
+        open decoder (`published` and the counters stay)."""
+        if self.prefetch is not None:
+            self.prefetch.close()
+        self.cache.clear()
+        self.slices.clear()
+
+
+class UnitStoreHandle:
+    """The steps' way to the run's UnitStore (module docstring): created once per run on the
+    launcher, which holds its store (with `prefetch`, if one was started) until `close()`;
+    pickled into the steps, it carries only Beam's `Shared` key and the settings, and
+    `acquire()` returns the store of the process it runs in."""
+
+    def __init__(self, cache_mb: float | None = None, read_ahead_mb: float | None = None, *, prefetch: Prefetch | None = None):
+        from apache_beam.utils.shared import Shared
+
+        self._shared = Shared()
+        self._settings = (cache_mb, read_ahead_mb)
+        # Shared keeps a weak reference: the launcher's strong one keeps this store for the run.
+        self._store: UnitStore | None = self._shared.acquire(
+            lambda: UnitStore(cache_mb, read_ahead_mb, prefetch=prefetch)
+        )
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_store": None}  # a step gets the key and the settings, never the tables
+
+    def acquire(self) -> UnitStore:
+        """The run's store in this process: the launcher's where the step runs there, else one
+        of its own (made on the first call)."""
+        if self._store is not None:
+            return self._store
+        cache_mb, read_ahead_mb = self._settings
+        return self._shared.acquire(lambda: UnitStore(cache_mb, read_ahead_mb))
+
+    @property
+    def store(self) -> UnitStore | None:
+        """The launcher's store (None in a step's copy)."""
+        return self._store
+
+    def published(self) -> tuple[dict[str, Any], str] | None:
+        """(metrics.json's document, its path) where the finalize step ran in this process;
+        None where it ran elsewhere (or has not run)."""
+        return None if self._store is None else self._store.published
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
