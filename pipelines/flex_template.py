@@ -7,7 +7,7 @@ launcher must.
 
 import sys
 
-from rescore.pipelines.rescore import main
+from rescore.pipelines.cli import main
 
 if __name__ == "__main__":
     sys.exit(main([*sys.argv[1:], "--no-wait"]))
