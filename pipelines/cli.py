@@ -31,6 +31,9 @@ import sys
 import time
 from typing import Any
 
+if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]  # run as a file (a scheduler's py_file): this folder's rescore.py would shadow the package
+
 from rescore import errors
 from rescore.pipelines.wording import process_seconds
 from rescore.transforms.files.layout import FILTERED_FILES
