@@ -13,7 +13,7 @@ generated once, here, and shared by both sides: single-step experience (2,000 ro
 multi-step experience (string task ids, runs of 1-5 steps). Each side runs every case with its own
 code: one Python process per side and job (`--jobs`, default 2), started with that revision's
 tree as its working directory and PYTHONPATH and this interpreter, calls the CLI's entry point
-`rescore.pipelines.rescore.main(argv)` once per case (`--processes`: a `python -m rescore`
+`rescore.pipelines.cli.main(argv)` (before the split: `rescore.pipelines.rescore.main`) once per case (`--processes`: a `python -m rescore`
 process per case instead, slower by the imports). Both sides write each case to the SAME output
 path, one side after the other, so no path differs by nature.
 
@@ -202,7 +202,12 @@ import rescore
 here = os.path.realpath(os.getcwd())
 if not os.path.realpath(rescore.__file__).startswith(here + os.sep):
     sys.exit(f"identical.py: imported {rescore.__file__}, not the tree under test {here}")
-from rescore.pipelines.rescore import main
+import inspect
+from rescore.pipelines import cli
+if "argv" in inspect.signature(cli.main).parameters:
+    main = cli.main  # the command's entry point, pipelines/cli.py
+else:  # a revision before the job and the command line were split
+    from rescore.pipelines.rescore import main
 cases = json.loads(sys.argv[1])
 results = {}
 for name, argv in cases:

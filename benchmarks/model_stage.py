@@ -118,7 +118,7 @@ def run_chain(table: pa.Table, model_dir: str, work: str, batch_size: int, devic
     """The whole job on the in-process runner: --logprob-model (with --entropy and
     --sum-pi-squared) refreshing logprobs, the logged ones kept as logprobs_original, then
     `strategy` (a correction stage and an advantage). Returns (seconds, metrics.json)."""
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     rng = np.random.default_rng(1)
     lengths = np.array([len(t) for t in table["tokens"].to_pylist()]) - table["prompt_length"].to_numpy()

@@ -28,7 +28,7 @@ RESCORE_OPTIONS = {
 with DAG("rescore_daily", start_date=datetime(2026, 11, 1), schedule="0 3 * * *", catchup=False, max_active_runs=1) as dag:
     BeamRunPythonPipelineOperator(
         task_id="rescore",
-        py_file="/opt/rescore/pipelines/rescore.py",
+        py_file="/opt/rescore/pipelines/cli.py",
         runner="DataflowRunner",
         pipeline_options=RESCORE_OPTIONS,
         py_interpreter="python3.11",

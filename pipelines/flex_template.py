@@ -5,9 +5,13 @@ options as --name=value flags; this submits the job and returns without waiting,
 launcher must.
 """
 
+import os
 import sys
 
-from rescore.pipelines.rescore import main
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]  # run as a file: this folder's rescore.py would shadow the package `rescore`
+
+from rescore.pipelines.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main([*sys.argv[1:], "--no-wait"]))

@@ -17,22 +17,26 @@ from __future__ import annotations
 
 import glob
 import os
-import re
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401  (pa.parquet)
 
 from rescore.errors import NotFinishedOutputError
+from rescore.transforms.files.delta_table import (
+    LEGACY_MANIFEST,
+    batch_counts,
+    check_table_path,
+    local_files,
+    open_table,
+    state_of,
+    verify_rows,
+)
 from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
 
 OutputError = NotFinishedOutputError
 """The name users catch (`from rescore.pipelines.load import OutputError`)."""
 
 __all__ = ["load_scored", "OutputError", "kind_of", "open_table", "check_table_path"]
-
-LEGACY_MANIFEST = "_manifest.json"
-
 
 def _local(path: str) -> bool:
     return "://" not in path
@@ -123,62 +127,14 @@ def _check_rows(path: str, dt, table: pa.Table) -> None:
     `_delta_log` damaged so that a replaced file is live again (or a live one is dropped) is an
     error, never rows published twice or lost."""
     from rescore.errors import InputError
-    from rescore.pipelines import incremental
 
     try:
-        state = incremental.state_of(path, dt, required=False)
+        state = state_of(path, dt, required=False)
     except InputError as e:
         raise OutputError(str(e)) from None
-    problem = incremental.verify_rows(path, state, counts=incremental.batch_counts(table["batch"]))
+    problem = verify_rows(path, state, counts=batch_counts(table["batch"]))
     if problem:
         raise OutputError(problem)
-
-
-def local_files(path: str, dt) -> list[str] | None:
-    """The data files of table `dt` (at `path`) as local paths, for pyarrow to read; None where
-    delta-rs must read the table itself (an object store, deletion vectors, column mapping,
-    partitions)."""
-    protocol = dt.protocol()
-    if not _local(path) or protocol.reader_features or dt.metadata().partition_columns:
-        return None
-    # delta-rs gives local files as URL paths: percent-encoded (`my%20table`, `t%231`)
-    return [unquote(u[len("file://"):] if u.startswith("file://") else u) for u in dt.file_uris()]
-
-
-PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
-
-
-def check_table_path(path: str, error: type[Exception] = OutputError) -> None:
-    """Refuse, in one line, a local table path that delta-rs cannot open: one holding a percent
-    escape (`%41`), which delta-rs decodes when it reads the table back (it would write the
-    table, then read `tA`). Spaces, '#', '%' not followed by two hex digits and any other
-    Unicode work. Checked on the absolute and the real path (delta-rs resolves symlinks)."""
-    if not _local(path):
-        return
-    for spelt in {os.path.abspath(path), os.path.realpath(path)}:
-        m = PERCENT_ESCAPE.search(spelt)
-        if m:
-            raise error(
-                f"{path}: a Delta table's path cannot hold a percent escape ({m.group(0)!r} in {spelt}): delta-rs, "
-                "the Delta Lake library, decodes it when it reads the table; pick a path without '%' followed by "
-                "two hex digits"
-            )
-
-
-def open_table(path: str, *, version: int | None = None, storage_options: dict | None = None,
-               error: type[Exception] = OutputError):
-    """delta-rs's DeltaTable of the table at `path`, or `error` with one line: a path delta-rs
-    cannot open (check_table_path), a missing, truncated or malformed `_delta_log` commit, a
-    version that is gone, a checkpoint that cannot be read."""
-    from deltalake import DeltaTable
-
-    check_table_path(path, error)
-    uri = os.path.abspath(path) if _local(path) else path.rstrip("/")
-    try:
-        return DeltaTable(uri, version=version, storage_options=storage_options)
-    except Exception as e:  # noqa: BLE001  (delta-rs raises DeltaError, its subclasses, OSError, ValueError...)
-        raise error(f"{path}: the Delta table cannot be read ({_first_line(e)}); its _delta_log is damaged or "
-                    "incomplete") from None
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,36 +1,31 @@
-"""`rescore`: read experience Parquet, score task groups, write scored Parquet.
+"""The job: build and run the pipeline for every mode, from one run description (RunConfig).
 
-    rescore --input 'PATH_OR_GLOB' --output DIR --strategy NAME [--set key=value ...]
-            [--config FILE.yaml] [beam options...]
-    rescore sample --output DIR [--rows N]      # write sample experience to try it on
-    rescore report OUTPUT_DIR [--to DIR]        # report.html and charts of a finished run
-    rescore show OUTPUT [--batches]             # rows, batches, runs, pending input (pipelines/show.py)
-    rescore strategies [NAME]                   # strategies, or one's parameters and defaults
-    rescore configs                             # the shipped run configs (--config NAME)
+    run_job(cfg) -> the metrics.json document; {"dry_run": True, ...} with Beam's --dry_run=True,
+                    {"submitted": True, ...} with --no-wait, {"nothing_new": True, ...} when an
+                    incremental run finds every input file scored
+
+Every mode is the same three moves: prepare the input and output (its door), build() and run
+the one pipeline (_run_built: dry run, --no-wait, progress, the published run checked), publish:
+- one-shot: Parquet files as they are; Finalize publishes (metrics.json, then _SUCCESS);
+- SQL buffer or verl dump (pipelines/sources.py): staged as Parquet read units into
+  OUTPUT/_source/ first; with --output-db the scored rows are written to a buffer after;
+- incremental (pipelines/incremental.py): the batches new, changed or deleted input touches,
+  scored into a work directory, then committed to the Delta table in one commit.
+The output lock (transforms/files/lock.py) is held around all of it (not for a dry run).
+The command line (`rescore ...`: options, one-line errors, exit status) is pipelines/cli.py.
 
 The flow, one step per line of `build`:
     plan (footers, schemas; before the pipeline) -> ReadExperiences -> ScoreGroups
     (GroupByKey on a bucket of (batch, task)) -> PlanCopies (with duplication; GroupByKey on
     batch) -> WriteScored (GroupByKey on read unit, rows read back where they are) -> Finalize
     (metrics.json, then _SUCCESS).
-Exit status: 0 success, 1 the pipeline failed, 2 bad configuration or input.
 """
 
 from __future__ import annotations
 
-import gc
-import sys
-
-if __name__ == "__main__":  # `python -m rescore`: no collections during the imports (see cli)
-    gc.disable()
-
 import hashlib
 import json
 import logging
-import os
-import re
-import signal
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -42,17 +37,15 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from rescore import errors
 from rescore.errors import ConfigError, RejectBudgetExceeded
-from rescore.pipelines import __version__, incremental
-from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, local_buckets, parse_args, usage
+from rescore.pipelines import __version__, incremental, sources
+from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, local_buckets
 from rescore.pipelines.progress import Progress
-from rescore.pipelines.wording import plural, process_seconds
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
 from rescore.transforms.files import ownership, progress_marks, storage
-from rescore.transforms.files.layout import FILTERED_FILES, METRICS, SUCCESS, staging_dir
+from rescore.transforms.files.layout import METRICS, SUCCESS, staging_dir
 from rescore.transforms.input_plan import InputPlan, plan_input
 from rescore.transforms.unit_store import Prefetch, UnitStoreHandle, start_prefetch
 from rescore.transforms.unit_threads import resolve_threads
@@ -61,12 +54,6 @@ if TYPE_CHECKING:
     from rescore.transforms.strategies import StrategyChain
 
 log = logging.getLogger("rescore")
-
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-INTERRUPTED = "rescore: interrupted; this run published nothing (an earlier finished run in the output is left as it was)"
-
-
-USER_ERRORS = errors.USER_ERRORS
 
 
 def build(
@@ -184,7 +171,7 @@ def shorten_sampler_period() -> None:
 def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
     """The job runs in this process (_one_process), on files as they are (no model stage), and
     is not a dry run."""
-    return _one_process(options) and not options.view_as(TestOptions).dry_run and not cfg.models.enabled
+    return _one_process(options) and not _dry_run(options) and not cfg.models.enabled
 
 
 def _file_needs(needs: tuple[str, ...], computed: tuple[str, ...]) -> tuple[str, ...]:
@@ -228,6 +215,34 @@ def _with_newest_model_version(scoring, plan: InputPlan, cfg: RunConfig):
     return build_chain(cfg.strategies, {**cfg.params, f"{stage.name}.current_model_version": int(newest)})
 
 
+def run_info(cfg: RunConfig, scoring: StrategyChain, *, models: dict[str, Any] | None = None,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How the run scores, as metrics.json and every output file's metadata record it (the one
+    place this document is made, for every mode): the strategies with their resolved
+    parameters, the config hash, the run's settings; `models`: the model stage's settings;
+    `extra`: what a mode adds (a source, an incremental run's entry)."""
+    return {
+        "rescore_version": __version__,
+        "strategy": scoring.name,
+        "algorithm": cfg.algorithm,
+        "params": scoring.params,
+        # The models decide the scores too: with a model flag they are part of the hash.
+        "config_hash": config_hash(scoring.name, {**scoring.params, "models": models} if models else scoring.params,
+                                   cfg.algorithm),
+        "input": cfg.inputs,
+        "output": cfg.output,
+        "buckets": cfg.buckets,
+        "shard_rows": cfg.shard_rows,
+        "max_reject_fraction": cfg.max_reject_fraction,
+        "max_group_rows": cfg.max_group_rows,
+        "device": cfg.device,
+        "keep_filtered": cfg.keep_filtered,
+        "audit_columns": cfg.audit_columns,
+        **({"models": models} if models else {}),
+        **(extra or {}),
+    }
+
+
 def build_job(
     cfg: RunConfig, extra_info: dict[str, Any] | None = None, *, prefetch: Prefetch | None = None
 ) -> tuple[beam.Pipeline, InputPlan, dict[str, Any], UnitStoreHandle]:
@@ -260,77 +275,49 @@ def build_job(
         models_info = {**{k: v for k, v in vars(cfg.models).items() if v is not None}, "columns": list(computed), "context": context}
     skipped = {f"skipping {reason}" for _, reason in plan.skipped}
     for warning in plan.warnings:
-        if warning in skipped and not cfg.quiet and cfg.wait and not options.view_as(TestOptions).dry_run:
+        if warning in skipped and not cfg.quiet and cfg.wait and not _dry_run(options):
             continue  # the summary lists it ("skipped file"): once, not twice in two formats
         log.warning(warning)
     if not cfg.buckets_chosen and _in_process(cfg, options):
         cfg = replace(cfg, buckets=local_buckets(plan.num_rows))
-    if not options.view_as(TestOptions).dry_run:
+    if not _dry_run(options):
         prepare_output(cfg.output, plan, cfg.overwrite)
-    run_info = {
-        "rescore_version": __version__,
-        "strategy": scoring.name,
-        "algorithm": cfg.algorithm,
-        "params": scoring.params,
-        # The models decide the scores too: with a model flag they are part of the hash.
-        "config_hash": config_hash(
-            scoring.name, {**scoring.params, "models": models_info} if models_info else scoring.params, cfg.algorithm
-        ),
-        "input": cfg.inputs,
-        "output": cfg.output,
-        "buckets": cfg.buckets,
-        "shard_rows": cfg.shard_rows,
-        "max_reject_fraction": cfg.max_reject_fraction,
-        "max_group_rows": cfg.max_group_rows,
-        "device": cfg.device,
-        "keep_filtered": cfg.keep_filtered,
-        "audit_columns": cfg.audit_columns,
-        **({"models": models_info} if models_info else {}),
-        **(extra_info or {}),
-    }
+    info = run_info(cfg, scoring, models=models_info, extra=extra_info)
     p = beam.Pipeline(options=options)
-    build(p, plan, scoring, cfg, run_info, unit_store)
-    return p, plan, run_info, unit_store
+    build(p, plan, scoring, cfg, info, unit_store)
+    return p, plan, info, unit_store
 
 
-def run(argv: list[str] | None = None, *, prefetch: Prefetch | None = None) -> dict[str, Any]:
-    """Run the job; returns the metrics.json document. Raises on failure.
-
-    With Beam's --dry_run=True (Dataflow) the job graph is built and not submitted; the result
-    is {"dry_run": True, "job": the runner's job object, ...}. With --no-wait the job is
-    submitted and {"submitted": True, ...} returned. With --incremental, see
-    pipelines/incremental.py; {"nothing_new": True, ...} when every input file is scored.
-    `prefetch`: the first read units the command started decoding (pipelines/early.py).
-    """
-    cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
-    logging.getLogger().setLevel(cfg.log_level)
+def run_job(cfg: RunConfig, *, prefetch: Prefetch | None = None) -> dict[str, Any]:
+    """Run the job `cfg` describes, in its mode (see the module doc); raises on failure.
+    `prefetch`: the first read units the command started decoding (pipelines/early.py)."""
     fault_injection.refresh()  # tests only: a no-op unless they armed a fault
-    from rescore.pipelines import sources  # Trinity SQL buffers, verl rollout dumps
-
     ownership.check_output_path(cfg.output)
-    if prefetch is not None and (cfg.incremental or sources.wanted(cfg)):
+    door = sources.wanted(cfg)  # a Trinity SQL buffer or a verl dump in, or a buffer out
+    if prefetch is not None and (cfg.incremental or door):
         prefetch.close()  # pipelines/early.py starts none for these runs: nothing would take it
         prefetch = None
-    if PipelineOptions(cfg.beam_args).view_as(TestOptions).dry_run and not sources.wanted(cfg):
+    if _dry_run(PipelineOptions(cfg.beam_args)) and not door:  # writes nothing: no lock
         return _run_incremental(cfg) if cfg.incremental else _run_once(cfg, prefetch=prefetch)
     with output_lock.acquire(cfg.output, cfg.wait_for_lock):  # one run at a time per output
-        if sources.wanted(cfg):
-            return sources.run(cfg, _run_once)
+        if door:
+            return _run_from_source(cfg)
         if cfg.incremental:
             return _run_incremental(cfg)
         return _run_once(cfg, prefetch=prefetch)
 
 
-def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
-    """Batch-level incremental rescoring into a Delta Lake table (pipelines/incremental.py)."""
-    return incremental.run(cfg)
+def _dry_run(options: PipelineOptions) -> bool:
+    """Beam's --dry_run=True: the job graph is built and not run."""
+    return bool(options.view_as(TestOptions).dry_run)
 
 
 def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None, *, prefetch: Prefetch | None = None) -> dict[str, Any]:
+    """The input files as they are; Finalize publishes into the output directory."""
     unit_store = None
     try:
-        p, plan, run_info, unit_store = build_job(cfg, extra_info, prefetch=prefetch)
-        return _run_built(cfg, p, plan, run_info, unit_store)
+        p, plan, info, unit_store = build_job(cfg, extra_info, prefetch=prefetch)
+        return _run_built(cfg, p, plan, info, unit_store)
     finally:  # what the read step did not take, cached units, decoders this run left open
         if unit_store is not None:
             unit_store.close()
@@ -338,10 +325,50 @@ def _run_once(cfg: RunConfig, extra_info: dict[str, Any] | None = None, *, prefe
             prefetch.close()
 
 
-def _run_built(
-    cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict[str, Any], unit_store: UnitStoreHandle
-) -> dict[str, Any]:
-    if p.options.view_as(TestOptions).dry_run:
+def _run_from_source(cfg: RunConfig) -> dict[str, Any]:
+    """A SQL buffer or a verl dump staged as Parquet, the one-shot job on it; with --output-db,
+    the scored rows written to a buffer after (pipelines/sources.py)."""
+    with sources.staged(cfg) as (staged_cfg, source_info):
+        doc = _run_once(staged_cfg, source_info)
+        if cfg.output_db:
+            doc["buffer"] = sources.publish_buffer(cfg)
+    return doc
+
+
+def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
+    """Batch-level incremental rescoring into a Delta Lake table (pipelines/incremental.py):
+    prepare what to score, the one pipeline into the run's work directory, one commit."""
+    from rescore.transforms.strategies import build_chain  # imports torch
+
+    scoring = build_chain(cfg.strategies, cfg.params)
+    incremental.check(cfg, scoring)
+    options = PipelineOptions(cfg.beam_args)
+    _check_local_device(cfg, options)
+    chash = config_hash(scoring.name, scoring.params, cfg.algorithm)
+    run = incremental.prepare(cfg, scoring, chash, dry_run=_dry_run(options))
+    if isinstance(run, dict):  # nothing new to score
+        return run
+    doc: dict[str, Any] = {}
+    info = run_info(run.cfg, scoring, extra={"incremental": run.info})
+    if run.plan is not None:  # else only deleted files: their rows are removed, nothing is read
+        p = beam.Pipeline(options=options)
+        unit_store = build(p, run.plan, scoring, run.cfg, info)
+        try:
+            doc = _run_built(run.cfg, p, run.plan, info, unit_store, unpublished=incremental.UNPUBLISHED)
+        finally:
+            unit_store.close()
+    if _dry_run(options):
+        return {**info, **doc, "output": cfg.output, "dry_run": True}
+    return incremental.publish(run, doc)
+
+
+def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict[str, Any], unit_store: UnitStoreHandle, *,
+               unpublished: str = "no _SUCCESS was written") -> dict[str, Any]:
+    """Run the built pipeline, every mode alike: a dry run builds the graph only, --no-wait on a
+    remote runner submits and returns; otherwise wait, with progress, and return what the run
+    published in cfg.output (its metrics.json), or raise why it published nothing
+    (`unpublished` ends the message)."""
+    if _dry_run(p.options):
         return {**run_info, "dry_run": True, "job": getattr(p.run(), "job", None)}
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:
         result = p.run()
@@ -368,7 +395,7 @@ def _run_built(
         )
     if doc.get("failed"):
         raise RejectBudgetExceeded(
-            f"{doc['failed']}; the rejected rows and metrics.json are in {cfg.output}, no _SUCCESS was written"
+            f"{doc['failed']}; the rejected rows and metrics.json are in {cfg.output}, {unpublished}"
         )
     if not storage.exists(success):
         raise RuntimeError(f"the pipeline finished but {success} was not written")
@@ -382,262 +409,3 @@ def _published_file(output: str) -> tuple[dict[str, Any], str]:
         if storage.exists(metrics):
             return json.loads(storage.read_text(metrics)), metrics
     return {}, metrics
-
-
-def _summary(doc: dict[str, Any], seconds: float) -> str:
-    t = doc["totals"]
-    rate = t["rows_read"] / seconds if seconds > 0 else 0.0
-    reasons = ", ".join(f"{k} {v:,}" for k, v in t["reject_reasons"].items())
-    lines = [
-        f"rescore: {doc['strategy']} done -> {doc['output']}",
-        f"  rows read        {t['rows_read']:>12,}",
-        f"  rows written     {t['rows_written']:>12,}"
-        + (f"  ({t['rows_written_original']:,} originals + {t['rows_duplicated']:,} copies)" if t["rows_duplicated"] else ""),
-        f"  rows duplicated  {t['rows_duplicated']:>12,}",
-        f"  rows filtered    {t['rows_filtered']:>12,}  (dropped by the strategy"
-        + (f"; kept in {FILTERED_FILES})" if doc.get("keep_filtered") else ", not written)"),
-        f"  rows rejected    {t['rows_rejected']:>12,}" + (f"  ({reasons})" if reasons else ""),
-        f"  groups           {t['groups']:>12,}  ({t['groups_filtered']:,} filtered, {t['groups_duplicated']:,} copies)",
-        f"  batches          {len([b for b in doc['batches'] if b['batch'] is not None]):>12,}",
-        f"  wall time        {seconds:>11.1f}s  ({rate:,.0f} rows/s)",
-    ]
-    for skipped in doc.get("skipped_files", []):
-        lines.append(f"  skipped file     {skipped['reason']}")
-    return "\n".join(lines)
-
-
-class _HeldLogs(logging.Handler):
-    """Log records (Rescore's warnings, Beam's ERROR log of a failing step, Python warnings) held
-    until the run ends: written to stderr after a success, dropped after a failure, whose one
-    `rescore: error:` line says what went wrong. Beam's own records (its workers' logs, which a
-    multi-process run relays to this process) are dropped after a success too: they are about
-    Beam, not the run. --log-level INFO or DEBUG writes everything as it comes."""
-
-    def __init__(self):
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def flush_to(self, stream) -> None:
-        for record in self.records:
-            if record.name.split(".")[0] == "apache_beam":
-                continue  # Beam's own records and its workers' (--log-level INFO or DEBUG shows them)
-            try:
-                stream.write(self.format(record) + "\n")
-            except Exception:  # noqa: BLE001  (a log line must never fail the run)
-                pass
-        self.records.clear()
-
-
-def _one_line(text: str) -> str:
-    """A message as one line, whatever it quotes (a path may hold a newline)."""
-    return " ".join(text.splitlines()) if text else text
-
-
-def _log_level(argv: list[str]) -> str:
-    for i, a in enumerate(argv):
-        if a in ("--log-level", "--log_level") and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(("--log-level=", "--log_level=")):
-            return a.split("=", 1)[1]
-    return "WARNING"
-
-
-def _no_foreign_errors(record: logging.LogRecord) -> bool:
-    return record.levelno < logging.ERROR or record.name.split(".")[0] in ("rescore", "pipelines", "transforms", "schemas")
-
-
-def main(argv: list[str] | None = None, *, from_process: bool | None = None, prefetch: Prefetch | None = None) -> int:
-    """The command; `from_process` (default: argv is None, the command line) makes the summary's
-    wall time count the process's start-up too; `prefetch`: see run()."""
-    started = time.monotonic()
-    from_process = argv is None if from_process is None else from_process
-    argv = list(sys.argv[1:] if argv is None else argv)
-    level = _log_level(argv)
-    if argv[:1] in (["sample"], ["report"]) or level in ("DEBUG", "INFO"):
-        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-        if level == "INFO":  # Beam's ERROR log of a failed step repeats the error line, with a traceback
-            for handler in logging.getLogger().handlers:
-                handler.addFilter(_no_foreign_errors)
-        return _main(argv, None, started, from_process, prefetch)
-    held = _HeldLogs()
-    root = logging.getLogger()
-    root.addHandler(held)
-    logging.captureWarnings(True)
-    try:
-        code = _main(argv, held, started, from_process, prefetch)
-    finally:
-        root.removeHandler(held)
-        logging.captureWarnings(False)
-    return code
-
-
-def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process: bool, prefetch: Prefetch | None = None) -> int:
-    """The command; with `held`, log records are written only after a success."""
-    if argv[:1] == ["sample"]:
-        from rescore.pipelines import sample
-
-        return sample.main(argv[1:])
-    if argv[:1] == ["report"]:
-        from rescore.pipelines import report
-
-        return report.main(argv[1:])
-    if not argv:
-        print(usage(), file=sys.stderr)
-        return EXIT_CONFIG
-    if argv[:1] == ["show"]:
-        from rescore.pipelines import show
-
-        return show.main(argv[1:])
-    if argv[:1] == ["task-stats"]:
-        from rescore.pipelines import task_stats
-
-        return task_stats.main(argv[1:])
-    if argv[:1] == ["export"]:
-        from rescore.pipelines import export
-
-        return export.main(argv[1:])
-    if argv[:1] in (["strategies"], ["configs"]):
-        from rescore.pipelines import listings
-
-        try:
-            return getattr(listings, argv[0])(argv[1:])
-        except BrokenPipeError:  # `rescore strategies | head`
-            sys.stdout = open(os.devnull, "w")
-            return EXIT_OK
-    quiet = "--quiet" in argv
-    try:
-        doc = run(argv, prefetch=prefetch)
-    except USER_ERRORS as e:
-        print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
-        return EXIT_CONFIG
-    except errors.RUN_FAILURES as e:
-        print(f"rescore: error: {_one_line(str(e))}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as e:  # a pipeline failure: one line here, the traceback at DEBUG
-        log.debug("pipeline failed", exc_info=True)
-        last = [line for line in str(e).strip().splitlines() if line.strip()]
-        print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
-        return EXIT_FAILED
-    if held is not None:
-        held.flush_to(sys.stderr)
-    if doc.get("dry_run"):
-        if not quiet:
-            print(f"rescore: dry run: the job graph for {doc['strategy']} was built and not submitted", file=sys.stderr)
-        return EXIT_OK
-    if doc.get("submitted"):
-        if not quiet:
-            print(f"rescore: submitted job {doc.get('job_id') or ''} -> {doc['output']} (not waiting)", file=sys.stderr)
-        return EXIT_OK
-    if doc.get("nothing_new"):
-        if not quiet:
-            print(f"rescore: {doc['message']}", file=sys.stderr)
-        return EXIT_OK
-    if not quiet:
-        if "totals" in doc:
-            print(_summary(doc, process_seconds() if from_process else time.monotonic() - started), file=sys.stderr)
-        if doc.get("incremental", {}).get("summary"):
-            print(doc["incremental"]["summary"], file=sys.stderr)
-    return EXIT_OK
-
-
-def _interrupt(signum, frame):
-    """Ctrl-C or SIGTERM: stop now, not after the running steps (which may take minutes).
-
-    Stopping anywhere is safe (output is staged and _SUCCESS comes last, as with kill -9); the
-    output lock goes with the process."""
-    try:
-        sys.stderr.write(INTERRUPTED + "\n")
-        sys.stderr.flush()
-    finally:
-        os._exit(EXIT_FAILED)
-
-
-def _main_with_one_line_stderr(argv: list[str], prefetch: Prefetch | None = None) -> int:
-    """main() with file descriptor 2 sent to a temporary file while it runs, and sys.stderr kept
-    on the real stderr: what other processes and libraries write there directly (Beam's worker
-    processes log their tracebacks to the stderr they inherit) is shown after a success and
-    dropped after a failure, whose one `rescore: error:` line says what went wrong. Beam's workers
-    (the multi-process runner) write their logs there, tens of lines a run: after a success only
-    what is not a worker's log line is shown (--log-level INFO or DEBUG streams it all)."""
-    import tempfile
-
-    sys.stderr.flush()
-    real = os.dup(2)
-    spill = tempfile.TemporaryFile()
-    os.dup2(spill.fileno(), 2)
-    sys.stderr = os.fdopen(real, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    code = main(argv, from_process=True, prefetch=prefetch)
-    sys.stderr.flush()
-    if code == EXIT_OK:
-        spill.seek(0)
-        extra = _without_worker_logs(spill.read())
-        if extra:
-            os.write(real, extra)
-    return code
-
-
-_WORKER_LOG = re.compile(
-    rb"^(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|[IWEF]\d{4} )\S*|\S+ (?:DEBUG|INFO|WARNING|ERROR):apache_beam|"
-    rb".*apache_beam[./]|.*(?:sdk_worker|worker_pool_main|grpc|absl)\b)"
-)
-
-
-_EXCEPTION_LINE = re.compile(rb"^[\w.]+(?:Error|Exception|Exit|Interrupt|Warning)\b")
-
-
-def _without_worker_logs(text: bytes) -> bytes:
-    """What other processes wrote to stderr, less Beam's worker processes' log lines (Python
-    logging's `LEVEL:name:message`, gRPC's and absl's `I0101 ...`, lines naming Beam's modules)
-    and the tracebacks under them."""
-    kept, skipping = [], False
-    for line in text.splitlines(keepends=True):
-        if _WORKER_LOG.match(line):
-            skipping = True
-            continue
-        if skipping and (line[:1] in (b" ", b"\t") or line.startswith((b"Traceback", b"During handling"))
-                         or _EXCEPTION_LINE.match(line)):
-            continue
-        skipping = False
-        kept.append(line)
-    return b"".join(kept)
-
-
-def cli(prefetch: Prefetch | None = None) -> None:
-    """The command line: main(), then exit without the interpreter's teardown. `prefetch`: the
-    first read units pipelines/cli.py started decoding before it imported this module.
-
-    Importing Beam and torch builds about a million Python objects. The entry points import
-    them with the garbage collector off (a collection then finds nothing to free) and freeze
-    them, so later collections skip them; at exit, tearing them down would take ~1 s on a
-    2-core machine, after every output is already renamed into place and flushed.
-    """
-    gc.freeze()
-    gc.enable()
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: the same one line as Ctrl-C
-    argv = sys.argv[1:]
-    if argv[:1] in (["sample"], ["report"]) or _log_level(argv) in ("DEBUG", "INFO"):
-        code = main(argv, from_process=True, prefetch=prefetch)
-    else:
-        code = _main_with_one_line_stderr(argv, prefetch)
-    if "apache_beam.runners.portability.job_server" in sys.modules:
-        # A portable runner (Flink's, Spark's) started a job server JVM and registered its stop
-        # with atexit; os._exit skips atexit, which left one JVM behind per run.
-        import atexit
-
-        atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    cli()

@@ -39,16 +39,17 @@ def _batch_summary(pairs: list[tuple[int, int]]) -> str:
 
 
 def describe(path: str, *, batches: bool = False) -> list[str]:
-    from rescore.pipelines import incremental
+    from rescore.errors import InputError
     from rescore.pipelines.load import kind_of, load_scored
+    from rescore.transforms.files.delta_table import load_state, open_table
 
     kind = kind_of(path)
     ids = load_scored(path, columns=["batch"])
     pairs = _batch_rows(ids)
     lines = []
     if kind == "table":
-        state = incremental.load_state(path)
-        dt = incremental.open_table(path)
+        state = load_state(path)
+        dt = open_table(path, error=InputError)
         lines += [
             f"{path}: incremental Delta Lake table, version {dt.version()}",
             f"  strategy        {state.strategy}  (config {(state.config_hash or '')[:12]})",
@@ -91,12 +92,12 @@ def describe(path: str, *, batches: bool = False) -> list[str]:
 
 
 def _pending(state) -> str:
-    from rescore.pipelines import incremental
+    from rescore.transforms.files.selection import list_inputs
 
     if not state.inputs:
         return "unknown (no --input recorded)"
     try:
-        files = incremental.list_inputs(state.inputs)
+        files = list_inputs(state.inputs)
     except Exception as e:  # noqa: BLE001  (an input that is gone is what we report)
         return f"cannot list {', '.join(state.inputs)}: {e}"
     new = [f for f in files if f.key not in state.files]

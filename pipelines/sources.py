@@ -4,22 +4,24 @@
             [--output-db sqlite:///scored.db --output-table experience]
     rescore --input 'rollouts/*.jsonl' --input-format verl-rollouts --output DIR --strategy grpo
 
-The flow: stage (a Beam job: id ranges of the buffer, or dump files, are read in parallel and
-written as Parquet into OUTPUT/_source/) -> the usual job on those files (unchanged: the same
-read units, validation, scoring, output and _SUCCESS) -> with --output-db, a Beam job inserts
-the scored rows into staging tables, then one transaction renames them to the buffer's name ->
-OUTPUT/_source/ is removed (also after a failure). The strategy, its parameters and the output
-directory are checked before anything is staged; OUTPUT/_source/ is Rescore's only where it holds
-the SOURCE_MARK file Rescore writes when it creates it (otherwise exit 2, nothing deleted). A
-failed buffer write drops its staging tables and withdraws the run's _SUCCESS. docs/trainers.md
-says why the input is staged as Parquet and in what order the outputs are published.
+The flow (pipelines/rescore.py: run_job): `staged` (a Beam job: id ranges of the buffer, or
+dump files, are read in parallel and written as Parquet into OUTPUT/_source/) -> the usual job
+on those files (unchanged: the same read units, validation, scoring, output and _SUCCESS) ->
+with --output-db, `publish_buffer` (a Beam job inserts the scored rows into staging tables,
+then one transaction renames them to the buffer's name) -> OUTPUT/_source/ is removed (also
+after a failure). The strategy, its parameters and the output directory are checked before
+anything is staged; OUTPUT/_source/ is Rescore's only where it holds the SOURCE_MARK file
+Rescore writes when it creates it (otherwise exit 2, nothing deleted). A failed buffer write
+drops its staging tables and withdraws the run's _SUCCESS. docs/trainers.md says why the input
+is staged as Parquet and in what order the outputs are published.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -195,8 +197,11 @@ def _withdraw_success(output: str) -> None:
         ownership.write_ledger(output, [n for n in ledger if n != SUCCESS])
 
 
-def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """Stage the input if it is not Parquet, run the job, write the buffer if asked."""
+@contextmanager
+def staged(cfg: RunConfig) -> Iterator[tuple[RunConfig, dict[str, Any]]]:
+    """Check the run, then stage its input if it is not Parquet: yields the settings the job
+    runs with (its input: the staged files) and what metrics.json says of the source; the
+    staged files are removed when the job is done (also after a failure)."""
     _check(cfg)
     from rescore.transforms.strategies import build_chain  # torch: only where a source is staged
 
@@ -218,27 +223,27 @@ def run(cfg: RunConfig, run_once: Callable[..., dict[str, Any]]) -> dict[str, An
             _claim_source(staging)
             claimed = True
             stage = _stage_buffer if cfg.input_table else _stage_verl
-            staged, source = stage(cfg, staging)
+            _, source = stage(cfg, staging)
             inner = replace(cfg, inputs=[storage.join(staging, "*.parquet")])
             # metrics.json names what the user gave (the URL, password hidden), not OUTPUT/_source/
             shown = [source["url"]] if cfg.input_table else list(cfg.inputs)
             info = {"source": source, "input": shown}
-        doc = run_once(inner, info)
-        if cfg.output_db:
-            try:
-                doc["buffer"] = _write_buffer(cfg)
-            except BaseException as e:
-                _withdraw_success(cfg.output)
-                if isinstance(e, ConfigError):
-                    raise ConfigError(f"{e}; the scored Parquet files in {cfg.output} are left without _SUCCESS") from None
-                raise
-            if not cfg.quiet:
-                b = doc["buffer"]
-                print(f"rescore: wrote {b['rows']:,} experiences to buffer {b['table']!r} in {b['url']}", file=sys.stderr)
+        yield inner, info
     finally:
         if claimed:
             _remove_source(staging)
-    return doc
 
 
-__all__ = ["run", "wanted", "is_db_url"]
+def publish_buffer(cfg: RunConfig) -> dict[str, Any]:
+    """--output-db, after the Parquet output is published: the scored rows written to the
+    buffer in one transaction; a failed write withdraws the run's _SUCCESS."""
+    try:
+        return _write_buffer(cfg)
+    except BaseException as e:
+        _withdraw_success(cfg.output)
+        if isinstance(e, ConfigError):
+            raise ConfigError(f"{e}; the scored Parquet files in {cfg.output} are left without _SUCCESS") from None
+        raise
+
+
+__all__ = ["staged", "publish_buffer", "wanted", "is_db_url"]

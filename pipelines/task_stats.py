@@ -259,10 +259,10 @@ def _table_state(out: str) -> tuple[int | None, dict | None]:
         return None, None
     from deltalake import DeltaTable
 
-    from rescore.pipelines.incremental import _commits
+    from rescore.transforms.files.delta_table import commits
 
     dt = DeltaTable(os.path.abspath(out))
-    for commit in _commits(out, dt):
+    for commit in commits(out, dt):
         if STATE_KEY in commit:
             return dt.version(), json.loads(commit[STATE_KEY])
     raise ConfigError(f"{out} is a Delta table that `rescore task-stats --incremental` did not write")
@@ -272,7 +272,7 @@ def run_incremental(args, ks: tuple[int, ...], beam_args: list[str]) -> dict:
     """Rescan the batches that new, changed or deleted input files touch; replace their group
     rows in the Delta table in one commit (against the version read, never retried); then
     rewrite the per-task view _task_stats/task_stats.parquet from the table's exact state."""
-    from rescore.pipelines import incremental as inc
+    from rescore.transforms.files.selection import file_batches, list_inputs
 
     out = args.output
     params = {"threshold": args.threshold, "ks": list(ks), "lamb": args.lamb, "beta_m": args.beta_m}
@@ -285,7 +285,7 @@ def run_incremental(args, ks: tuple[int, ...], beam_args: list[str]) -> dict:
     rebuild = state is not None and state["params"] != params
     if rebuild and not args.overwrite:
         raise ConfigError(f"{out} was built with {json.dumps(state['params'], sort_keys=True)}; pass --overwrite to rebuild it with these parameters")
-    files = inc.list_inputs(patterns)
+    files = list_inputs(patterns)
     task_type = _task_type([f.path for f in files])
     old = {} if state is None or rebuild else state["files"]
     current = {f.key: f for f in files}
@@ -296,7 +296,7 @@ def run_incremental(args, ks: tuple[int, ...], beam_args: list[str]) -> dict:
         if entry is not None and f.same_content(entry):
             batches_of[f.key] = entry["batches"]
             continue
-        batches_of[f.key] = inc.file_batches(f.path)
+        batches_of[f.key] = file_batches(f.path, f.metadata)
         touched |= set(batches_of[f.key])
         if entry is not None:
             touched |= set(entry["batches"])

@@ -1,6 +1,6 @@
 """Every error Rescore raises on purpose, in one place; each message is one line.
 
-How the command (`pipelines/rescore.py` `main`) turns them into exit status:
+How the command (`pipelines/cli.py` `main`) turns them into exit status:
 
 - 2, bad configuration or input, found before anything is written (`USER_ERRORS`):
   ConfigError (and its kinds OutputError, ModelConfigError), SchemaError, InputError, LockBusy;

@@ -3,7 +3,7 @@ incremental table: widen, never narrow.
 
 Every place where two types of one column meet uses `widen` (the input union across files,
 `schemas/experience.py: unify`; the incremental table against a run's rows,
-`pipelines/incremental.py`), and every place that converts values to the widened type uses
+`transforms/files/delta_table.py`), and every place that converts values to the widened type uses
 `cast` (`transforms/input_plan.py: conform`, the rows an incremental run commits).
 
 `widen(a, b)` is the narrowest type both convert to without losing a value, or None where there

@@ -1,13 +1,13 @@
 """Several `rescore` command lines in ONE child process: the imports (~3 s of torch and Beam) are
 paid once instead of once per run, and every run still has a real process's stderr.
 
-Each run calls `rescore.pipelines.rescore.main(argv)` with file descriptor 2 sent to a file of
+Each run calls `rescore.pipelines.cli.main(argv)` with file descriptor 2 sent to a file of
 its own, so what a user's terminal would show (our `rescore: error:` line, and anything Beam or a
 library writes to fd 2) is what the test reads; pytest's capture is not involved (main(), not the
-console script's cli(), which drops what other processes wrote to fd 2 after a failure). Use it for
+console script's run_command_line(), which drops what other processes wrote to fd 2 after a failure). Use it for
 runs that check an exit status and stderr; a test about signals, `os._exit` or the console script
 itself keeps its own process, or a forked one: `ForkedRuns` forks each run from a child that
-imported Rescore once, and runs the console script's `cli()` there (real pid, exit status and
+imported Rescore once, and runs the console script's `run_command_line()` there (real pid, exit status and
 signals; the imports paid once).
 """
 
@@ -35,7 +35,7 @@ def set_env(env):
 
 _DRIVER = _SET_ENV + """
 import json, sys
-from rescore.pipelines.rescore import main
+from rescore.pipelines.cli import main
 codes = []
 for argv, env, err in json.loads(sys.argv[1]):
     set_env(env)
@@ -75,7 +75,7 @@ _FORK_DRIVER = _SET_ENV + """
 import importlib, json, sys
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
-from rescore.pipelines import rescore
+from rescore.pipelines import cli, rescore  # the job too: Beam, imported once
 for line in sys.stdin:
     argv, env, err = json.loads(line)
     pid = os.fork()
@@ -88,7 +88,7 @@ for line in sys.stdin:
             os.dup2(out, 1)
             os.dup2(fd, 2)
             sys.argv = ["rescore", *argv]
-            rescore.cli()  # the console script's path; it ends with os._exit(code)
+            cli.run_command_line()  # the console script's path; it ends with os._exit(code)
         except SystemExit as e:  # --help and argparse's own errors, as the interpreter exits on them
             if e.code is None or isinstance(e.code, int):
                 code = e.code or 0
@@ -110,7 +110,7 @@ for line in sys.stdin:
 
 class ForkedRuns:
     """`rescore` runs as processes forked from one child that imported Rescore (and `preload`)
-    once: each run is a real process running the console script's `cli()` (its own pid, fd 2,
+    once: each run is a real process running the console script's `run_command_line()` (its own pid, fd 2,
     exit status or killing signal) without paying ~4 s of imports. For runs a test kills or
     whose real exit status it checks, one after another; a run that must start from a fresh
     interpreter (start-up, import errors) keeps a `python -m rescore` of its own.

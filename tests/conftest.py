@@ -18,7 +18,7 @@ RUNNER = "--runner=FnApiRunner"
 @pytest.fixture
 def rescore(tmp_path):
     """Run the job in-process; returns (metrics document, output dir)."""
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     def _run(input_glob, *args, output=None):
         out = output or str(tmp_path / "out")

@@ -101,7 +101,7 @@ def _explained(part: str) -> bool:
 @pytest.fixture(scope="session")
 def quickstart(tmp_path_factory):
     """The repository root as the quickstart leaves it: data/sample/ and out/sample/."""
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
     from rescore.pipelines.sample import main as sample_main
 
     d = tmp_path_factory.mktemp("docs-quickstart")
@@ -141,7 +141,7 @@ def test_doc_runs_as_written_in_order(doc, quickstart, models_dir, tmp_path, mon
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from rescore.pipelines.config import parse_args
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     scratch = tmp_path / "repo"
     shutil.copytree(quickstart, scratch)

@@ -64,9 +64,9 @@ def test_hierarchy_and_exit_status_groups():
     assert set(errors.USER_ERRORS) == {errors.ConfigError, errors.SchemaError, errors.InputError, errors.OutputError, errors.LockBusy}
     assert set(errors.RUN_FAILURES) == {errors.RejectBudgetExceeded, errors.ConflictError}
     assert not set(errors.USER_ERRORS) & set(errors.RUN_FAILURES)
-    from rescore.pipelines import rescore
+    from rescore.pipelines import cli
 
-    assert rescore.USER_ERRORS is errors.USER_ERRORS
+    assert cli.USER_ERRORS is errors.USER_ERRORS
 
 
 @pytest.mark.parametrize("module", ["rescore.errors", "rescore.transforms.files.layout", "rescore.transforms.fault_injection"])

@@ -69,9 +69,9 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _footer(path: str):
+def _footer(path: str, metadata=None):
     try:
-        pf = storage.open_parquet(path)
+        pf = storage.open_parquet(path, metadata=metadata)
         return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
         raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
@@ -125,27 +125,33 @@ def check_value_ranges(path: str, pf) -> None:
                 )
 
 
-def _checked_footer(path: str, needs: tuple[str, ...]):
+def _checked_footer(path: str, needs: tuple[str, ...], given=None):
     """(schema, row counts, warnings, fingerprint) of one file, or the InputError/SchemaError it
-    raises."""
+    raises. `given`: (fingerprint, parsed footer) of the one read of its footer the caller made
+    (transforms/files/selection.py: list_inputs), not read again."""
     try:
-        try:
-            planned = fingerprints.take(path)
-        except OSError as e:
-            raise InputError(f"{path}: cannot be read ({e.strerror or _first_line(e)})") from None
-        schema, counts = _footer(path)
+        if given is not None:
+            planned, metadata = given
+        else:
+            try:
+                planned = fingerprints.take(path)
+            except OSError as e:
+                raise InputError(f"{path}: cannot be read ({e.strerror or _first_line(e)})") from None
+            metadata = None
+        schema, counts = _footer(path, metadata)
         warnings = validate_file_schema(path, schema, needs=needs)
         if any(schema.field(n).type == pa.uint64() for n in (*RANGE_CHECKED_IDS, "reward") if n in schema.names) or (
             "reward" in schema.names and schema.field("reward").type == pa.int64()
         ):
             try:
-                check_value_ranges(path, storage.open_parquet(path))
+                check_value_ranges(path, storage.open_parquet(path, metadata=metadata))
             except InputError:
                 raise
             except Exception as e:  # noqa: BLE001  (pyarrow raises several types for broken pages)
                 raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
         try:
-            fingerprints.verify(path, planned)
+            if given is None:  # given: the fingerprint and the footer come from one read
+                fingerprints.verify(path, planned)
         except fingerprints.InputChanged:
             raise InputError(f"{path} changed while the run was planning from it; rerun once the input is complete") from None
         return schema, counts, warnings, planned
@@ -185,13 +191,15 @@ def _what_is_there(pattern: str) -> str:
 
 
 def plan_input(
-    patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536, skip_bad_files: bool = False
+    patterns: list[str], *, needs: tuple[str, ...] = (), shard_rows: int = 65536, skip_bad_files: bool = False,
+    footers: dict | None = None,
 ) -> InputPlan:
     """Match the input, read every file's footer and check its schema; split into read units.
 
     Raises InputError or SchemaError with a one-line message naming the file and column. With
     `skip_bad_files`, an unreadable file or one whose schema breaks the contract is left out
-    and listed in `skipped` instead (unless no file is left).
+    and listed in `skipped` instead (unless no file is left). `footers`: {path: (fingerprint,
+    parsed footer)} of files whose footer the caller has read (an incremental run's input).
     """
     files: list[str] = []
     odd: dict[str, str] = {}
@@ -209,7 +217,7 @@ def plan_input(
     if not files:
         raise InputError(f"no readable input files: all {len(odd)} were skipped ({next(iter(odd.values()))})")
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        checked = list(pool.map(lambda path: _checked_footer(path, needs), files))
+        checked = list(pool.map(lambda path: _checked_footer(path, needs, (footers or {}).get(path)), files))
     skipped: list[tuple[str, str]] = sorted(odd.items())
     good: list[tuple[str, tuple]] = []
     for path, result in zip(files, checked):

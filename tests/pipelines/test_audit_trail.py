@@ -47,7 +47,7 @@ def _read(out: str, kind: str) -> pa.Table:
 
 
 def _run(tmp_path, name, *args):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     out = str(tmp_path / name)
     doc = run(["--input", _input(tmp_path) if not (tmp_path / "in").exists() else str(tmp_path / "in" / "*.parquet"),

@@ -106,7 +106,7 @@ def experience(tmp_path_factory):
 
 
 def submit(cap, config_name, inputs, output, *extra):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     doc = run([
         "--config", os.path.join(ROOT, "run_configs", config_name), "--input", inputs, "--output", output,
@@ -188,7 +188,7 @@ def test_dataflow_job_request_gpu_hints_exactly_the_gpu_steps(offline, tmp_path)
 
 
 def test_dataflow_still_refuses_local_paths_without_the_test_seam(experience, tmp_path, capsys):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     out = str(tmp_path / "out")
     code = main(["--config", os.path.join(ROOT, "run_configs", "dataflow.yaml"), "--input", experience,
@@ -238,7 +238,7 @@ def test_dataflow_pipeline_proto_on_the_local_runner_gives_the_in_process_output
     """A waiting `rescore` (no --no-wait) against a fake service that runs the staged pipeline.pb
     on the local runner (the workers' part: read, score, write, Finalize) and answers DONE; the
     launcher then does its own part (reads metrics.json, checks _SUCCESS, returns the summary)."""
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     offline.run_on_submit = True
     out = str(tmp_path / "dataflow")

@@ -43,7 +43,7 @@ def day(batch_runs, *, reward, tokens=pa.int64(), mask=pa.bool_(), task=pa.int64
 
 
 def main(*argv):
-    from rescore.pipelines.rescore import main as rescore_main
+    from rescore.pipelines.cli import main as rescore_main
 
     return rescore_main([*argv, RUNNER, *STRATEGY, "--quiet"])
 
@@ -225,8 +225,9 @@ def _one_line_outcomes(table, capsys):
     """What load_scored, the incremental state and `rescore show` make of `table`: rows, or
     the one-line error each gives (no other exception may escape)."""
     from rescore.errors import InputError, NotFinishedOutputError
-    from rescore.pipelines import incremental, show
+    from rescore.pipelines import show
     from rescore.pipelines.load import load_scored
+    from rescore.transforms.files import delta_table
 
     try:
         rows = load_scored(table)
@@ -234,7 +235,7 @@ def _one_line_outcomes(table, capsys):
         assert "\n" not in str(e)
         rows = None
     try:
-        incremental.load_state(table)
+        delta_table.load_state(table)
     except InputError as e:
         assert "\n" not in str(e)
     capsys.readouterr()
@@ -359,25 +360,25 @@ def test_a_table_of_an_earlier_rescore_gets_its_row_record(tmp_path, monkeypatch
     """A table whose commits record no rows per batch (an earlier Rescore): its rows are
     counted once at the next commit, which records them with the new batches; readers then
     check against that record."""
-    from rescore.pipelines import incremental
     from rescore.pipelines.load import load_scored
+    from rescore.transforms.files import delta_table
 
     inp = tmp_path / "in"
     inp.mkdir()
     pq.write_table(day([(0, 0), (0, 1), (1, 0), (1, 1)], reward=pa.float64()), inp / "a.parquet")
     table = str(tmp_path / "t")
-    real = incremental.State.document
+    real = delta_table.State.document
 
     def without_rows(self):
         doc = real(self)
         doc.pop("rows", None)
         return doc
 
-    monkeypatch.setattr(incremental.State, "document", without_rows)
+    monkeypatch.setattr(delta_table.State, "document", without_rows)
     assert main("--input", str(inp), "--output", table, "--incremental") == 0
-    assert incremental.load_state(table).rows is None
+    assert delta_table.load_state(table).rows is None
     monkeypatch.undo()
     pq.write_table(day([(1, 2), (2, 0), (2, 1)], reward=pa.float64(), seed=4), inp / "b.parquet")
     assert main("--input", str(inp), "--output", table, "--incremental") == 0
-    assert incremental.load_state(table).rows == [[0, 0, 2], [1, 1, 3], [2, 2, 2]]
+    assert delta_table.load_state(table).rows == [[0, 0, 2], [1, 1, 3], [2, 2, 2]]
     assert load_scored(table).num_rows == 7

@@ -104,7 +104,7 @@ def test_device_cpu_and_auto_give_identical_output(tmp_path, rescore):
 
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA")
 def test_device_cuda_fails_cleanly_without_a_gpu(tmp_path, capsys):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     glob = write_parquet(multi_step_rows(3), str(tmp_path / "in"), files=1, schema=SCHEMA_MULTI_STEP)
     code = main(["--input", glob, "--output", str(tmp_path / "o"), "--strategy", "grpo", "--device", "cuda", RUNNER])
@@ -118,7 +118,7 @@ def test_dataflow_gpu_job_graph_offline(tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
     from apache_beam.portability.api import beam_runner_api_pb2
 
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     glob = write_parquet(multi_step_rows(3), str(tmp_path / "in"), files=1, schema=SCHEMA_MULTI_STEP)
     image = "us-central1-docker.pkg.dev/rescore-test/rescore/worker:0.1.0"

@@ -81,7 +81,7 @@ def _read(out, kind):
 
 
 def _run(argv):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     return run([*argv, RUNNER, "--quiet", "--max-reject-fraction", "1", *STRATEGY])
 
@@ -166,7 +166,7 @@ def incremental_door(table, work, parts=None):
     `--incremental` run into one table."""
     pytest.importorskip("deltalake", reason="incremental runs write a Delta Lake table (the [test] extra installs deltalake)")
     from rescore.pipelines.load import load_scored
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     os.makedirs(work / "days")
     out = str(work / "table")

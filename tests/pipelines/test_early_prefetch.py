@@ -67,7 +67,7 @@ def _scored(out: str) -> dict[str, bytes]:
 
 
 def _run(glob: str, out: str, *, prefetch: bool) -> tuple[dict[str, bytes], unit_store.Prefetch | None]:
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     argv = ["--input", glob, "--output", out, "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
     early = prefetch_from(argv) if prefetch else None
@@ -102,7 +102,7 @@ def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     reward = pa.array([-r for r in table["reward"].to_pylist()], table.schema.field("reward").type)
     pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", reward), path, row_group_size=5)
 
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     run(argv, prefetch=first)
     assert (first.units, first.taken) == (queued, 0)  # the file's fingerprint changed: nothing taken

@@ -100,7 +100,7 @@ def test_a_multi_process_run_prints_only_its_summary(sample, tmp_path):
 
 
 def test_worker_log_lines_are_dropped_from_what_other_processes_wrote():
-    from rescore.pipelines.rescore import _without_worker_logs
+    from rescore.pipelines.cli import _without_worker_logs
 
     spilled = (b"INFO:apache_beam.runners.worker.sdk_worker_main:Python sdk harness starting\n"
                b"I0000 00:00:1700000000.000000 12 fork_posix.cc:77] Other threads are currently calling into gRPC\n"
@@ -156,7 +156,7 @@ def test_first_hour_smalls(sample, tmp_path, monkeypatch, capsys):
     assert code == 2 and err.strip().startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?)")
 
     # the listings go to stdout: run them in this process
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     capsys.readouterr()
     assert main(["strategies", "grpo"]) == 0

@@ -65,7 +65,7 @@ def _files(out):
 
 
 def _in_process(experience, out, args):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     run(["--input", experience, "--output", out, *args])
     return _files(out)
@@ -88,7 +88,7 @@ def _work_per_taskmanager(cluster, jid):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_path, case):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     args = CASES[case]
     expected = _in_process(experience, str(tmp_path / "local"), args)

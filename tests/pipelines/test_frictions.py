@@ -172,7 +172,7 @@ def test_progress_advances_with_multi_processing(sample_input, tmp_path):
 
 
 def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     out = str(tmp_path / "out")
     assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "grpo", "--keep-filtered"]) == 0
@@ -194,7 +194,7 @@ def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
 def test_report_numbers_match_metrics_json(sample_input, tmp_path):
     """The chart data: dead share from metrics.json, solved shares and sizes from the rows."""
     from rescore.pipelines.report import Bins, group_table, load_metrics, read_run
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     out = str(tmp_path / "out")
     assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy",
@@ -218,7 +218,7 @@ def test_report_numbers_match_metrics_json(sample_input, tmp_path):
 
 def test_report_draws_extra_reward_columns(tmp_path):
     """A model stage or a second reward column gets its own distribution chart."""
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
     from rescore.pipelines.sample import make_experience
 
     table = make_experience(batches=2, tasks=4, runs=4, seed=2)
@@ -239,7 +239,7 @@ def test_report_draws_extra_reward_columns(tmp_path):
 
 def test_report_deletes_only_the_files_a_report_wrote(forked, sample_input, tmp_path):
     """Other report-*.png files (beside the data or in --to) and a foreign report.html stay."""
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     out = str(tmp_path / "out1")
     assert main(["--input", sample_input, "--output", out, RUNNER, "--quiet", "--strategy", "grpo"]) == 0
@@ -269,7 +269,7 @@ def test_report_on_an_incremental_table(forked, sample_input, tmp_path):
     import shutil
 
     from rescore.pipelines.report import load_metrics
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     src = tmp_path / "in"
     src.mkdir()
@@ -345,7 +345,7 @@ def test_every_usage_line_parses(bare, tmp_path, monkeypatch):
 
 
 def test_report_on_filtered_files_rescore_did_not_write_is_one_line(forked, sample_input, tmp_path):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     out = str(tmp_path / "out")
     assert main(["--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--quiet"]) == 0

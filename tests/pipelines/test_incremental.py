@@ -50,7 +50,7 @@ def write(rows, path, row_group_size=5):
 
 def one_shot(inputs, out):
     from rescore.pipelines.load import load_scored
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     argv = [a for p in inputs for a in ("--input", p)]
     run([*argv, "--output", out, RUNNER, "--quiet", *STRATEGY])
@@ -59,7 +59,7 @@ def one_shot(inputs, out):
 
 def incremental(inputs, out, *extra, capsys=None):
     """In-process `rescore --incremental`: (exit code, stderr)."""
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     argv = [a for p in inputs for a in ("--input", p)]
     code = main([*argv, "--output", out, "--incremental", RUNNER, *STRATEGY, *extra])
@@ -177,13 +177,14 @@ def test_several_days_of_arriving_changing_and_deleted_files(tmp_path, capsys):
     day(3)
     code, err = incremental([str(inp)], out, capsys=capsys)
     assert code == 0 and "nothing new to score" in err
-    from rescore.pipelines.incremental import load_state
+    from rescore.transforms.files.delta_table import load_state
 
     assert [r["run"] for r in load_state(out).runs] == ["day1", "day2", "day3"]
 
 
 def test_default_run_names_are_utc_times_and_unique(tmp_path, capsys):
-    from rescore.pipelines.incremental import load_state, run_name
+    from rescore.pipelines.incremental import run_name
+    from rescore.transforms.files.delta_table import load_state
 
     rows = experience(8, batches=2, max_tasks=3)
     inp, out = tmp_path / "in", str(tmp_path / "table")
@@ -325,7 +326,7 @@ def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
         assert err.strip().startswith("rescore: nothing new to score"), err
     assert_same_rows(current(out), after)
     # Work of the killed runs is gone; only committed runs keep their metrics.
-    from rescore.pipelines.incremental import load_state
+    from rescore.transforms.files.delta_table import load_state
 
     assert sorted(os.listdir(runs_dir)) == sorted(r["run"] for r in load_state(out).runs)
 
@@ -374,7 +375,7 @@ def test_two_overlapping_runs(tmp_path, days, capsys):
 def test_a_commit_against_a_stale_version_fails_cleanly(tmp_path, days, capsys):
     """Where the lock cannot exclude (object stores), the Delta commit does: it is made against
     the version the run started from and never retried."""
-    from rescore.pipelines import incremental as inc
+    from rescore.transforms.files import delta_table as inc
 
     inp, first, second = days
     out = str(tmp_path / "table")
@@ -393,7 +394,7 @@ def test_a_commit_against_a_stale_version_fails_cleanly(tmp_path, days, capsys):
 
 
 def test_canonical_location(tmp_path, monkeypatch):
-    from rescore.pipelines.incremental import canonical
+    from rescore.transforms.files.selection import canonical
 
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.parquet").write_bytes(b"x")
@@ -407,7 +408,7 @@ def test_canonical_location(tmp_path, monkeypatch):
 
 
 def test_touched_batches_from_statistics_or_the_column(tmp_path):
-    from rescore.pipelines.incremental import file_batches, row_group_may_hold
+    from rescore.transforms.files.selection import file_batches, row_group_may_hold
 
     rows = [{"batch": b, "task": 1, "run": r, "step": 0, "reward": 0.0, "tokens": [], "prompt_length": 0,
              "logprobs": [], "action_mask": [], "note": None} for b in (4, 4, 9, 9, 12, 15) for r in range(2)]
@@ -457,7 +458,8 @@ def test_malformed_bookkeeping_is_one_line_exit_2(tmp_path):
     code, err = runs[0]
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "malformed Rescore bookkeeping" in err and "/x.parquet" in err
-    assert not open(os.path.join(out, "_rescore", "lock")).read()  # released
+    assert not os.path.exists(os.path.join(out, "_rescore.lock"))  # released
+    assert not os.path.exists(os.path.join(out, "_rescore", "lock"))  # one lock: the output's
     code, err = runs[1]
     assert code == 2 and "Delta table that Rescore did not write" in err and len(err.strip().splitlines()) == 1
     code, err = runs[2]
@@ -470,7 +472,7 @@ def test_a_changed_strategy_needs_overwrite_which_rescores_everything(tmp_path, 
     write(first, str(inp / "a.parquet"))
     write(second, str(inp / "b.parquet"))
     assert incremental([str(inp / "*.parquet")], out, capsys=capsys)[0] == 0
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     argv = ["--input", str(inp / "*.parquet"), "--output", out, "--incremental", RUNNER, "--strategy", "grpo"]
     assert main(argv) == 2
@@ -478,7 +480,7 @@ def test_a_changed_strategy_needs_overwrite_which_rescores_everything(tmp_path, 
     assert "pass --overwrite" in err and len(err.strip().splitlines()) == 1
     assert main([*argv, "--overwrite", "--quiet"]) == 0
     from rescore.pipelines.load import load_scored
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     run(["--input", str(inp / "*.parquet"), "--output", str(tmp_path / "ref"), RUNNER, "--quiet", "--strategy", "grpo"])
     assert_same_rows(current(out), load_scored(str(tmp_path / "ref")))
@@ -494,7 +496,7 @@ def test_load_scored_show_and_the_documented_readers(tmp_path, days, capsys):
     from deltalake import DeltaTable
 
     from rescore.pipelines.load import OutputError, load_scored
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     inp, first, second = days
     write(first, str(inp / "a.parquet"))
@@ -621,7 +623,7 @@ def test_output_path_with_a_space_or_a_hash(tmp_path, name):
     write(experience(3, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
     out = str(tmp_path / "sp" / name)
     argv = ["--input", str(tmp_path / "in" / "*.parquet"), "--output", out, "--incremental", RUNNER, *STRATEGY]
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main([*argv, "--quiet"]) == 0
     assert load_scored(out).num_rows == pq.read_table(str(tmp_path / "in" / "a.parquet")).num_rows
@@ -656,7 +658,7 @@ def test_show_malformed_metrics_and_a_closed_pipe(tmp_path):
     pipe (`| head`) ends it quietly, exit 0, no traceback."""
     write(experience(2, batches=2, max_tasks=3), str(tmp_path / "in" / "a.parquet"))
     one, table = str(tmp_path / "one"), str(tmp_path / "t")
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main(["--input", str(tmp_path / "in"), "--output", one, RUNNER, *STRATEGY, "--quiet"]) == 0
     with open(os.path.join(one, "metrics.json"), "w") as f:

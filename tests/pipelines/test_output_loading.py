@@ -22,7 +22,7 @@ DOCUMENTED = {
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     d = tmp_path_factory.mktemp("loading")
     rows = multi_step_rows(7)

@@ -53,7 +53,7 @@ def _engine(url):
 def test_postgres_source_and_sink(pg, tmp_path):
     import sqlalchemy as sa
 
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
     from rescore.pipelines.sample import make_experience
     from rescore.pipelines.sample_formats import write_trinity_buffer
     from rescore.transforms import sql_buffer
@@ -88,7 +88,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     assert {"explorer", "explorer_blob", "rescored", "rescored_blob"} == names
 
     # refused without --overwrite (one line, exit 2), replaced in one transaction with it
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main([*args, "--output", str(tmp_path / "o2")]) == 2
     doc = run([*args[:5], "rloo", *args[6:], "--output", str(tmp_path / "o3"), "--overwrite"])
@@ -100,7 +100,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
 
 @pytest.mark.skipif(trinity_real.load() is None, reason=trinity_real.why or "trinity-rft not importable")
 def test_postgres_round_trip_with_trinity(pg, tmp_path):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
     from test_trinity_roundtrip import make_experiences, reference
 
     trinity = trinity_real.load()
@@ -175,7 +175,7 @@ def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch
     import sqlalchemy as sa
 
     from rescore.pipelines import config
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
     from rescore.transforms import sql_buffer
 
     eng = _engine(pg)
@@ -205,7 +205,7 @@ def test_long_and_reserved_output_tables_are_written(pg, tmp_path, name):
     staging tables, their sequence and indexes have short hashed names whatever NAME is."""
     import sqlalchemy as sa
 
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
     from rescore.transforms import sql_buffer
 
     src = f"src_{len(name)}_{name.lower()}"[:30]
@@ -226,7 +226,7 @@ def test_long_and_reserved_output_tables_are_written(pg, tmp_path, name):
 
 
 def test_a_name_longer_than_postgresql_keeps_is_refused_before_the_run(pg, tmp_path):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     _small_buffer(pg, "src_long")
     code = main(["--input", pg, "--input-table", "src_long", "--strategy", "grpo", "--output", str(tmp_path / "o"),

@@ -54,7 +54,7 @@ def test_prism_runner_without_the_binary_refuses_in_one_line(monkeypatch, tmp_pa
 
 @pytest.mark.slow
 def test_prism_output_is_byte_identical_to_in_process(prism, tmp_path):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     experience = write_parquet(multi_step_rows(5), str(tmp_path / "in"), files=3, row_group_size=8,
                                schema=SCHEMA_MULTI_STEP)

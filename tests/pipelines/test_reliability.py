@@ -25,7 +25,7 @@ KEYS = [(k, "ascending") for k in ("batch", "task", "run", "step")]
 
 
 def main(capsys, *args):
-    from rescore.pipelines.rescore import main as rescore_main
+    from rescore.pipelines.cli import main as rescore_main
 
     code = rescore_main([RUNNER, "--quiet", *args])
     err = capsys.readouterr().err

@@ -11,7 +11,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     d = tmp_path_factory.mktemp("report")
     rows = multi_step_rows(8, batches=4)
@@ -24,7 +24,7 @@ def finished_run(tmp_path_factory):
 
 
 def test_report_writes_valid_pngs_and_html_with_the_metrics(finished_run, capsys):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main(["report", finished_run]) == 0
     assert "report written to" in capsys.readouterr().err
@@ -48,7 +48,7 @@ def test_report_writes_valid_pngs_and_html_with_the_metrics(finished_run, capsys
 
 
 def test_report_elsewhere_and_on_a_directory_without_a_run(finished_run, tmp_path, capsys):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main(["report", finished_run, "--to", str(tmp_path / "rep")]) == 0
     assert os.path.exists(tmp_path / "rep" / "report.html")

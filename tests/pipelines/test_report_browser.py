@@ -71,7 +71,7 @@ def open_in_browser(page_path: str, screenshot: str, height: int = 4000) -> dict
 def _run(tmp_path, name, *, batches, tasks, runs, strategy, extra=()):
     import pyarrow.parquet as pq
 
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     src = tmp_path / f"{name}-in"
     src.mkdir()

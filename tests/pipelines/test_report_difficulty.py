@@ -25,7 +25,7 @@ def test_group_pass_rates_match_polars():
 
 
 def test_the_report_has_the_difficulty_chart(tmp_path):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
     from rescore.pipelines.sample import main as sample
 
     assert sample(["--output", str(tmp_path / "data"), "--batches", "2", "--tasks", "3"]) == 0

@@ -107,7 +107,7 @@ def _check_page(out: str) -> None:
 @pytest.mark.parametrize("string_tasks", [False, True], ids=["int-tasks", "string-tasks"])
 @pytest.mark.parametrize("batches", [1, 12, pytest.param(1000, marks=pytest.mark.slow)])
 def test_report_numbers_equal_a_polars_query(tmp_path, batches, string_tasks):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     glob_ = write_parquet(_rows(batches, string_tasks), str(tmp_path / "in"), files=2, row_group_size=500)
     out = str(tmp_path / "out")

@@ -77,7 +77,7 @@ def experience(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def in_process(experience, tmp_path_factory):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     out = str(tmp_path_factory.mktemp("inproc") / "out")
     run(["--config", config("local.yaml"), "--input", experience, "--output", out, *STRATEGY])
@@ -121,7 +121,7 @@ def worker_pool():
     ids=["multi-process", "portable-loopback", "portable-worker-pool"],
 )
 def test_runner_paths_give_identical_output(tmp_path, experience, in_process, name, extra, request):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     if extra:
         pool = request.getfixturevalue("worker_pool")
@@ -134,7 +134,7 @@ def test_runner_paths_give_identical_output(tmp_path, experience, in_process, na
 
 def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     doc = run([
         "--config", config("dataflow.yaml"), "--input", experience, "--output", "gs://rescore-test-bucket/scored",

@@ -20,7 +20,7 @@ def _modules_after(code: str) -> dict:
 def test_help_loads_beam_but_not_torch():
     loaded = _modules_after(
         "import contextlib, io\n"
-        "from rescore.pipelines.rescore import main\n"
+        "from rescore.pipelines.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n"
         "        main(['--help'])\n"

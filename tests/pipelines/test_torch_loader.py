@@ -12,7 +12,7 @@ from conftest import RUNNER
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
     from rescore.pipelines.sample import main as sample_main
 
     d = tmp_path_factory.mktemp("torch-loader")

@@ -314,7 +314,7 @@ def test_output_db_checks_every_input_file_before_running(tmp_path):
     pq.write_table(pq.read_table(files[1]).drop(["tokens", "prompt_length", "logprobs", "action_mask"]),
                    str(mix / "b.parquet"))
     out = tmp_path / "out"
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main(["--input", str(tmp_path / "data" / "*.parquet"), "--output", str(out), "--strategy", "rloo", "--quiet", RUNNER]) == 0
     metrics = (out / "metrics.json").read_text()

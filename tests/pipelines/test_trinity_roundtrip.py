@@ -66,7 +66,7 @@ def reference(exps, strategy, eps=1e-6):
 
 @pytest.mark.parametrize("strategy", ["grpo", "rloo"])
 def test_trinity_writes_rescore_rescores_trinity_reads(tmp_path, strategy):
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     exps = make_experiences()
     src, dst = f"sqlite:///{tmp_path}/explorer.db", f"sqlite:///{tmp_path}/trainer.db"
@@ -116,7 +116,7 @@ def test_rescore_blob_is_what_trinity_deserialises(tmp_path):
 
 def test_unset_batch_and_string_tasks_group_as_trinity_does(tmp_path):
     """EID() leaves batch "" (one batch for all such rows, as Trinity's tid '/task' groups them)."""
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     rewards = {"alpha": [1.0, 0.0, 0.0], "beta": [0.5, 0.25]}
     exps = [trinity.Experience(eid=trinity.EID(task=t, run=r), tokens=[1, 2, 3, 4], prompt_length=2,

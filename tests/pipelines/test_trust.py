@@ -44,7 +44,7 @@ def _env(fault=None):
 def run_here(*args):
     """A run in this process, where only its outcome matters (no stderr, exit status of a
     process or signal to check): the exit code `rescore` would exit with."""
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     return main([*args, RUNNER])
 
@@ -336,7 +336,7 @@ def test_overwriting_an_output_from_before_the_ledger_removes_its_report_and_fil
     out = str(tmp_path / "leg")
     shutil.copytree(data["clean"], out)
     os.remove(os.path.join(out, "_rescore_files.json"))  # an output from before the ledger
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     assert main(["report", out]) == 0
     assert os.path.exists(os.path.join(out, "report.html"))

@@ -78,16 +78,16 @@ def test_each_kind_fires_only_on_its_own_hook(tmp_path, monkeypatch):
 
 
 def test_a_run_rereads_the_variable(tmp_path, monkeypatch):
-    """pipelines/rescore.py run() refreshes, so one process can run a faulty job then a clean one."""
+    """pipelines/rescore.py run_job() refreshes, so one process can run a faulty job then a clean one."""
     from rescore.errors import InputError
-    from rescore.pipelines import rescore
+    from rescore.pipelines import cli
 
     argv = ["--input", str(tmp_path / "none-*.parquet"), "--output", str(tmp_path / "out"), "--strategy", "grpo"]
     monkeypatch.setenv(fault_injection.ENV, "slow_write:5")
     with pytest.raises(InputError):
-        rescore.run(argv)
+        cli.run(argv)
     assert fault_injection._armed == ("slow_write", "5")
     monkeypatch.delenv(fault_injection.ENV)
     with pytest.raises(InputError):
-        rescore.run(argv)
+        cli.run(argv)
     assert fault_injection._armed is None

@@ -87,7 +87,7 @@ def test_logprob_model_token_stats_ref_model_and_correction_end_to_end(models, t
 
 
 def test_entropy_without_logprob_model_is_a_one_line_error(tmp_path, capsys):
-    from rescore.pipelines.rescore import main
+    from rescore.pipelines.cli import main
 
     glob = _write(_rows(1, too_long=False, prompt_zero=False), str(tmp_path / "in"))
     assert main(["--input", glob, "--output", str(tmp_path / "out"), "--strategy", "grpo", "--entropy"]) == 2

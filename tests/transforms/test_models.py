@@ -248,7 +248,7 @@ def _cli(*args, block_transformers=False):
     code = "import sys\n"
     if block_transformers:
         code += "sys.modules['transformers'] = None\n"
-    code += "from rescore.pipelines.rescore import main\nsys.exit(main(sys.argv[1:]))\n"
+    code += "from rescore.pipelines.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     return subprocess.run([sys.executable, "-c", code, *args, RUNNER], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -278,7 +278,7 @@ def test_flags_fail_with_one_line(models, tmp_path, capsys):
             proc = _cli(*argv, block_transformers=block)
             code, err = proc.returncode, proc.stderr
         else:
-            from rescore.pipelines.rescore import main
+            from rescore.pipelines.cli import main
 
             code = main([*argv, RUNNER])
             err = capsys.readouterr().err
@@ -317,7 +317,7 @@ def test_model_runs_print_one_line_or_nothing_on_the_real_stderr(models, tmp_pat
 
 def test_dataflow_gpu_job_graph_hints_only_the_model_stage(models, tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
-    from rescore.pipelines.rescore import run
+    from rescore.pipelines.cli import run
 
     glob = _write(_rows(8), str(tmp_path / "in"))
     spec = "type:nvidia-l4;count:1;install-nvidia-driver;machine_type:g2-standard-8"

@@ -46,10 +46,11 @@ def _stat(path: str) -> tuple:
     return (meta[0].size_in_bytes, meta[0].last_updated_in_seconds)
 
 
-def footer_hash(path: str, size: int) -> str:
-    """sha256 of the Parquet footer of the file at `path` of `size` bytes ('' when it has none)."""
+def footer_bytes(path: str, size: int) -> bytes:
+    """The Parquet footer (the FileMetaData, without its length and magic) of the file at `path`
+    of `size` bytes; b'' when it has none."""
     if size < 12:
-        return ""
+        return b""
     if storage.is_local(path):
         f = open(path, "rb")
     else:
@@ -60,9 +61,32 @@ def footer_hash(path: str, size: int) -> str:
         tail = f.read(8)
         length = struct.unpack("<I", tail[:4])[0]
         if tail[4:] != b"PAR1" or length + 12 > size:
-            return ""
+            return b""
         f.seek(size - 8 - length)
-        return hashlib.sha256(f.read(length)).hexdigest()
+        return f.read(length)
+
+
+def footer_hash(path: str, size: int) -> str:
+    """sha256 of the Parquet footer of the file at `path` of `size` bytes ('' when it has none)."""
+    footer = footer_bytes(path, size)
+    return hashlib.sha256(footer).hexdigest() if footer else ""
+
+
+def parse_footer(footer: bytes):
+    """The pyarrow FileMetaData of footer bytes (footer_bytes): the one read of a footer serves
+    both its hash and its contents (open a file with it: `storage.open_parquet(path, metadata=)`).
+    Raises what pyarrow raises for a footer that is not Parquet's."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + footer + struct.pack("<I", len(footer)) + b"PAR1"))
+
+
+def take_with_footer(path: str) -> tuple[Fingerprint, bytes]:
+    """The file's fingerprint now, and the footer bytes it hashed (one read of the footer)."""
+    st = _stat(path)
+    footer = footer_bytes(path, st[0])
+    return Fingerprint(st, hashlib.sha256(footer).hexdigest() if footer else ""), footer
 
 
 def take(path: str) -> Fingerprint:

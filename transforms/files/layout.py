@@ -13,7 +13,7 @@
       _source/ with _RESCORE_SOURCE              staged input of a database or verl-dump run
       report.html, report-NAME.png               `rescore report`
     An --incremental output is a Delta table instead: _delta_log/, delta-rs data files and
-    _rescore/ (its lock and its runs' work, pipelines/incremental.py).
+    _rescore/ (its runs' work, pipelines/incremental.py; the table: transforms/files/delta_table.py).
 
 Names only: nothing here touches storage, so even `rescore.pipelines.load` (no Beam) uses it.
 """

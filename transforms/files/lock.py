@@ -1,4 +1,6 @@
-"""One run at a time per output directory: the output lock.
+"""One run at a time per output directory: the output lock, the only one (an incremental run
+into a Delta table holds it too; where it is not enforced, that run's commit against the table
+version it started from is what fails a concurrent run: transforms/files/delta_table.py).
 
 Local (and NFS) outputs: `OUTPUT/_rescore.lock` is locked with flock(2). The kernel drops the
 lock when the holding process dies, however it dies (kill -9 included), so a killed run never

@@ -89,12 +89,15 @@ STREAM_BUFFER = 1 << 22
 """Bytes read at a time from a column chunk by a streaming ParquetFile."""
 
 
-def open_parquet(path: str, *, streaming: bool = False) -> pq.ParquetFile:
+def open_parquet(path: str, *, streaming: bool = False, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
     """`path` as a ParquetFile. streaming: column chunks are read in pieces of STREAM_BUFFER
     bytes as they are decoded, instead of a row group's chunks whole before the first value
     (pyarrow's pre-buffering): a reader that decodes a large row group a slice at a time holds
-    one piece per column, not the row group."""
+    one piece per column, not the row group. metadata: the file's footer, already read
+    (fingerprint.parse_footer): not read again."""
     options = {"buffer_size": STREAM_BUFFER, "pre_buffer": False} if streaming else {}
+    if metadata is not None:
+        options["metadata"] = metadata
     if is_local(path):
         return pq.ParquetFile(path, memory_map=False, **options)
     fs, codecs = _beam()
