@@ -23,7 +23,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401  (pa.parquet)
 
-from rescore.errors import NotFinishedOutputError
+from rescore.errors import NotFinishedOutputError, first_line
 from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
 
 OutputError = NotFinishedOutputError
@@ -113,7 +113,7 @@ def _read_table(path: str, columns: list[str] | None, storage_options: dict | No
     except (OSError, ValueError, pa.ArrowException, RuntimeError) as e:
         if isinstance(e, OutputError):
             raise
-        raise OutputError(f"{path}: the Delta table's files cannot be read ({_first_line(e)})") from None
+        raise OutputError(f"{path}: the Delta table's files cannot be read ({first_line(e)})") from None
     _check_rows(path, dt, table)
     return table.drop_columns(["batch"]) if read else table
 
@@ -177,13 +177,8 @@ def open_table(path: str, *, version: int | None = None, storage_options: dict |
     try:
         return DeltaTable(uri, version=version, storage_options=storage_options)
     except Exception as e:  # noqa: BLE001  (delta-rs raises DeltaError, its subclasses, OSError, ValueError...)
-        raise error(f"{path}: the Delta table cannot be read ({_first_line(e)}); its _delta_log is damaged or "
+        raise error(f"{path}: the Delta table cannot be read ({first_line(e)}); its _delta_log is damaged or "
                     "incomplete") from None
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 def _empty(columns: list[str] | None) -> pa.Table:
