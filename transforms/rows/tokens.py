@@ -11,7 +11,7 @@ import torch
 
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.schemas.lists import flat_list
-from rescore.transforms.device import to_device
+from rescore.transforms.rows.tensors import to_device
 from rescore.transforms.strategies.tokens import token_advantages, token_advantages_host
 
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
