@@ -44,6 +44,7 @@ from rescore.transforms.files.layout import (
     DELTA_LOG, FILTERED_FILES, INCREMENTAL_WORK, METRICS, REPORT_HTML, SCORED_FILES, report_chart,
 )
 from rescore.transforms.rows.metrics import MEAN_KEY, STD_KEY
+from rescore.transforms.rows.response import response_length_columns, response_lengths
 
 CHARTS = ("groups", "reward", "scores", "length", "sizes", "rejects", "difficulty")
 OPTIONAL_CHARTS = ("columns", "audit", "offpolicy")
@@ -150,16 +151,10 @@ def _numeric_scalar(t) -> bool:
 
 
 def _lengths(table) -> np.ndarray:
-    import pyarrow.compute as pc
-
-    names = table.column_names
-    for name in ("action_mask", "logprobs"):
-        if name in names:
-            return np.asarray(pc.list_value_length(table[name]).fill_null(0).to_numpy(), dtype=np.float64)
-    if "tokens" in names and "prompt_length" in names:
-        tokens = np.asarray(pc.list_value_length(table["tokens"]).fill_null(0).to_numpy(), dtype=np.float64)
-        return tokens - np.asarray(table["prompt_length"].fill_null(0).to_numpy(), dtype=np.float64)
-    return np.full(table.num_rows, np.nan)
+    """(n,) response tokens of each row (rows/response.py's rule), NaN without a column to count."""
+    if not response_length_columns(table.column_names):
+        return np.full(table.num_rows, np.nan)
+    return np.asarray(response_lengths(table)[0], dtype=np.float64)
 
 
 def _read(paths: list[str], wanted: list[str]):
@@ -187,8 +182,7 @@ def read_run(output: str) -> RunData:
         schema = table.schema
     if scored or table is not None:
         extra = [f.name for f in schema if f.name not in KNOWN_COLUMNS and _numeric_scalar(f.type)]
-        length_cols = [n for n in ("action_mask", "logprobs", "tokens", "prompt_length") if n in schema.names]
-        length_cols = length_cols[:1] if length_cols and length_cols[0] != "tokens" else length_cols
+        length_cols = response_length_columns(schema.names)
         wanted = ["batch", "task", "reward", "score", "copy_index", *length_cols, *extra, *AUDIT]
         if table is None:
             table = _read(scored, wanted)
