@@ -32,8 +32,8 @@ from rescore.user_code import load_function
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import GroupFilterParams
 from rescore.transforms.strategies.segments import group_stats, per_row
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
 
-OPTIONAL = "@optional:"
 _LOADED: dict[str, Callable[[dict[str, Any]], Any]] = {}
 
 
