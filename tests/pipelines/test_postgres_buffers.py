@@ -184,7 +184,7 @@ def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch
         conn.exec_driver_sql("CREATE SEQUENCE probe_seq")
     rows = _small_buffer(pg, "probe_src2")
     monkeypatch.setattr(config, "table_name_problem", lambda *a, **k: None)
-    monkeypatch.setattr(sql_buffer, "table_name_problem", lambda *a, **k: None)
+    monkeypatch.setattr(sql_database, "table_name_problem", lambda *a, **k: None)
     doc = run(["--input", pg, "--input-table", "probe_src2", "--strategy", "grpo", "--output", str(tmp_path / "o"),
                "--output-db", pg, "--output-table", PROBE, "--quiet", RUNNER])
     assert doc["buffer"]["rows"] == rows

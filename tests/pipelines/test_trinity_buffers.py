@@ -134,7 +134,7 @@ def test_id_ranges_cover_every_id_once():
 # --- reading a buffer --------------------------------------------------------------------------
 
 def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore, monkeypatch):
-    monkeypatch.setattr(sql_buffer, "STAGE_ROWS", 3)  # several row groups per staged range
+    monkeypatch.setattr(sql_database, "STAGE_ROWS", 3)  # several row groups per staged range
     url = _sample_buffer(tmp_path / "buffer.db", batches=2, tasks=5, runs=4)
     plan = sql_database.plan_source(url, "experience", 7)
     assert plan.rows == 40 and len(plan.ranges) == 6

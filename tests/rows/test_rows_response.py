@@ -27,7 +27,7 @@ def test_nulls_and_tables_without_a_column_to_count():
 
 
 def test_the_report_counts_with_the_same_rule():
-    from rescore.pipelines.report import _lengths
+    from rescore.pipelines.report_data import _lengths
 
     table = pa.table({"tokens": [[1, 2, 3, 4]], "prompt_length": [1]})
     assert _lengths(table).tolist() == [3.0]
