@@ -99,3 +99,10 @@ def first_line(error: BaseException | str, *, limit: int | None = None, blank: s
     if line is None:
         return blank if blank is not None else type(error).__name__
     return line[:limit] if limit is not None else line
+
+
+def last_line(error: BaseException) -> str:
+    """The last non-blank line of an error's message, stripped (a runner's wrapped error ends with
+    the step's own), or the error's class name: what `pipeline failed: ...` quotes."""
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    return lines[-1] if lines else type(error).__name__

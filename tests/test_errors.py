@@ -86,6 +86,8 @@ def test_first_line_is_the_first_non_blank_line_or_the_class_name():
     assert errors.first_line(KeyError()) == "KeyError"
     assert errors.first_line(RuntimeError(" \n"), blank="") == ""
     assert errors.first_line("plain text\nmore") == "plain text"
+    assert errors.last_line(RuntimeError("wrapped by the runner\n  the step's own error \n\n")) == "the step's own error"
+    assert errors.last_line(ValueError()) == "ValueError"
 
 
 def test_one_loader_for_module_function_specs(tmp_path, monkeypatch):
@@ -108,3 +110,17 @@ def test_one_loader_for_module_function_specs(tmp_path, monkeypatch):
             with pytest.raises(cls) as e:
                 load(spec)
             assert str(e.value) == message
+
+
+@pytest.mark.parametrize("module, words", [("export", "export failed"), ("task_stats", "pipeline failed")])
+def test_subcommands_quote_the_last_line_of_an_unexpected_error(module, words, monkeypatch, capsys):
+    import importlib
+
+    command = importlib.import_module(f"rescore.pipelines.{module}")
+
+    def run(argv):
+        raise RuntimeError("Traceback of the runner\n  ...\nKeyError: 'the step's own'\n")
+
+    monkeypatch.setattr(command, "run", run)
+    assert command.main([]) == 1
+    assert capsys.readouterr().err == f"rescore: error: {words}: KeyError: 'the step's own'\n"
