@@ -12,7 +12,7 @@ import os
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from rescore.errors import ConfigError
+from rescore.errors import ConfigError, first_line
 from rescore.pipelines.options import parser as _parser
 
 log = logging.getLogger("rescore.pipelines.config")
@@ -62,7 +62,7 @@ def _import_runner_options(args: list[str]) -> str | None:
     try:
         importlib.import_module(path.rsplit(".", 1)[0])
     except Exception as e:  # a missing extra (dask, ...): the option stays unknown, and we say why
-        return f"{type(e).__name__}: {e}".splitlines()[0]
+        return f"{type(e).__name__}: {first_line(e, blank='')}"
     return None
 
 

@@ -236,8 +236,7 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
         return EXIT_FAILED
     except Exception as e:  # a pipeline failure: one line here, the traceback at DEBUG
         log.debug("pipeline failed", exc_info=True)
-        last = [line for line in str(e).strip().splitlines() if line.strip()]
-        print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
+        print(f"rescore: error: pipeline failed: {errors.last_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     if held is not None:
         held.flush_to(sys.stderr)

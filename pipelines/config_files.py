@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from rescore.errors import ConfigError
+from rescore.errors import ConfigError, first_line
 from rescore.pipelines.options import check_config
 
 
@@ -54,7 +54,7 @@ def load_yaml(path: str) -> dict[str, Any]:
             f"cannot read config {given}: {e.strerror}" + (f" (shipped configs: {shipped}; `rescore configs` lists them)" if shipped else "")
         ) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"config {path} is not valid YAML: {first_line(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping of keys to values")
     check_config(path, data)

@@ -24,7 +24,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rescore.errors import ConfigError, InputError, NotFinishedOutputError
+from rescore.errors import ConfigError, InputError, NotFinishedOutputError, last_line
 from rescore.transforms.files.layout import SUCCESS
 from rescore.transforms.rows import export as ex
 
@@ -151,8 +151,7 @@ def main(argv: list[str]) -> int:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (one line; nothing was published)
-        last = [line for line in str(e).strip().splitlines() if line.strip()]
-        print(f"rescore: error: export failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
+        print(f"rescore: error: export failed: {last_line(e)}", file=sys.stderr)
         return 1
     if "--quiet" not in argv:
         rows = ", ".join(f"{v:,} {k}" for k, v in doc["rows"].items() if v)

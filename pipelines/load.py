@@ -21,7 +21,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401  (pa.parquet)
 
-from rescore.errors import NotFinishedOutputError
+from rescore.errors import NotFinishedOutputError, first_line
 from rescore.transforms.files.delta_table import (
     LEGACY_MANIFEST,
     batch_counts,
@@ -117,7 +117,7 @@ def _read_table(path: str, columns: list[str] | None, storage_options: dict | No
     except (OSError, ValueError, pa.ArrowException, RuntimeError) as e:
         if isinstance(e, OutputError):
             raise
-        raise OutputError(f"{path}: the Delta table's files cannot be read ({_first_line(e)})") from None
+        raise OutputError(f"{path}: the Delta table's files cannot be read ({first_line(e)})") from None
     _check_rows(path, dt, table)
     return table.drop_columns(["batch"]) if read else table
 
@@ -137,9 +137,6 @@ def _check_rows(path: str, dt, table: pa.Table) -> None:
         raise OutputError(problem)
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 def _empty(columns: list[str] | None) -> pa.Table:

@@ -28,11 +28,11 @@ def write_trinity_sqlite(table: pa.Table, path: str, name: str) -> str:
 
 def write_trinity_buffer(table: pa.Table, url: str, name: str) -> str:
     """The rows as experiences of buffer `name` in database `url` (ids 1..n, TRXP blobs)."""
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
     from rescore.transforms.rows import trinity_format as trxp
 
-    eng = sql_buffer.engine(url, must_exist=False)
-    meta, blob = sql_buffer.tables(name)
+    eng = sql_database.engine(url, must_exist=False)
+    meta, blob = sql_database.tables(name)
     meta.metadata.create_all(eng)
     metas, blobs = [], []
     for i, row in enumerate(table.to_pylist(), start=1):
@@ -52,7 +52,7 @@ def write_trinity_buffer(table: pa.Table, url: str, name: str) -> str:
         conn.execute(meta.insert(), metas)
         conn.execute(blob.insert(), blobs)
     eng.dispose()
-    return f"wrote {len(metas)} experiences to the Trinity buffer {name!r} in {sql_buffer.safe_url(url)}"
+    return f"wrote {len(metas)} experiences to the Trinity buffer {name!r} in {sql_database.safe_url(url)}"
 
 
 def write_verl_rollouts(table: pa.Table, directory: str) -> str:

@@ -18,6 +18,7 @@ import sys
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.errors import first_line
 from rescore.transforms.files import storage
 from rescore.transforms.files.layout import METRICS
 
@@ -130,8 +131,7 @@ def main(argv: list[str]) -> int:
         print(f"rescore: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (whatever a damaged output makes a library raise: one line, exit 1)
-        last = [line.strip() for line in str(e).splitlines() if line.strip()]
-        print(f"rescore: error: {args.path}: cannot be described ({last[0] if last else type(e).__name__})",
+        print(f"rescore: error: {args.path}: cannot be described ({first_line(e)})",
               file=sys.stderr)
         return 1
     try:

@@ -109,11 +109,11 @@ def _remove_source(path: str) -> None:
 
 
 def _stage_buffer(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_buffer, sql_database
 
-    plan = sql_buffer.plan_source(cfg.inputs[0], cfg.input_table, cfg.shard_rows)
+    plan = sql_database.plan_source(cfg.inputs[0], cfg.input_table, cfg.shard_rows)
     _run_pipeline(cfg, lambda p: p | "StageBuffer" >> sql_buffer.StageBuffer(plan, directory))
-    info = {"format": "trinity-sql", "url": sql_buffer.safe_url(plan.url), "table": plan.table, "rows": plan.rows,
+    info = {"format": "trinity-sql", "url": sql_database.safe_url(plan.url), "table": plan.table, "rows": plan.rows,
             "id_ranges": len(plan.ranges)}
     return storage.list_dir(directory, "*.parquet"), info
 
@@ -139,7 +139,7 @@ def _stage_verl(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, An
 
 def _check_parquet_sink(cfg: RunConfig) -> None:
     """Plain Parquet in, buffer out: the input must carry token ids (checked before the run)."""
-    from rescore.transforms import sql_buffer
+    from rescore.transforms.rows import trinity_rows
 
     files = sorted({p for pattern in cfg.inputs for p, _ in storage.match(pattern)})
     for path in files:  # every file: one without token ids would fail the insert after the run
@@ -148,13 +148,14 @@ def _check_parquet_sink(cfg: RunConfig) -> None:
         except Exception:  # noqa: BLE001  (an unreadable file is the input check's to report)
             continue
         try:
-            sql_buffer.sink_columns(schema)
+            trinity_rows.sink_columns(schema)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
 
 
 def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_buffer, sql_database
+    from rescore.transforms.rows import trinity_rows
 
     files = sorted(storage.list_dir(cfg.output, SCORED_FILES))
     placed, first_id = [], 1
@@ -162,30 +163,30 @@ def _write_buffer(cfg: RunConfig) -> dict[str, Any]:
     for path in files:
         pf = storage.open_parquet(path)
         try:
-            found = sql_buffer.sink_columns(pf.schema_arrow)  # every file (checked before the run too)
+            found = trinity_rows.sink_columns(pf.schema_arrow)  # every file (checked before the run too)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
         columns = (columns or []) + [c for c in found if c not in (columns or [])]
         if pf.metadata.num_rows:
             placed.append((path, first_id))
             first_id += pf.metadata.num_rows
-    token = sql_buffer.new_token()
+    token = sql_database.new_token()
     try:
-        sql_buffer.prepare_staging(cfg.output_db, cfg.output_table, token)
+        sql_database.prepare_staging(cfg.output_db, cfg.output_table, token)
         if placed:
             _run_pipeline(cfg, lambda p: p | "WriteBuffer" >> sql_buffer.InsertScored(
                 placed, cfg.output_db, cfg.output_table, token, columns or []))
         else:
             log.warning("no scored rows: the buffer %s is written empty", cfg.output_table)
-        rows = sql_buffer.commit_staging(cfg.output_db, cfg.output_table, token, cfg.overwrite)
+        rows = sql_database.commit_staging(cfg.output_db, cfg.output_table, token, cfg.overwrite)
     finally:  # committed: renamed away, nothing to drop; failed: no staging table is left
         try:
-            sql_buffer.drop_staging(cfg.output_db, cfg.output_table, token)
+            sql_database.drop_staging(cfg.output_db, cfg.output_table, token)
         except Exception as e:  # noqa: BLE001  (the write's own error is the one to report)
             log.warning("could not drop the staging tables of %s: %s", cfg.output_table, e)
     if rows != first_id - 1:  # pragma: no cover - the commit counts what the workers inserted
         raise RuntimeError(f"buffer {cfg.output_table} holds {rows} rows, the scored files {first_id - 1}")
-    return {"url": sql_buffer.safe_url(cfg.output_db), "table": cfg.output_table, "rows": rows}
+    return {"url": sql_database.safe_url(cfg.output_db), "table": cfg.output_table, "rows": rows}
 
 
 def _withdraw_success(output: str) -> None:
@@ -207,9 +208,9 @@ def staged(cfg: RunConfig) -> Iterator[tuple[RunConfig, dict[str, Any]]]:
 
     build_chain(cfg.strategies, cfg.params)  # a bad strategy or parameter: exit 2 before anything is staged
     if cfg.output_db:
-        from rescore.transforms import sql_buffer
+        from rescore.transforms import sql_database
 
-        sql_buffer.check_sink(cfg.output_db, cfg.output_table, cfg.overwrite)
+        sql_database.check_sink(cfg.output_db, cfg.output_table, cfg.overwrite)
         if not cfg.input_table and cfg.input_format == "parquet":
             _check_parquet_sink(cfg)
     inner, info = cfg, {}

@@ -38,7 +38,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rescore.errors import RUN_FAILURES, ConfigError, InputError
+from rescore.errors import RUN_FAILURES, ConfigError, InputError, last_line
 from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
 from rescore.transforms.files.layout import STAGING as RUN_STAGING
 from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS, TASK_STATS_VIEW
@@ -415,8 +415,7 @@ def main(argv: list[str]) -> int:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001  (a pipeline failure: one line; nothing was published)
-        last = [line for line in str(e).strip().splitlines() if line.strip()]
-        print(f"rescore: error: pipeline failed: {last[-1] if last else type(e).__name__}", file=sys.stderr)
+        print(f"rescore: error: pipeline failed: {last_line(e)}", file=sys.stderr)
         return 1
     if "--quiet" not in argv and doc.get("incremental"):
         if doc.get("nothing_new"):

@@ -87,3 +87,22 @@ USER_ERRORS = (ConfigError, SchemaError, InputError, OutputError, LockBusy)
 
 RUN_FAILURES = (RejectBudgetExceeded, ConflictError)
 """Exit 1 with the error's own line (any other exception is exit 1 as `pipeline failed: ...`)."""
+
+
+def first_line(error: BaseException | str, *, limit: int | None = None, blank: str | None = None) -> str:
+    """The first non-blank line of an error's message, stripped and cut to `limit` characters:
+    what a one-line message quotes of an error it did not write (a database driver's, a
+    parser's, a user function's). A message with no such line gives `blank`, by default the
+    error's class name."""
+    text = error if isinstance(error, str) else str(error)
+    line = next((x.strip() for x in text.splitlines() if x.strip()), None)
+    if line is None:
+        return blank if blank is not None else type(error).__name__
+    return line[:limit] if limit is not None else line
+
+
+def last_line(error: BaseException) -> str:
+    """The last non-blank line of an error's message, stripped (a runner's wrapped error ends with
+    the step's own), or the error's class name: what `pipeline failed: ...` quotes."""
+    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    return lines[-1] if lines else type(error).__name__

@@ -117,6 +117,18 @@ SCORE_FIELDS = (
     pa.field("score", pa.float32()),
 )
 
+AUDIT_FIELDS = [
+    pa.field("group_size", pa.int64()),
+    pa.field("group_reward_mean", pa.float64()),
+    pa.field("group_reward_std", pa.float64()),
+    pa.field("batch_reward_std", pa.float64()),
+    pa.field("baseline", pa.float64()),
+]
+"""The audit columns of scored rows (--audit-columns, docs/output.md; computed in rows/audit.py)."""
+AUDIT_NAMES = [f.name for f in AUDIT_FIELDS]
+FILTER_REASON = "filter_reason"
+"""The column of filtered-*.parquet that says why a row was filtered (--keep-filtered)."""
+
 
 def _columns_hint(name: str, names: list[str]) -> str:
     """" (the file has 'rewards': should it be named 'reward'?); the file's columns: ...": what the file has instead."""

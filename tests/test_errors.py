@@ -69,7 +69,8 @@ def test_hierarchy_and_exit_status_groups():
     assert cli.USER_ERRORS is errors.USER_ERRORS
 
 
-@pytest.mark.parametrize("module", ["rescore.errors", "rescore.transforms.files.layout", "rescore.transforms.fault_injection"])
+@pytest.mark.parametrize("module", ["rescore.errors", "rescore.user_code", "rescore.transforms.files.layout",
+                                    "rescore.transforms.fault_injection"])
 def test_errors_names_and_hooks_import_nothing_heavy(module):
     """Whatever imports them (rescore.load_scored, `rescore show`) stays free of Beam and torch."""
     code = (f"import sys, {module}; "
@@ -77,3 +78,49 @@ def test_errors_names_and_hooks_import_nothing_heavy(module):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_first_line_is_the_first_non_blank_line_or_the_class_name():
+    assert errors.first_line(ValueError("\n  bad thing  \nat line 3")) == "bad thing"
+    assert errors.first_line(OSError("x" * 500), limit=300) == "x" * 300
+    assert errors.first_line(KeyError()) == "KeyError"
+    assert errors.first_line(RuntimeError(" \n"), blank="") == ""
+    assert errors.first_line("plain text\nmore") == "plain text"
+    assert errors.last_line(RuntimeError("wrapped by the runner\n  the step's own error \n\n")) == "the step's own error"
+    assert errors.last_line(ValueError()) == "ValueError"
+
+
+def test_one_loader_for_module_function_specs(tmp_path, monkeypatch):
+    """--reward-fn and --group-filter load 'module:function' with one loader: the same one-line
+    errors (a module whose import raises a many-line error is quoted by its first line; the
+    verifier quoted the whole message before)."""
+    from rescore.transforms.strategies.user_filter import load_group_filter
+    from rescore.transforms.verifier import load_reward_fn
+    from rescore.user_code import load_function
+
+    (tmp_path / "noisy_user_mod.py").write_text("raise RuntimeError('first\\nsecond\\nthird')\n")
+    (tmp_path / "fine_user_mod.py").write_text("def f(reward):\n    return reward\nx = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_function("fine_user_mod:f", "--flag")(reward=2) == 2
+    for load, flag, cls in ((load_reward_fn, "--reward-fn", errors.ModelConfigError),
+                            (load_group_filter, "--group-filter", errors.ConfigError)):
+        for spec, message in (("noisy_user_mod:f", f"{flag} noisy_user_mod:f: cannot import noisy_user_mod (RuntimeError: first)"),
+                              ("fine_user_mod:x", f"{flag} fine_user_mod:x: fine_user_mod has no function 'x'"),
+                              ("fine_user_mod", f"{flag} expects module:function, got 'fine_user_mod'")):
+            with pytest.raises(cls) as e:
+                load(spec)
+            assert str(e.value) == message
+
+
+@pytest.mark.parametrize("module, words", [("export", "export failed"), ("task_stats", "pipeline failed")])
+def test_subcommands_quote_the_last_line_of_an_unexpected_error(module, words, monkeypatch, capsys):
+    import importlib
+
+    command = importlib.import_module(f"rescore.pipelines.{module}")
+
+    def run(argv):
+        raise RuntimeError("Traceback of the runner\n  ...\nKeyError: 'the step's own'\n")
+
+    monkeypatch.setattr(command, "run", run)
+    assert command.main([]) == 1
+    assert capsys.readouterr().err == f"rescore: error: {words}: KeyError: 'the step's own'\n"

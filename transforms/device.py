@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from rescore.errors import DeviceError
+from rescore.transforms.rows.tensors import to_device  # noqa: F401  (the shells' import; the row layer's home)
 
 if TYPE_CHECKING:
     import torch
@@ -47,14 +46,3 @@ def resolve(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A numpy array as a tensor on `device`: zero-copy on the CPU, one pinned-memory copy to a
-    GPU."""
-    import torch
-
-    if not array.flags.writeable:  # Arrow hands out read-only views; torch warns on those
-        array = array.copy()
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cpu":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rescore.errors import ModelConfigError
+from rescore.errors import ModelConfigError, first_line
 
 INSTALL_HINT = "pip install 'rescore[models]' (transformers)"
 
@@ -74,8 +74,7 @@ def check_model_dir(path: str, flag: str) -> Any:
     try:
         return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, KeyError for bad dirs
-        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ModelConfigError(f"{flag} {path}: not a Hugging Face model directory ({first})") from None
+        raise ModelConfigError(f"{flag} {path}: not a Hugging Face model directory ({first_line(e)})") from None
 
 
 @dataclass(frozen=True)

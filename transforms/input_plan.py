@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rescore.errors import InputError
+from rescore.errors import InputError, first_line
 from rescore.schemas import SchemaError, unify, validate_file_schema
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
@@ -64,17 +64,12 @@ class InputPlan:
         return sum(u.num_rows for u in self.units)
 
 
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
-
-
 def _footer(path: str, metadata=None):
     try:
         pf = storage.open_parquet(path, metadata=metadata)
         return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
-        raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        raise InputError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
 
 
 RANGE_CHECKED_IDS = ("batch", "task", "run", "step", "prompt_length")
@@ -136,7 +131,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
             try:
                 planned = fingerprints.take(path)
             except OSError as e:
-                raise InputError(f"{path}: cannot be read ({e.strerror or _first_line(e)})") from None
+                raise InputError(f"{path}: cannot be read ({e.strerror or first_line(e)})") from None
             metadata = None
         schema, counts = _footer(path, metadata)
         warnings = validate_file_schema(path, schema, needs=needs)
@@ -148,7 +143,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
             except InputError:
                 raise
             except Exception as e:  # noqa: BLE001  (pyarrow raises several types for broken pages)
-                raise InputError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+                raise InputError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
         try:
             if given is None:  # given: the fingerprint and the footer come from one read
                 fingerprints.verify(path, planned)

@@ -26,6 +26,7 @@ import torch
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 
+from rescore.errors import first_line
 from rescore.schemas import check_rows
 from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
@@ -74,8 +75,9 @@ def plan_with_models(plan: InputPlan, options: ModelOptions, staging: str) -> tu
             try:
                 inference.require_transformers().AutoTokenizer.from_pretrained(options.tokenizer, local_files_only=True)
             except Exception as e:
-                first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-                raise inference.ModelConfigError(f"--tokenizer {options.tokenizer}: cannot load a tokenizer ({first})") from None
+                raise inference.ModelConfigError(
+                    f"--tokenizer {options.tokenizer}: cannot load a tokenizer ({first_line(e)})"
+                ) from None
     known = [c for c in contexts if c is not None]
     units = tuple(replace(u, model_file=side_file(staging, u.index)) for u in plan.units)
     extended = replace(plan, units=units, schema=extend_schema(plan.schema, options.columns))

@@ -14,7 +14,8 @@ import pyarrow as pa
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
 from rescore.transforms.files.row_group_slices import SliceDecoders
-from rescore.transforms.input_plan import ReadUnit, _first_line
+from rescore.transforms.input_plan import ReadUnit
+from rescore.errors import first_line
 from rescore.transforms.rows.model_columns import join_model_columns
 
 
@@ -42,9 +43,9 @@ def read_unit(
         else:
             table = _decode_slice(pf, unit, pf.schema_arrow.names if columns is None else columns, slices or SliceDecoders())
     except OSError as e:
-        raise OSError(f"{unit.path}: cannot read {unit.where()}: {_first_line(e)}") from e
+        raise OSError(f"{unit.path}: cannot read {unit.where()}: {first_line(e)}") from e
     except (pa.ArrowException, ValueError) as e:
-        raise ValueError(f"{unit.path}: corrupt data in {unit.where()}: {_first_line(e)}") from e
+        raise ValueError(f"{unit.path}: corrupt data in {unit.where()}: {first_line(e)}") from e
     if unit.fingerprint is not None:  # a write during the read shows in stat()
         fingerprints.same_stat(unit.path, unit.fingerprint)
     if table.num_rows != unit.num_rows:

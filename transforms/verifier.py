@@ -13,7 +13,6 @@ parent is gone (killed, os._exit) leaves on its own: it watches its parent's pid
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import os
@@ -28,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from rescore.errors import ModelConfigError
+from rescore.errors import ModelConfigError, first_line
+from rescore.user_code import load_function
 
 REWARD_FN_ARGS = ("prompt_tokens", "response_tokens", "prompt", "response", "reward", "batch", "task", "run", "step")
 """What a --reward-fn may take, by parameter name."""
@@ -51,16 +51,7 @@ class RewardFn:
 
 def load_reward_fn(spec: str) -> RewardFn:
     """'package.module:function' -> RewardFn; ModelConfigError with the reason otherwise."""
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ModelConfigError(f"--reward-fn expects module:function, got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise ModelConfigError(f"--reward-fn {spec}: cannot import {module_name} ({type(e).__name__}: {e})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ModelConfigError(f"--reward-fn {spec}: {module_name} has no function {name!r}")
+    fn = load_function(spec, "--reward-fn", ModelConfigError)
     params = inspect.signature(fn).parameters
     unknown = [p for p, v in params.items() if p not in REWARD_FN_ARGS and v.default is inspect.Parameter.empty
                and v.kind not in (v.VAR_KEYWORD, v.VAR_POSITIONAL)]
@@ -79,7 +70,7 @@ def call_reward_fn(reward_fn: RewardFn, values: dict[str, Any]) -> tuple[float |
     try:
         result = reward_fn.fn(**{k: values[k] for k in reward_fn.args})
     except Exception as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        first = first_line(e, blank="")
         return None, f"model_reward: reward_fn {reward_fn.spec} raised {type(e).__name__}{': ' + first if first else ''}"
     if isinstance(result, bool) or not isinstance(result, (int, float, np.floating, np.integer)):
         return None, f"model_reward: reward_fn {reward_fn.spec} returned {type(result).__name__}, not a number"

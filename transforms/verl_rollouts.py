@@ -31,7 +31,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from rescore.errors import LineError
+from rescore.errors import LineError, first_line
 from rescore.transforms.files import storage
 
 FORMAT = "verl-rollouts"
@@ -136,7 +136,7 @@ def parse_line(path: str, number: int, raw: bytes, terminated: bool = True) -> d
         except ValueError as e:
             if not terminated:
                 raise truncated from None
-            raise LineError(f"bad_json: line {number} is not JSON ({str(e).splitlines()[0][:120]})") from None
+            raise LineError(f"bad_json: line {number} is not JSON ({first_line(e, limit=120)})") from None
         if not isinstance(entry, dict):
             raise LineError(f"bad_json: line {number} is a JSON {type(entry).__name__}, not an object")
         missing = [k for k in ("input", "output", "score", "step") if k not in entry]

@@ -102,11 +102,11 @@ def parquet_door(table, work, parts=None):
 
 def write_buffer(table, url, name="experience"):
     """The rows as a Trinity buffer, as Trinity's writer stores them (task_id text, eid in the blob)."""
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
     from rescore.transforms.rows import trinity_format as trxp
 
-    eng = sql_buffer.engine(url, must_exist=False)
-    meta, blob = sql_buffer.tables(name)
+    eng = sql_database.engine(url, must_exist=False)
+    meta, blob = sql_database.tables(name)
     meta.metadata.create_all(eng)
     metas, blobs = [], []
     for i, row in enumerate(table.to_pylist(), start=1):

@@ -60,7 +60,7 @@ def test_unreachable_outputs_are_refused_before_anything_runs(sample, tmp_path):
 
 @pytest.mark.parametrize("name", ["x" * 58, "Select", "_t9"])
 def test_sqlite_buffer_names_up_to_58_characters_and_reserved_words(sample, tmp_path, rescore, name):
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
 
     d, rows = sample
     url = f"sqlite:///{tmp_path}/scored.db"
@@ -71,19 +71,19 @@ def test_sqlite_buffer_names_up_to_58_characters_and_reserved_words(sample, tmp_
     assert names == {name, f"{name}_blob"}
     assert con.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0] == rows
     con.close()
-    assert sql_buffer.staging_names(name, "ab12")[0].startswith(sql_buffer.STAGING_PREFIX)
-    assert max(len(n) for n in sql_buffer.staging_names(name, sql_buffer.new_token())) + len("ix__model_version") <= 63
+    assert sql_database.staging_names(name, "ab12")[0].startswith(sql_database.STAGING_PREFIX)
+    assert max(len(n) for n in sql_database.staging_names(name, sql_database.new_token())) + len("ix__model_version") <= 63
 
 
 def test_staging_names_fit_postgresql_and_leftovers_of_older_versions_are_found():
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
 
-    a, b = sql_buffer.staging_names("x" * 58, "0123456789")
-    assert len(a) <= 40 and b == a + "_blob" and a != sql_buffer.staging_names("x" * 57, "0123456789")[0]
-    names = [a, b, "x" * 58 + "__rescore_0123456789", "other", sql_buffer.staging_names("y", "0123456789")[0]]
-    assert sql_buffer._leftover_staging("x" * 58, names) == names[:3]
+    a, b = sql_database.staging_names("x" * 58, "0123456789")
+    assert len(a) <= 40 and b == a + "_blob" and a != sql_database.staging_names("x" * 57, "0123456789")[0]
+    names = [a, b, "x" * 58 + "__rescore_0123456789", "other", sql_database.staging_names("y", "0123456789")[0]]
+    assert sql_database._leftover_staging("x" * 58, names) == names[:3]
     with pytest.raises(ValueError):
-        sql_buffer.staging_names("t", "'; DROP TABLE t; --")
+        sql_database.staging_names("t", "'; DROP TABLE t; --")
 
 
 def test_a_retried_insert_of_a_file_does_not_double_its_rows(sample, tmp_path):
@@ -91,7 +91,8 @@ def test_a_retried_insert_of_a_file_does_not_double_its_rows(sample, tmp_path):
     inserted again, so the buffer holds each row once (before: a duplicate key failed the run)."""
     import apache_beam as beam  # noqa: F401  (the DoFn module imports it)
 
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_buffer, sql_database
+    from rescore.transforms.rows import trinity_rows
 
     d, rows = sample
     scored = tmp_path / "scored.parquet"
@@ -102,12 +103,12 @@ def test_a_retried_insert_of_a_file_does_not_double_its_rows(sample, tmp_path):
     adv = [list(np.zeros(len(m), np.float32)) for m in table["action_mask"].to_pylist()]
     pq.write_table(table.append_column("advantages", pa.array(adv, pa.list_(pa.float32()))), str(scored))
     url = f"sqlite:///{tmp_path}/buf.db"
-    token = sql_buffer.new_token()
-    sql_buffer.prepare_staging(url, "exp", token)
-    columns = sql_buffer.sink_columns(pq.read_schema(str(scored)))
+    token = sql_database.new_token()
+    sql_database.prepare_staging(url, "exp", token)
+    columns = trinity_rows.sink_columns(pq.read_schema(str(scored)))
     fn = sql_buffer._InsertFile(url, "exp", token, columns)
     fn.setup()
     assert list(fn.process((str(scored), 1))) == [rows]
     assert list(fn.process((str(scored), 1))) == [rows]  # the retry
     fn.teardown()
-    assert sql_buffer.commit_staging(url, "exp", token, overwrite=False) == rows
+    assert sql_database.commit_staging(url, "exp", token, overwrite=False) == rows

@@ -45,9 +45,9 @@ def pg(tmp_path_factory):
 
 
 def _engine(url):
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
 
-    return sql_buffer.engine(url)
+    return sql_database.engine(url)
 
 
 def test_postgres_source_and_sink(pg, tmp_path):
@@ -56,7 +56,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     from rescore.pipelines.cli import run
     from rescore.pipelines.sample import make_experience
     from rescore.pipelines.sample_formats import write_trinity_buffer
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
     from rescore.transforms.rows import trinity_format as trxp
 
     table = make_experience(batches=2, tasks=4, runs=4, seed=3)
@@ -69,7 +69,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     expected = reference.rescore(scored, "grpo")["scored"]  # (batch, task, run, step) -> (score, advantages)
 
     eng = _engine(pg)
-    meta, blob = sql_buffer.tables("rescored")
+    meta, blob = sql_database.tables("rescored")
     with eng.connect() as conn:
         rows = conn.execute(sa.select(meta.c.id, meta.c.task_id, meta.c.run_id, meta.c.reward, blob.c.experience_bytes)
                             .join(blob, blob.c.id == meta.c.id).order_by(meta.c.id)).all()
@@ -176,7 +176,7 @@ def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch
 
     from rescore.pipelines import config
     from rescore.pipelines.cli import run
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
 
     eng = _engine(pg)
     with eng.begin() as conn:
@@ -184,14 +184,14 @@ def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch
         conn.exec_driver_sql("CREATE SEQUENCE probe_seq")
     rows = _small_buffer(pg, "probe_src2")
     monkeypatch.setattr(config, "table_name_problem", lambda *a, **k: None)
-    monkeypatch.setattr(sql_buffer, "table_name_problem", lambda *a, **k: None)
+    monkeypatch.setattr(sql_database, "table_name_problem", lambda *a, **k: None)
     doc = run(["--input", pg, "--input-table", "probe_src2", "--strategy", "grpo", "--output", str(tmp_path / "o"),
                "--output-db", pg, "--output-table", PROBE, "--quiet", RUNNER])
     assert doc["buffer"]["rows"] == rows
     assert not _probe_called(pg)
     names = set(sa.inspect(eng).get_table_names())
-    assert {PROBE, PROBE + "_blob"} <= names and not any(n.startswith(sql_buffer.STAGING_PREFIX) for n in names)
-    meta, _ = sql_buffer.tables(PROBE)
+    assert {PROBE, PROBE + "_blob"} <= names and not any(n.startswith(sql_database.STAGING_PREFIX) for n in names)
+    meta, _ = sql_database.tables(PROBE)
     with eng.connect() as conn:
         new_id = conn.execute(meta.insert().values(task_id="x", run_id=0, reward=0.0).returning(meta.c.id)).scalar()
         conn.rollback()
@@ -206,17 +206,17 @@ def test_long_and_reserved_output_tables_are_written(pg, tmp_path, name):
     import sqlalchemy as sa
 
     from rescore.pipelines.cli import run
-    from rescore.transforms import sql_buffer
+    from rescore.transforms import sql_database
 
     src = f"src_{len(name)}_{name.lower()}"[:30]
     rows = _small_buffer(pg, src)
     doc = run(["--input", pg, "--input-table", src, "--strategy", "grpo", "--output", str(tmp_path / "o"),
                "--output-db", pg, "--output-table", name, "--quiet", RUNNER])
-    assert doc["buffer"] == {"url": sql_buffer.safe_url(pg), "table": name, "rows": rows}
+    assert doc["buffer"] == {"url": sql_database.safe_url(pg), "table": name, "rows": rows}
     eng = _engine(pg)
     names = set(sa.inspect(eng).get_table_names())
-    assert {name, name + "_blob"} <= names and not any(n.startswith(sql_buffer.STAGING_PREFIX) for n in names)
-    meta, _ = sql_buffer.tables(name)
+    assert {name, name + "_blob"} <= names and not any(n.startswith(sql_database.STAGING_PREFIX) for n in names)
+    meta, _ = sql_database.tables(name)
     with eng.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(meta)).scalar() == rows
         new_id = conn.execute(meta.insert().values(task_id="x", run_id=0, reward=0.0).returning(meta.c.id)).scalar()

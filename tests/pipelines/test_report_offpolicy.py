@@ -11,7 +11,8 @@ import re
 import pyarrow as pa
 from data import SCHEMA_INT_TASK, random_rows, write_parquet
 
-from rescore.pipelines.report import OFFPOLICY_KEYS, _fmt, main, offpolicy_batches
+from rescore.pipelines.report import OFFPOLICY_KEYS, main, offpolicy_batches
+from rescore.pipelines.report_page import fmt as _fmt
 
 SCHEMA = SCHEMA_INT_TASK.append(pa.field("logprobs_original", pa.list_(pa.float32())))
 

@@ -23,7 +23,7 @@ from data import read_output
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rescore.transforms import sql_buffer  # noqa: E402
+from rescore.transforms import sql_database  # noqa: E402
 from rescore.transforms.rows import trinity_format as trxp  # noqa: E402
 
 
@@ -122,7 +122,7 @@ def test_legacy_and_garbage_blobs_are_refused():
 
 def test_id_ranges_cover_every_id_once():
     for lo, hi, count, shard in ((1, 100, 100, 7), (5, 5, 1, 10), (1, 10**6, 10, 3), (1, 9, 9, 100)):
-        ranges = sql_buffer.id_ranges(lo, hi, count, shard)
+        ranges = sql_database.id_ranges(lo, hi, count, shard)
         ids = [i for a, b in ranges for i in range(a, b)] if hi - lo < 10**5 else None
         assert ranges[0][0] == lo and ranges[-1][1] == hi + 1
         assert all(a < b for a, b in ranges) and all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))
@@ -134,9 +134,9 @@ def test_id_ranges_cover_every_id_once():
 # --- reading a buffer --------------------------------------------------------------------------
 
 def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore, monkeypatch):
-    monkeypatch.setattr(sql_buffer, "STAGE_ROWS", 3)  # several row groups per staged range
+    monkeypatch.setattr(sql_database, "STAGE_ROWS", 3)  # several row groups per staged range
     url = _sample_buffer(tmp_path / "buffer.db", batches=2, tasks=5, runs=4)
-    plan = sql_buffer.plan_source(url, "experience", 7)
+    plan = sql_database.plan_source(url, "experience", 7)
     assert plan.rows == 40 and len(plan.ranges) == 6
     doc, out = rescore(url, "--input-table", "experience", "--strategy", "grpo", "--shard-rows", "7")
     assert doc["source"] == {"format": "trinity-sql", "url": url, "table": "experience", "rows": 40, "id_ranges": 6}
@@ -332,7 +332,7 @@ def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescor
 
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
     out_url = f"sqlite:///{tmp_path}/scored.db"
-    real = sql_buffer.prepare_staging
+    real = sql_database.prepare_staging
 
     def racing(url_, table, token):
         real(url_, table, token)
@@ -341,7 +341,7 @@ def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescor
         con.commit()
         con.close()
 
-    monkeypatch.setattr(sql_buffer, "prepare_staging", racing)
+    monkeypatch.setattr(sql_database, "prepare_staging", racing)
     with pytest.raises(ConfigError, match="table 't' appeared .* during the run.*left without _SUCCESS"):
         rescore(url, "--input-table", "experience", "--strategy", "grpo", "--output-db", out_url, "--output-table", "t")
     out = tmp_path / "out"
@@ -436,10 +436,10 @@ def test_staged_schema_parquet_is_valid_input(tmp_path):
     from rescore.schemas import validate_file_schema
 
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=2, runs=2)
-    table = sql_buffer.read_range(url, "experience", 1, 100)
-    eng = sql_buffer.engine(url)
-    assert sql_buffer.stage_range(url, "experience", 1, 100, str(tmp_path / "s.parquet"), eng) == 4
-    assert sql_buffer.stage_range(url, "experience", 100, 200, str(tmp_path / "empty.parquet"), eng) == 0
+    table = sql_database.read_range(url, "experience", 1, 100)
+    eng = sql_database.engine(url)
+    assert sql_database.stage_range(url, "experience", 1, 100, str(tmp_path / "s.parquet"), eng) == 4
+    assert sql_database.stage_range(url, "experience", 100, 200, str(tmp_path / "empty.parquet"), eng) == 0
     eng.dispose()
     assert pq.read_table(tmp_path / "s.parquet").equals(table) and not (tmp_path / "empty.parquet").exists()
     assert not [n for n in os.listdir(tmp_path) if n.endswith('.tmp')]
@@ -467,11 +467,11 @@ def test_yaml_config_keys_and_flags(tmp_path):
 
 
 def test_async_driver_names_from_trinity_configs_map_to_sync_drivers():
-    assert sql_buffer._sync_driver("sqlite+aiosqlite") == "sqlite"
-    assert sql_buffer._sync_driver("postgresql+asyncpg") == "postgresql+psycopg"
-    assert sql_buffer._sync_driver("postgresql") == "postgresql+psycopg"
-    assert sql_buffer._sync_driver("mysql+pymysql") == "mysql+pymysql"
-    eng = sql_buffer.engine("sqlite+aiosqlite:///:memory:")
+    assert sql_database._sync_driver("sqlite+aiosqlite") == "sqlite"
+    assert sql_database._sync_driver("postgresql+asyncpg") == "postgresql+psycopg"
+    assert sql_database._sync_driver("postgresql") == "postgresql+psycopg"
+    assert sql_database._sync_driver("mysql+pymysql") == "mysql+pymysql"
+    eng = sql_database.engine("sqlite+aiosqlite:///:memory:")
     assert eng.dialect.driver == "pysqlite"
     eng.dispose()
 

@@ -27,3 +27,16 @@ def test_no_module_of_the_row_layer_imports_beam():
     expected = sorted(m.name for m in pkgutil.iter_modules([str(ROOT / "transforms" / "rows")]))
     assert found["modules"] == expected and {"keys", "groups", "copies", "tokens", "outcomes"} <= set(expected)
     assert found["beam"] == [], f"the row layer imports Beam: {found['beam'][:5]}"
+
+
+def test_sql_buffers_database_and_row_modules_import_neither_torch_nor_beam():
+    """transforms/sql_database.py (SQLAlchemy) and rows/trinity_rows.py (buffer rows <-> Arrow)
+    import neither Beam nor torch; only the Beam steps (sql_buffer.py) do, and a blob's tensors
+    load torch where they are decoded. No row module imports the Beam side's device.py."""
+    code = ("import json, sys\nimport rescore.transforms.sql_database, rescore.transforms.rows.trinity_rows\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'apache_beam'})))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    for path in (ROOT / "transforms" / "rows").glob("*.py"):
+        assert "transforms.device" not in path.read_text(encoding="utf-8"), path.name

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trinity_hostile as hostile
-from rescore.transforms import sql_buffer, verl_rollouts
+from rescore.transforms import sql_database, verl_rollouts
+from rescore.transforms.rows import trinity_rows
 from rescore.transforms.rows import trinity_format as trxp
 
 META = {"id": 7, "task_id": "t", "run_id": 0, "msg_id": "m", "model_version": 0, "reward": 1.0}
@@ -54,12 +55,12 @@ class _Watch:
 
 
 def _fits_staged_schema(row):
-    pa.Table.from_pylist([row], schema=sql_buffer.STAGED_SCHEMA)  # raises if any value does not fit
+    pa.Table.from_pylist([row], schema=trinity_rows.STAGED_SCHEMA)  # raises if any value does not fit
 
 
 def _row(meta, blob):
     with _Watch():
-        row = sql_buffer.row_columns(meta, blob)
+        row = trinity_rows.row_columns(meta, blob)
     _fits_staged_schema(row)
     return row
 
@@ -238,7 +239,7 @@ def test_no_decoder_can_run_code():
     import inspect
 
     banned = {"eval", "exec", "compile", "__import__", "loads", "load", "Unpickler", "literal_eval"}
-    for module in (trxp, verl_rollouts, sql_buffer):
+    for module in (trxp, verl_rollouts, trinity_rows, sql_database):
         tree = ast.parse(inspect.getsource(module))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):

@@ -74,3 +74,26 @@ def test_creating_a_strategy_loads_its_math():
         "s = create('grpo')\nprint(json.dumps([type(s).__module__, 'torch' in sys.modules]))"
     )
     assert out == [f"{strategies.__name__}.grpo", True]
+
+
+def test_light_row_features_are_declared_once():
+    """REINFORCE++'s discount sums, the n-gram ratio and the off-policy columns are named in
+    strategies/features.py alone; the strategies and the row layer (rows/keys.py) import them."""
+    from rescore.transforms.strategies import features
+
+    literals = ('"@discount:', '"@ngram_repeat:', '"@offpolicy:', '"discount_a"', '"discount_b"')
+    found = []
+    for folder in ("transforms", "pipelines", "schemas"):
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                path = os.path.join(base, name)
+                if name.endswith(".py") and path != features.__file__:
+                    text = open(path, encoding="utf-8").read()
+                    found += [f"{os.path.relpath(path, ROOT)}: {x}" for x in literals if x in text]
+    assert found == []
+    assert _imported("import json, sys\nimport rescore.transforms.strategies.features\n"
+                     "print(json.dumps(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))") == []
+    from rescore.transforms.strategies import create
+
+    need = create("reinforceplusplus", {"gamma": 0.9}).needs
+    assert need == (features.discount_need(0.9, "trinity"),) and features.discount_params(need[0]) == (0.9, "trinity")

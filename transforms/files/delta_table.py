@@ -24,18 +24,13 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from rescore.errors import ConflictError, InputError, NotFinishedOutputError, SchemaError
+from rescore.errors import ConflictError, InputError, NotFinishedOutputError, SchemaError, first_line
 from rescore.transforms.files import storage
 from rescore.transforms.files.layout import DELTA_LOG
 
 STATE_KEY = "rescore.state"
 STATE_VERSION = 2
 LEGACY_MANIFEST = "_manifest.json"
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 def table_uri(output: str) -> str:
@@ -87,7 +82,7 @@ def open_table(path: str, *, version: int | None = None, storage_options: dict |
     try:
         return DeltaTable(table_uri(path), version=version, storage_options=storage_options)
     except Exception as e:  # noqa: BLE001  (delta-rs raises DeltaError, its subclasses, OSError, ValueError...)
-        raise error(f"{path}: the Delta table cannot be read ({_first_line(e)}); its _delta_log is damaged or "
+        raise error(f"{path}: the Delta table cannot be read ({first_line(e)}); its _delta_log is damaged or "
                     "incomplete") from None
 
 
@@ -275,7 +270,7 @@ def commits(output: str, dt) -> Any:
             try:
                 action = json.loads(line)
             except ValueError as e:  # delta-rs read past it: never guess what the commit held
-                raise InputError(f"{name}: a line is not JSON ({_first_line(e)}); the table's _delta_log is damaged: "
+                raise InputError(f"{name}: a line is not JSON ({first_line(e)}); the table's _delta_log is damaged: "
                                  "restore it, or rescore into a new --output") from None
             if isinstance(action, dict) and isinstance(action.get("commitInfo"), dict):
                 yield {**action["commitInfo"], "version": v}
@@ -426,7 +421,7 @@ def commit(output: str, state: State, new_state: State, touched: set[int], data,
     except CommitFailedError as e:
         raise ConflictError(
             f"another run committed to {output} while this one ran (table version {state.version} is no longer "
-            f"the latest); this run published nothing: run it again ({_first_line(e)})"
+            f"the latest); this run published nothing: run it again ({first_line(e)})"
         ) from None
     except DeltaError as e:
         if state.version is None and "exist" in str(e).lower():

@@ -88,7 +88,7 @@ def report_chart(name: str) -> str:
 
 TABLE_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 """--output-table: a Trinity buffer name Rescore writes (letters, digits, underscores, not
-starting with a digit), the same rule on every database (transforms/sql_buffer.py)."""
+starting with a digit), the same rule on every database (transforms/sql_database.py)."""
 TABLE_NAME_MAX = 58
 """PostgreSQL keeps 63 bytes of an identifier (NAMEDATALEN - 1) and truncates the rest; a
 buffer is NAME and NAME_blob, so NAME has at most 63 - len("_blob") characters."""

@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rescore.errors import LockBusy
+from rescore.errors import LockBusy, first_line
 from rescore.transforms.files import storage
 from rescore.transforms.files.layout import LOCK
 
@@ -224,7 +224,7 @@ def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock:
             try:
                 client = gcs.Client()
             except Exception as e:  # noqa: BLE001  (no credentials or project: the run could not write either)
-                raise LockBusy(f"cannot lock {output} on GCS: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                raise LockBusy(f"cannot lock {output} on GCS: {first_line(e)}") from None
             return GcsLock(path, client).acquire(output, wait_seconds)
     if not storage.is_local(output):
         log.warning(

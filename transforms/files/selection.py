@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from rescore.errors import InputError
+from rescore.errors import InputError, first_line
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
 from rescore.transforms.files.delta_table import State
@@ -207,8 +207,7 @@ def select(files: list[InputFile], state: State, *, rebuild: bool = False, skip_
         except Exception as e:  # noqa: BLE001  (pyarrow raises several types for foreign files)
             if skip_bad_files:
                 return e
-            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-            raise InputError(f"{f.path}: not a readable Parquet file ({first})") from None
+            raise InputError(f"{f.path}: not a readable Parquet file ({first_line(e)})") from None
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(fresh)))) as pool:
         found = list(pool.map(batches_of, fresh))

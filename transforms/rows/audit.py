@@ -13,22 +13,13 @@ numbers its score came from. Pure numpy/torch over one bucket's GroupedRows, no 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import torch
 
+from rescore.schemas.experience import AUDIT_FIELDS, AUDIT_NAMES, FILTER_REASON  # noqa: F401  (declared with the output contract)
 from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.base import ADVANTAGE, KINDS, ExplainsDrops, ExplainsScores
 from rescore.transforms.strategies.segments import group_index as _group_index
 
-AUDIT_FIELDS = [
-    pa.field("group_size", pa.int64()),
-    pa.field("group_reward_mean", pa.float64()),
-    pa.field("group_reward_std", pa.float64()),
-    pa.field("batch_reward_std", pa.float64()),
-    pa.field("baseline", pa.float64()),
-]
-AUDIT_NAMES = [f.name for f in AUDIT_FIELDS]
-FILTER_REASON = "filter_reason"
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

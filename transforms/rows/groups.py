@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import torch
 
 from rescore.errors import GroupTooLarge
-from rescore.transforms.device import to_device
+from rescore.transforms.rows.tensors import to_device
 from rescore.transforms.rows.keys import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
 from rescore.transforms.rows.outcomes import REJECTED, records
 from rescore.transforms.strategies import GroupedRows

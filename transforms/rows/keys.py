@@ -19,6 +19,10 @@ from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.registry import WHOLE_BATCH  # noqa: F401  (re-exported)
+from rescore.transforms.strategies.features import (  # noqa: F401  (the feature names, re-exported)
+    DISCOUNT_COLUMNS, DISCOUNT_FEATURE, NGRAM_FEATURE, NULLABLE_FEATURE, OFFPOLICY_FEATURE, OPTIONAL_FEATURE,
+    discount_params, ngram_column,
+)
 from rescore.transforms.strategies.flat import flat_segment_sum
 
 ID_KEYS = ("batch", "task", "run", "step")
@@ -26,21 +30,6 @@ SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
 EXTRA_PREFIX = "x."
 """Light column `x.NAME` carries the scalar input column NAME a strategy needs (float64 for
 numbers and bools, an int64 hash for strings)."""
-NGRAM_FEATURE = "@ngram_repeat:"
-"""Need `@ngram_repeat:N`: light column x.ngram_repeat_N, the share of the response's token
-N-grams that repeat an earlier one (transforms/strategies/repetition.py)."""
-DISCOUNT_FEATURE = "@discount:"
-"""Need `@discount:GAMMA:MODE`: light columns x.discount_a / x.discount_b, the sums over action
-tokens of c_t and c_t^2 (transforms/strategies/reinforce_pp.py)."""
-NULLABLE_FEATURE = "@nullable:"
-"""Need `@nullable:NAME`: the number column NAME, which every file must have (the schema check);
-a null crosses as NaN (a value that abstains, e.g. normalize_then_sum's reward columns)."""
-OPTIONAL_FEATURE = "@optional:"
-"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME; NaN where the file
-has no such column or the row has a null: a missing value, never 0)."""
-OFFPOLICY_FEATURE = "@offpolicy:"
-"""Need `@offpolicy:NAME:PARAMS`: light columns x.offpolicy_kept and x.offpolicy_reason, what
-the rollout correction leaves of each row (transforms/strategies/offpolicy.py)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -124,11 +113,12 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     for name in needs:
         if name.startswith(NGRAM_FEATURE):
             n_gram = int(name[len(NGRAM_FEATURE) :])
-            columns[EXTRA_PREFIX + f"ngram_repeat_{n_gram}"] = pa.array(_ngram_ratios(valid, response_length, n_gram))
+            columns[EXTRA_PREFIX + ngram_column(n_gram)] = pa.array(_ngram_ratios(valid, response_length, n_gram))
             continue
         if name.startswith(DISCOUNT_FEATURE):
             a, b = _discount_sums(name, response_length, mask_values, mask)
-            columns[EXTRA_PREFIX + "discount_a"], columns[EXTRA_PREFIX + "discount_b"] = pa.array(a), pa.array(b)
+            for column_name, values in zip(DISCOUNT_COLUMNS, (a, b)):
+                columns[EXTRA_PREFIX + column_name] = pa.array(values)
             continue
         if name.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE)):
             # A number column used where present: NaN where the file has no such column and
@@ -182,7 +172,7 @@ def _ngram_ratios(valid: pa.Table, response_length: np.ndarray, n: int) -> np.nd
 def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[np.ndarray, np.ndarray]:
     from rescore.transforms.strategies.reinforce_pp import token_discounts
 
-    gamma, mode = need[len(DISCOUNT_FEATURE) :].split(":")
+    gamma, mode = discount_params(need)
     lengths = np.asarray(lengths, dtype=np.int64)
     values = np.asarray(mask_values, dtype=np.float64) if mask is not None else np.ones(int(lengths.sum()))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -190,7 +180,7 @@ def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[n
     last = np.zeros(len(lengths), dtype=bool)
     nonempty = lengths > 0
     last[nonempty] = values[offsets[1:][nonempty] - 1] != 0
-    c = token_discounts(float(gamma), mode, lengths, values, last) * values
+    c = token_discounts(gamma, mode, lengths, values, last) * values
     return flat_segment_sum(c, offsets), flat_segment_sum(c * c, offsets)
 
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rescore.schemas.lists import flat_list
+from rescore.transforms.rows.response import response_lengths
 from rescore.transforms.strategies.base import ADVANTAGE, MasksRows, OutputColumn, TokenColumn
 from rescore.transforms.strategies.chain import StrategyChain
 
@@ -35,16 +36,9 @@ class ArrowRows:
         return TokenColumn(fl.offsets, fl.values.to_numpy(zero_copy_only=False))
 
     def response(self) -> tuple[np.ndarray, np.ndarray]:
-        if ACTION_MASK in self.names:
-            fl = flat_list(self._table[ACTION_MASK])
-            return fl.lengths, np.asarray(fl.values.to_numpy(zero_copy_only=False), dtype=np.float64)
-        if "logprobs" in self.names:
-            lengths = flat_list(self._table["logprobs"]).lengths
-        elif "tokens" in self.names:
-            prompt = np.asarray(self._table["prompt_length"].to_numpy(zero_copy_only=False), dtype=np.int64)
-            lengths = flat_list(self._table["tokens"]).lengths - prompt
-        else:
-            lengths = np.zeros(self.num_rows, dtype=np.int64)
+        lengths, mask = response_lengths(self._table)
+        if mask is not None:
+            return lengths, np.asarray(mask, dtype=np.float64)
         return lengths, np.ones(int(lengths.sum()), dtype=np.float64)
 
 

@@ -3,33 +3,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 import torch
 
 from rescore.schemas.experience import SCORE_FIELDS
-from rescore.schemas.lists import flat_list
-from rescore.transforms.device import to_device
+from rescore.transforms.rows.response import response_lengths
+from rescore.transforms.rows.tensors import to_device
 from rescore.transforms.strategies.tokens import token_advantages, token_advantages_host
 
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
-
-
-def response_lengths(table: pa.Table) -> tuple[np.ndarray, Any]:
-    """(lengths (n,), flat action mask values or None) of valid rows."""
-    names = table.column_names
-    if "action_mask" in names:
-        fl = flat_list(table["action_mask"])
-        return fl.lengths, fl.values.to_numpy(zero_copy_only=False)
-    if "logprobs" in names:
-        return flat_list(table["logprobs"]).lengths, None
-    if "tokens" in names:
-        tokens = flat_list(table["tokens"]).lengths
-        prompt = table["prompt_length"].to_numpy(zero_copy_only=False).astype(np.int64)
-        return tokens - prompt, None
-    return np.zeros(table.num_rows, dtype=np.int64), None
 
 
 def _chunk_bounds(lengths: np.ndarray) -> list[int]:

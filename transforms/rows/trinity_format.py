@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rescore.errors import BlobError
+from rescore.errors import BlobError, first_line
 
 MAGIC = b"TRXP"
 VERSION = 1
@@ -87,12 +87,7 @@ def loads_plain(data: bytes) -> Any:
     except BlobError:
         raise
     except Exception as e:  # truncated or garbled pickles raise many types
-        raise BlobError(f"bad_blob: metadata does not unpickle ({type(e).__name__}: {_line(e)})") from None
-
-
-def _line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else ""
+        raise BlobError(f"bad_blob: metadata does not unpickle ({type(e).__name__}: {first_line(e, limit=200, blank='')})") from None
 
 
 # safetensors dtype names <-> torch dtypes
@@ -219,7 +214,7 @@ def decode(blob: bytes) -> list[tuple[dict, dict[str, torch.Tensor]]]:
     except RecursionError:
         raise BlobError("bad_blob: nested too deeply to read") from None
     except Exception as e:  # noqa: BLE001  (defence in depth: the checks above should come first)
-        raise BlobError(f"bad_blob: unreadable ({type(e).__name__}: {_line(e)})") from None
+        raise BlobError(f"bad_blob: unreadable ({type(e).__name__}: {first_line(e, limit=200, blank='')})") from None
 
 
 def _decode(blob) -> list[tuple[dict, dict[str, torch.Tensor]]]:

@@ -40,6 +40,7 @@ from rescore.transforms.strategies.base import (
     Strategy,
     TokenLevel,
 )
+from rescore.transforms.strategies.features import DISCOUNT_COLUMNS
 from rescore.transforms.strategies.registry import ConfigError, create, names, spec
 from rescore.transforms.strategies.segments import group_stats, segment_sum
 
@@ -156,7 +157,7 @@ class StrategyChain:
         if masked is None or not bool(masked.any()):
             return rows, None
         columns = dict(rows.columns)
-        for key in ("discount_a", "discount_b"):
+        for key in DISCOUNT_COLUMNS:
             if key in columns:
                 columns[key] = torch.where(masked, torch.zeros_like(columns[key]), columns[key])
         last = None if rows.last_action is None else rows.last_action & ~masked

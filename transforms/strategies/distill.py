@@ -27,12 +27,11 @@ def token_level_only(rows: GroupedRows) -> Scores:
     return Scores(torch.zeros_like(rows.reward), keep, *group_stats(rows.reward, rows.offsets))
 
 
-def distill_token_advantages(
-    teacher: np.ndarray, student: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, kl_coef: float
+def masked_token_mean(
+    values: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(flat token advantages (T,) float64, per-row score (n,) float64) over flat token arrays
-    with row offsets (n + 1,)."""
-    values = kl_coef * (np.asarray(teacher, np.float64) - np.asarray(student, np.float64))
+    """(values * action_mask (T,) float64, per-row mean over action tokens (n,) float64, 0 for a
+    row without any) of flat per-token values (T,) with row offsets (n + 1,)."""
     weights = np.ones_like(values) if mask is None else np.asarray(mask, np.float64)
     values = values * weights
     tokens = flat_segment_sum(weights, offsets)
@@ -41,9 +40,26 @@ def distill_token_advantages(
     return values, score
 
 
-class OnPolicyDistill(OnPolicyDistillParams):
+def distill_token_advantages(
+    teacher: np.ndarray, student: np.ndarray, mask: np.ndarray | None, offsets: np.ndarray, kl_coef: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(flat token advantages (T,) float64, per-row score (n,) float64) over flat token arrays
+    with row offsets (n + 1,)."""
+    values = kl_coef * (np.asarray(teacher, np.float64) - np.asarray(student, np.float64))
+    return masked_token_mean(values, mask, offsets)
+
+
+class TeacherTokens:
+    """A strategy whose advantage is per token, from the row's log-probs and a teacher's
+    (`on_policy_distill`, `jsd`): no group, every row kept; where the row is written, the
+    subclass's `teacher_values(student, teacher)` (flat (T,) float64) times the action mask
+    are the advantages and their mean over action tokens the score."""
+
     needs: tuple[str, ...] = ("logprobs", "teacher_logprobs")
     batch_level = False
+
+    def teacher_values(self, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         return token_level_only(rows)
@@ -53,4 +69,9 @@ class OnPolicyDistill(OnPolicyDistillParams):
         teacher = rows.tokens("teacher_logprobs")
         student = rows.tokens("logprobs")
         mask = rows.tokens("action_mask").values if "action_mask" in rows.names else None
-        return distill_token_advantages(teacher.values, student.values, mask, student.offsets, self.kl_coef)
+        return masked_token_mean(self.teacher_values(student.values, teacher.values), mask, student.offsets)
+
+
+class OnPolicyDistill(TeacherTokens, OnPolicyDistillParams):
+    def teacher_values(self, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
+        return self.kl_coef * (np.asarray(teacher, np.float64) - np.asarray(student, np.float64))

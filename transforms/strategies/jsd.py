@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import math
 import numpy as np
-from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.catalog import JSDParams
-from rescore.transforms.strategies.distill import token_level_only
-from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.distill import TeacherTokens
 
 
 def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, temperature: float) -> np.ndarray:
@@ -37,24 +34,6 @@ def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, 
     return lambda_coef * (t - m) + (1 - lambda_coef) * (s - m)
 
 
-class JSD(JSDParams):
-    needs: tuple[str, ...] = ("logprobs", "teacher_logprobs")
-    batch_level = False
-
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        return token_level_only(rows)
-
-    def token_values(self, rows: WrittenRows, score: np.ndarray, row_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(flat advantages over the response tokens, scalar score) for the written rows."""
-        teacher = rows.tokens("teacher_logprobs")
-        student = rows.tokens("logprobs")
-        if "action_mask" in rows.names:
-            mask = np.asarray(rows.tokens("action_mask").values, np.float64)
-        else:
-            mask = np.ones(len(student.values), np.float64)
-        jsd = jsd_per_token(student.values, teacher.values, self.lambda_coef, self.temperature)
-        values = -self.kl_coef * jsd * mask
-        tokens = flat_segment_sum(mask, student.offsets)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            score = np.where(tokens > 0, flat_segment_sum(values, student.offsets) / np.maximum(tokens, 1), 0.0)
-        return values, score
+class JSD(TeacherTokens, JSDParams):
+    def teacher_values(self, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
+        return -self.kl_coef * jsd_per_token(student, teacher, self.lambda_coef, self.temperature)

@@ -60,12 +60,10 @@ from rescore.transforms.strategies.base import (
 )
 from rescore.transforms.strategies.catalog import RolloutCorrectionParams
 from rescore.transforms.strategies.offpolicy_spec import parse_is_threshold, parse_rs
+from rescore.transforms.strategies.features import OFFPOLICY_FEATURE as FEATURE  # the need's prefix (features.py)
 from rescore.transforms.strategies.segments import group_stats
 
 SAFETY_BOUND = 20.0
-FEATURE = "@offpolicy:"
-"""Need `@offpolicy:NAME:PARAMS-JSON`: light columns x.offpolicy_kept (tokens the rejection
-masks leave) and x.offpolicy_reason (REASONS index of the first mask that emptied the row)."""
 REASONS = (
     "",
     "rollout_rs",

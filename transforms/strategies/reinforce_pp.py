@@ -33,6 +33,7 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
 from rescore.transforms.strategies.catalog import ReinforcePlusPlusParams
+from rescore.transforms.strategies.features import DISCOUNT_COLUMNS, discount_need
 from rescore.transforms.strategies.flat import flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
 
@@ -126,11 +127,11 @@ class ReinforcePlusPlus(ReinforcePlusPlusParams):
     def needs(self) -> tuple[str, ...]:
         # Trinity discounts masked positions too, so with gamma != 1 the sums depend on where
         # the action tokens are: computed per row when the row is read.
-        return (f"@discount:{self.gamma!r}:{self.mode}",) if self.mode == TRINITY and self.gamma != 1.0 else ()
+        return (discount_need(self.gamma, self.mode),) if self.mode == TRINITY and self.gamma != 1.0 else ()
 
     def _sums(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
-        if "discount_a" in rows.columns:
-            return rows.columns["discount_a"], rows.columns["discount_b"]
+        if DISCOUNT_COLUMNS[0] in rows.columns:
+            return tuple(rows.columns[c] for c in DISCOUNT_COLUMNS)
         length = rows.response_length if rows.response_length is not None else rows.action_tokens
         last = rows.last_action if rows.last_action is not None else rows.action_tokens > 0
         return discount_sums(self.gamma, self.mode, length, rows.action_tokens, last)

@@ -19,8 +19,7 @@ from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import NgramRepetitionFilterParams
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.segments import group_stats
-
-NGRAM_FEATURE = "@ngram_repeat:"
+from rescore.transforms.strategies.features import NGRAM_FEATURE, ngram_column
 
 
 def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:
@@ -52,7 +51,7 @@ class NgramRepetitionFilter(NgramRepetitionFilterParams):
 
     @property
     def column(self) -> str:
-        return f"ngram_repeat_{self.rep_len}"
+        return ngram_column(self.rep_len)
 
     @property
     def needs(self) -> tuple[str, ...]:

@@ -34,8 +34,7 @@ from rescore.transforms.strategies.catalog import (
 from rescore.transforms.strategies.filters import truncated_flags
 from rescore.transforms.strategies.registry import Column
 from rescore.transforms.strategies.segments import group_stats
-
-OPTIONAL = "@optional:"
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
 
 
 def column_op(reward: Tensor, x: Tensor, op: str, weight: float) -> Tensor:

@@ -20,7 +20,6 @@ that does not import is refused where the run starts, like --reward-fn's.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -28,32 +27,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.errors import ConfigError
+from rescore.errors import first_line
+from rescore.user_code import load_function
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import GroupFilterParams
 from rescore.transforms.strategies.segments import group_stats, per_row
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
 
-OPTIONAL = "@optional:"
 _LOADED: dict[str, Callable[[dict[str, Any]], Any]] = {}
 
 
 def load_group_filter(spec: str) -> Callable[[dict[str, Any]], Any]:
     """'package.module:function' -> the function; ConfigError (one line) otherwise."""
-    if spec in _LOADED:
-        return _LOADED[spec]
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ConfigError(f"--group-filter expects module:function, got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        raise ConfigError(f"--group-filter {spec}: cannot import {module_name} ({type(e).__name__}: {first})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ConfigError(f"--group-filter {spec}: {module_name} has no function {name!r}")
-    _LOADED[spec] = fn
-    return fn
+    if spec not in _LOADED:
+        _LOADED[spec] = load_function(spec, "--group-filter")
+    return _LOADED[spec]
 
 
 def group_decision(fn: Callable[[dict[str, Any]], Any], group: dict[str, Any]) -> tuple[bool, str | None]:
@@ -61,8 +49,7 @@ def group_decision(fn: Callable[[dict[str, Any]], Any], group: dict[str, Any]) -
     try:
         result = fn(group)
     except Exception as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
-        return False, f"raised {type(e).__name__}: {first}"[:300]
+        return False, f"raised {type(e).__name__}: {first_line(e, blank='')}"[:300]
     reason = None
     if isinstance(result, tuple) and len(result) == 2 and (result[1] is None or isinstance(result[1], str)):
         result, reason = result
