@@ -57,11 +57,13 @@ RESOLVED_DEFAULTS = {
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
     "opo": {"epsilon": 1e-06},
+    "optimal_token_baseline": {"handle_zero_tail": True, "epsilon": 1e-08, "rollout_is_weights": False},
     "pass_rate_band": {"lo": 0.0, "hi": 1.0, "threshold": 1.0, "task_stats": None, "unseen": "keep"},
     "raft": {"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
     "rec": {"epsilon": 1e-06, "std_normalize": False, "drop": None, "seed": 0},
     "reinforce": {},
     "reinforce_plus_plus": {"gamma": 1.0},
+    "tir_optimal_token_baseline": {"handle_zero_tail": True, "epsilon": 1e-08, "rollout_is_weights": False},
     "reinforce_plus_plus_baseline": {},
     "reinforceplusplus": {"gamma": 1.0},
     "remax": {"reward_baselines": "reward_baselines"},
@@ -192,7 +194,8 @@ def test_a_declaration_needs_checkable_types_and_a_free_name():
 
 def test_capabilities_are_declared_protocols():
     assert {n for n in names() if isinstance(create(n), TokenLevel)} == {
-        "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus"
+        "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus", "optimal_token_baseline",
+        "tir_optimal_token_baseline",
     }
     assert {n for n in names() if isinstance(create(n), AddsColumns)} == {"mix_chord"}
     assert {n for n in names() if isinstance(create(n), MasksRows)} == {"mask_response_truncated", "mask_truncated_completions"}

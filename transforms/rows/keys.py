@@ -41,6 +41,9 @@ has no such column or the row has a null: a missing value, never 0)."""
 OFFPOLICY_FEATURE = "@offpolicy:"
 """Need `@offpolicy:NAME:PARAMS`: light columns x.offpolicy_kept and x.offpolicy_reason, what
 the rollout correction leaves of each row (transforms/strategies/offpolicy.py)."""
+TOKEN_BASELINE_FEATURE = "@token_baseline:"
+"""Need `@token_baseline:JSON`: light columns x.otb_path_variance (list<float64>, a token feature
+that crosses the shuffle), x.otb_last and x.otb_bad (transforms/strategies/token_baseline.py)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -147,6 +150,19 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
 
             for key, values in offpolicy_features(name, ArrowRows(valid)).items():
                 columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
+            continue
+        if name.startswith(TOKEN_BASELINE_FEATURE):
+            from rescore.transforms.rows.strategy_columns import ArrowRows
+            from rescore.transforms.strategies.base import TokenColumn
+            from rescore.transforms.strategies.token_baseline import light_features as token_baseline_features
+
+            for key, values in token_baseline_features(name, ArrowRows(valid)).items():
+                if isinstance(values, TokenColumn):
+                    columns[EXTRA_PREFIX + key] = pa.LargeListArray.from_arrays(
+                        pa.array(np.asarray(values.offsets, dtype=np.int64)), pa.array(np.asarray(values.values, dtype=np.float64))
+                    )
+                else:
+                    columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
             continue
         if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue

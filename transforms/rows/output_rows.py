@@ -19,7 +19,7 @@ from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.rows import strategy_columns
 from rescore.transforms.rows.copies import copy_fields, expand_copies
 from rescore.transforms.rows.metrics import row_metrics
-from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED, SHAPED_REWARD
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, ROW_TOKENS, SCORED, SHAPED_REWARD
 from rescore.transforms.rows.tokens import score_columns
 from rescore.transforms.strategies import StrategyChain
 
@@ -112,12 +112,14 @@ def scored_rows(
     valid = np.asarray(score_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     score = np.asarray(score_col.fill_null(0.0).to_numpy(), dtype=np.float64)
     row_value = score * rec["token_scale"].to_numpy()[kept]
+    row_tokens = rec[ROW_TOKENS].combine_chunks().take(pa.array(kept)) if ROW_TOKENS in rec.column_names else None
     extra_columns: list = []
     copied_batch = pa.array([], pa.int64())
     copies = scoring.duplicates
     if copies:
         scored, source, extra_columns = expand_copies(scored, copy_plans or {}, task_type)
         score, row_value, valid = score[source], row_value[source], valid[source]
+        row_tokens = None if row_tokens is None else row_tokens.take(pa.array(source))
         copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
     stage_fields = schemas.extra[2 if copies else 0 :]
     correction: list = []
@@ -134,7 +136,7 @@ def scored_rows(
         ]
     token_values = None
     if scoring.token_level:
-        token_values, score = strategy_columns.token_values(scoring, scored, score, row_value)
+        token_values, score = strategy_columns.token_values(scoring, scored, score, row_value, row_tokens)
     columns = scored.select(schemas.base_names).columns + score_columns(
         scored, row_value, score, None if valid.all() else valid, token_values, device
     )

@@ -128,12 +128,20 @@ def output_columns(chain: StrategyChain, table: pa.Table, fields: list[pa.Field]
     return columns
 
 
-def token_values(chain: StrategyChain, table: pa.Table, score: np.ndarray, row_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def token_values(
+    chain: StrategyChain, table: pa.Table, score: np.ndarray, row_value: np.ndarray, row_tokens: pa.Array | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(flat token advantages, per-row score) of a token-level chain for the rows of `table`;
     `score` and `row_value` (n,) are what the advantage stage's score() left (score, score *
-    token_scale). Rows a filter masks keep their place but train on nothing."""
+    token_scale), `row_tokens` its Scores.row_tokens for these rows (a list array), if any.
+    Rows a filter masks keep their place but train on nothing."""
     rows = ArrowRows(table)
-    values, score = chain.stage(ADVANTAGE).token_values(rows, score, row_value)
+    if row_tokens is None:
+        values, score = chain.stage(ADVANTAGE).token_values(rows, score, row_value)
+    else:
+        fl = flat_list(row_tokens)
+        back = TokenColumn(fl.offsets, np.asarray(fl.values.to_numpy(zero_copy_only=False), dtype=np.float64))
+        values, score = chain.stage(ADVANTAGE).token_values(rows, score, row_value, row_tokens=back)
     if chain.masking is not None:
         flags = masked_flags(chain.masking, table)
         if flags.any():

@@ -142,6 +142,28 @@ class ReinforcePlusPlusParams(StrategyParams):
     gamma: float = param(1.0, minimum=0.0, between=(0.0, 1.0))
 
 
+# --- per-position baselines from the model stage's token statistics (token_baseline.py) ------
+
+
+@register(
+    "optimal_token_baseline",
+    kind=ADVANTAGE,
+    implementation="token_baseline:OptimalTokenBaseline",
+    summary="G_t - B_t, B_t per group and position weighted by the path variance (verl); needs logprobs and sum_pi_squared",
+)
+@register(
+    "tir_optimal_token_baseline",
+    kind=ADVANTAGE,
+    implementation="token_baseline:TIROptimalTokenBaseline",
+    summary="optimal_token_baseline over each row's action tokens only (verl's multi-turn variant)",
+)
+@dataclass(frozen=True)
+class OptimalTokenBaselineParams(StrategyParams):
+    handle_zero_tail: bool = True
+    epsilon: float = param(1e-8, minimum=0.0)
+    rollout_is_weights: bool = False
+
+
 # --- outcome-reward estimators (estimators.py) ------------------------------------------------
 
 

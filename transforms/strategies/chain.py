@@ -38,6 +38,7 @@ from rescore.transforms.strategies.base import (
     MasksRows,
     Shapes,
     Strategy,
+    TokenColumn,
     TokenLevel,
 )
 from rescore.transforms.strategies.registry import ConfigError, create, names, spec
@@ -66,6 +67,9 @@ class ChainScores:
     """(n,) int8: 0 where the row is kept, else 1 + the index in KINDS of the stage that dropped it."""
     reward: Tensor | None = None
     """(n,) float64 the shaped rewards every stage used, or None without a shaping stage."""
+    row_tokens: TokenColumn | None = None
+    """The advantage stage's Scores.row_tokens over all n rows (empty for rows it did not
+    score), or None."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,13 @@ class StrategyChain:
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(n for s in self.stages for n in s.needs))
+        return tuple(dict.fromkeys(n for s in self.stages for n in self._stage_needs(s)))
+
+    def _stage_needs(self, stage: Strategy) -> tuple[str, ...]:
+        """A stage's needs; one whose inputs depend on the run's correction stage says so with
+        `needs_after(correction)` (optimal_token_baseline reads the corrected mask)."""
+        after = getattr(stage, "needs_after", None)
+        return after(self.correction) if after is not None else stage.needs
 
     @property
     def shaping(self) -> tuple[Shapes, ...]:
@@ -183,7 +193,7 @@ class StrategyChain:
         if self.stage(FILTER) is not None:
             dropped[FILTER] = segment_sum((~keep).to(torch.int64), rows.offsets)
         mean, std = group_stats(rows.reward, rows.offsets)
-        score = token_scale = informative = None
+        score = token_scale = informative = row_tokens = None
 
         adv = self.stage(ADVANTAGE)
         if adv is not None:
@@ -198,6 +208,12 @@ class StrategyChain:
                 if s.token_scale is not None:
                     token_scale = torch.ones_like(score)
                     token_scale[kept] = s.token_scale
+                if s.row_tokens is not None:  # sub's rows are `kept`, in order: only the lengths change
+                    lengths = np.zeros(rows.num_rows, dtype=np.int64)
+                    lengths[kept.cpu().numpy()] = np.diff(s.row_tokens.offsets)
+                    offsets = np.zeros(rows.num_rows + 1, dtype=np.int64)
+                    np.cumsum(lengths, out=offsets[1:])
+                    row_tokens = TokenColumn(offsets, s.row_tokens.values[int(s.row_tokens.offsets[0]) :])
                 present = segment_sum(before.to(torch.int64), rows.offsets) > 0
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
@@ -221,7 +237,7 @@ class StrategyChain:
                 informative[reached] &= copyable(sub)
 
         reward = rows.reward if self.shaping else None
-        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward)
+        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward, row_tokens)
 
 
 def split_param(key: str) -> tuple[str | None, str]:
@@ -278,7 +294,12 @@ def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyCha
                 f"unknown parameter {key!r} for strategy {','.join(strategies)!r}{hint}; valid parameters: {', '.join(valid) or '(none)'}"
             )
         per_stage[owners[0]][name] = value
-    return StrategyChain(tuple(create(s.name, per_stage[s.name]) for s in specs))
+    chain = StrategyChain(tuple(create(s.name, per_stage[s.name]) for s in specs))
+    for stage in chain.stages:  # rules across stages (e.g. two sources of importance weights)
+        check = getattr(stage, "check_chain", None)
+        if check is not None:
+            check(chain.correction)
+    return chain
 
 
 def chain_of(strategy: str | list[str], params: Mapping[str, Any] | None = None) -> StrategyChain:
