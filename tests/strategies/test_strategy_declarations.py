@@ -31,6 +31,7 @@ from rescore.transforms.strategies.registry import StrategyParams, register
 # Trinity does, which changed results, so the hash must change with it.)
 RESOLVED_DEFAULTS = {
     "asymre": {"baseline_shift": -0.1},
+    "clipb": {"epsilon": 1e-06, "mu": 2.5},
     "constant": {"weight": 1.0},
     "correct_bias": {"epsilon": 1e-06, "rank_penalty": 0.25},
     "dr_grpo": {},
@@ -195,7 +196,7 @@ def test_a_declaration_needs_checkable_types_and_a_free_name():
 def test_capabilities_are_declared_protocols():
     assert {n for n in names() if isinstance(create(n), TokenLevel)} == {
         "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus", "optimal_token_baseline",
-        "tir_optimal_token_baseline",
+        "tir_optimal_token_baseline", "clipb",
     }
     assert {n for n in names() if isinstance(create(n), AddsColumns)} == {"mix_chord"}
     assert {n for n in names() if isinstance(create(n), MasksRows)} == {"mask_response_truncated", "mask_truncated_completions"}

@@ -22,6 +22,9 @@ from rescore.transforms.rows.metrics import row_metrics
 from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, ROW_TOKENS, SCORED, SHAPED_REWARD
 from rescore.transforms.rows.tokens import score_columns
 from rescore.transforms.strategies import StrategyChain
+from rescore.transforms.strategies.base import ADVANTAGE, ClipsTokens
+
+ACTION_MASK = strategy_columns.ACTION_MASK
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,22 @@ def scored_rows(
         row_tokens = None if row_tokens is None else row_tokens.take(pa.array(source))
         copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
     stage_fields = schemas.extra[2 if copies else 0 :]
+    clip_fields = strategy_columns.clip_fields(scoring, table.schema)
+    if clip_fields:
+        stage_fields = stage_fields[: -len(clip_fields)]
     correction: list = []
     correction_audit: dict = {}
     if scoring.correction is not None:  # rejected tokens zeroed in action_mask before the advantages
         n_corr = len(strategy_columns.correction_fields(scoring, table.schema))
         stage_fields, corr_fields = stage_fields[:-n_corr], stage_fields[-n_corr:]
         scored, correction = strategy_columns.corrected(scoring, scored, row_value, corr_fields, correction_audit)
-    extra_columns += strategy_columns.output_columns(scoring, scored, stage_fields) + correction
+    clip: list = []
+    if isinstance(scoring.stage(ADVANTAGE), ClipsTokens):  # clipb: tokens leave the written action_mask
+        had_mask = ACTION_MASK in table.column_names
+        scored, clip = strategy_columns.clipped(scoring, scored, score, row_tokens, clip_fields)
+        if correction and not had_mask:  # the correction wrote the only action_mask column: the clipped one
+            correction[-1] = scored[ACTION_MASK].combine_chunks().cast(correction[-1].type)
+    extra_columns += strategy_columns.output_columns(scoring, scored, stage_fields) + correction + clip
     if schemas.audit:
         at = pa.array(kept if not copies else kept[source])
         extra_columns += [

@@ -11,10 +11,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rescore.schemas.lists import flat_list
-from rescore.transforms.strategies.base import ADVANTAGE, MasksRows, OutputColumn, TokenColumn
+from rescore.transforms.strategies.base import ADVANTAGE, ClipsTokens, MasksRows, OutputColumn, TokenColumn
 from rescore.transforms.strategies.chain import StrategyChain
 
-__all__ = ["ArrowRows", "output_fields", "output_columns", "token_values", "masked_flags", "correction_fields", "corrected"]
+__all__ = [
+    "ArrowRows", "output_fields", "output_columns", "token_values", "masked_flags", "correction_fields", "corrected", "clip_fields",
+    "clipped",
+]
 
 ACTION_MASK = "action_mask"
 
@@ -58,7 +61,7 @@ def output_fields(chain: StrategyChain, input_schema: pa.Schema) -> list[pa.Fiel
     fields = [_field(c) for s in chain.column_stages for c in s.output_columns(input_schema.names)]
     if chain.masking is not None and ACTION_MASK in input_schema.names:
         fields.append(input_schema.field(ACTION_MASK))
-    return fields + correction_fields(chain, input_schema)
+    return fields + correction_fields(chain, input_schema) + clip_fields(chain, input_schema)
 
 
 ACTION_MASK_ORIGINAL = "action_mask_original"
@@ -98,18 +101,53 @@ def corrected(
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     out = [pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.asarray(weights, dtype=np.float32))).cast(fields[0].type)]
+    table, kept = _with_mask(table, offsets, mask, fields[1])
+    return table, out + [kept]
+
+
+def _with_mask(table: pa.Table, offsets: np.ndarray, mask: np.ndarray, field: pa.Field) -> tuple[pa.Table, pa.Array]:
+    """(`table` with `mask` (flat 0/1 over the response tokens at `offsets`) as its action_mask,
+    the column `field` to write: the table's previous action_mask as action_mask_original, or,
+    for a table without one, the new action_mask itself)."""
     if ACTION_MASK in table.column_names:
         original = table[ACTION_MASK].combine_chunks()
         values = original.flatten()
         new_values = pa.array(mask != 0) if pa.types.is_boolean(values.type) else pa.array(mask.astype(np.int64)).cast(values.type)
         rebuilt = pa.LargeListArray.from_arrays(pa.array(offsets), new_values, mask=original.is_null()).cast(original.type)
         table = table.set_column(table.schema.get_field_index(ACTION_MASK), table.schema.field(ACTION_MASK), rebuilt)
-        out.append(original.cast(fields[1].type))
-    else:
-        rebuilt = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(mask.astype(np.int8))).cast(fields[1].type)
-        table = table.append_column(fields[1], rebuilt)
-        out.append(rebuilt)
-    return table, out
+        return table, original.cast(field.type)
+    rebuilt = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(mask.astype(np.int8))).cast(field.type)
+    return table.append_column(field, rebuilt), rebuilt
+
+
+def clip_fields(chain: StrategyChain, input_schema: pa.Schema) -> list[pa.Field]:
+    """The columns an advantage stage that clips tokens (ClipsTokens: clipb) adds: the input's
+    action_mask as action_mask_original (or, for an input without one, the written action_mask);
+    none after a correction stage, which adds them already."""
+    if not isinstance(chain.stage(ADVANTAGE), ClipsTokens) or chain.correction is not None:
+        return []
+    if ACTION_MASK in input_schema.names:
+        return [input_schema.field(ACTION_MASK).with_name(ACTION_MASK_ORIGINAL)]
+    return [pa.field(ACTION_MASK, pa.list_(pa.int8()))]
+
+
+def clipped(chain: StrategyChain, table: pa.Table, score: np.ndarray, row_tokens: pa.Array | None, fields: list[pa.Field]) -> tuple[pa.Table, list[pa.Array]]:
+    """(`table` with the tokens the ClipsTokens advantage stage drops removed from its
+    action_mask, the columns of `fields` = clip_fields(...)); `score` (n,) and `row_tokens` are
+    what its score() left for these rows."""
+    rows = ArrowRows(table)
+    back = None
+    if row_tokens is not None:
+        fl = flat_list(row_tokens)
+        back = TokenColumn(fl.offsets, np.asarray(fl.values.to_numpy(zero_copy_only=False), dtype=np.float64))
+    mask = chain.stage(ADVANTAGE).token_mask(rows, score, back)
+    lengths = rows.response()[0]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not fields:  # after a correction: its columns keep the input's mask
+        return _with_mask(table, offsets, mask, table.schema.field(ACTION_MASK))[0], []
+    table, column = _with_mask(table, offsets, mask, fields[0])
+    return table, [column]
 
 
 def output_columns(chain: StrategyChain, table: pa.Table, fields: list[pa.Field]) -> list[pa.Array]:

@@ -23,6 +23,7 @@ runtime-checkable protocol that the chain and the row layer test with `isinstanc
     ExplainsScores  explains its scores in the audit columns (baseline, group and batch std)
     ExplainsDrops   says why it dropped a row (--keep-filtered's filter_reason)
     CorrectsTokens  rewrites action_mask and adds is_weights where rows are written (rollout_correction)
+    ClipsTokens     an advantage stage that removes tokens from the written action_mask (clipb)
     Shapes          a `shape` stage: returns new per-row rewards before any other stage
                     (reward_shaping, dapo_overlong_penalty; chain.py)
     DropsGroups     names the metrics.json counter of the whole groups it drops, besides
@@ -307,6 +308,16 @@ class CorrectsTokens(Protocol):
     def token_correction(self, rows: WrittenRows, advantage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(flat weights (T,), flat corrected 0/1 mask (T,)) over the response tokens; `advantage`
         (n,) is each row's scalar advantage."""
+
+
+@runtime_checkable
+class ClipsTokens(Protocol):
+    """An advantage stage that removes tokens from the written rows' action mask (clipb): the
+    removed tokens get advantage 0 and the input's mask is kept as `action_mask_original`."""
+
+    def token_mask(self, rows: WrittenRows, score: np.ndarray, row_tokens: TokenColumn | None) -> np.ndarray:
+        """(T,) the flat 0/1 mask to write over the response tokens; `score` (n,) and
+        `row_tokens` are what score() left for these rows."""
 
 
 @runtime_checkable

@@ -164,6 +164,18 @@ class OptimalTokenBaselineParams(StrategyParams):
     rollout_is_weights: bool = False
 
 
+@register(
+    "clipb",
+    kind=ADVANTAGE,
+    implementation="token_baseline:ClipB",
+    summary="GRPO advantages; negative-advantage tokens whose p(H + log p) is mu batch stds below its mean leave the action mask (Trinity); needs logprobs and entropy",
+)
+@dataclass(frozen=True)
+class ClipBParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    mu: float = param(2.5, minimum=0.0)
+
+
 # --- outcome-reward estimators (estimators.py) ------------------------------------------------
 
 

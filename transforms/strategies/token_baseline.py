@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, Strategy, TokenColumn, WrittenRows
-from rescore.transforms.strategies.catalog import OptimalTokenBaselineParams
+from rescore.transforms.strategies.catalog import ClipBParams, OptimalTokenBaselineParams
 from rescore.transforms.strategies.registry import ConfigError
 from rescore.transforms.strategies.flat import flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
@@ -375,9 +375,119 @@ class TIROptimalTokenBaseline(OptimalTokenBaseline):
 
 def light_features(need: str, rows: WrittenRows) -> dict[str, np.ndarray | TokenColumn]:
     """The light columns of need `@token_baseline:{"stage": [NAME, PARAMS], "correction": ...}`
-    (see FEATURE and needs_after) for `rows`."""
+    or `@clipb:{...}` (see FEATURE, CLIPB_FEATURE and needs_after) for `rows`."""
     from rescore.transforms.strategies.registry import create
 
-    feature = json.loads(need[len(FEATURE) :])
+    feature = json.loads(need.partition(":")[2])
     correction = None if feature["correction"] is None else create(*feature["correction"])
     return create(*feature["stage"]).light_features(rows, correction)
+
+
+# --- clipb (catalog.py) ----------------------------------------------------------------------
+
+CLIPB_FEATURE = "@clipb:"
+"""rows/keys.py CLIPB_FEATURE: `@clipb:` and a JSON object (ClipB.needs_after)."""
+S_SUM, S2_SUM, S_BAD = "clipb_s", "clipb_s2", "clipb_bad"
+
+
+def moment_values(s1: np.ndarray, s2: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values (2k,), weights (2k,)) whose weighted sum, sum of squares and total weight are
+    exactly s1, s2 and n of each of k rows: m + d and m - d with weight n / 2 each, m = s1 / n,
+    d = sqrt(s2 / n - m^2) (rows with n = 0 weigh nothing)."""
+    n = np.asarray(n, dtype=np.float64)
+    safe = np.maximum(n, 1.0)
+    m = np.where(n > 0, s1 / safe, 0.0)
+    d = np.where(n > 0, np.sqrt(np.maximum(s2 / safe - m * m, 0.0)), 0.0)
+    return np.concatenate([m + d, m - d]), np.concatenate([n / 2, n / 2])
+
+
+class ClipB(ClipBParams):
+    """Trinity-RFT 0.6.0 ClipBAdvantageFn (see the module doc). Each row's sums of S and S^2 over
+    its action tokens are computed where it is read; the batch's ES and varS are batch
+    statistics; score() gives the GRPO advantage as the score and (ES, varS) to each row
+    (Scores.row_tokens); where the row is written, the tokens clip_B does not keep leave the
+    action mask (ClipsTokens) and the advantages are score * mask."""
+
+    batch_level = True
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.needs_after(None)
+
+    def needs_after(self, correction: Strategy | None) -> tuple[str, ...]:
+        feature = {"stage": [self.name, self.params], "correction": None if correction is None else [correction.name, correction.params]}
+        return ("logprobs", "entropy", CLIPB_FEATURE + json.dumps(feature, sort_keys=True, separators=(",", ":")))
+
+    def _signal(self, rows: WrittenRows, lengths: np.ndarray, bad: np.ndarray) -> np.ndarray:
+        return clipb_signal(_aligned(rows, "logprobs", lengths, bad), _aligned(rows, "entropy", lengths, bad)).astype(np.float64)
+
+    def light_features(self, rows: WrittenRows, correction=None) -> dict[str, np.ndarray]:
+        """x.clipb_s and x.clipb_s2 (sums of S and S^2 over the row's action tokens, after a
+        correction's rejections) and x.clipb_bad (1.0: logprobs or entropy do not line up)."""
+        lengths, mask = rows.response()
+        lengths = np.asarray(lengths, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        bad = np.zeros(len(lengths), dtype=bool)
+        s = self._signal(rows, lengths, bad)
+        if correction is not None:
+            from rescore.transforms.strategies.offpolicy import _rows_tensors, correct, unpadded
+
+            _, logprobs, behaviour, padded_mask, dropped = _rows_tensors(correction, rows)
+            mask = unpadded(correct(correction, logprobs, behaviour, padded_mask).mask, lengths)
+            bad |= dropped
+        m = np.where(np.repeat(bad, lengths), 0.0, mask)
+        return {S_SUM: flat_segment_sum(s * m, offsets), S2_SUM: flat_segment_sum(s * s * m, offsets), S_BAD: bad.astype(np.float64)}
+
+    def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        good = (rows.columns[S_BAD] == 0).cpu().numpy()
+        n = np.where(good, rows.action_tokens.cpu().numpy(), 0).astype(np.float64)
+        values, weights = moment_values(rows.columns[S_SUM].cpu().numpy(), rows.columns[S2_SUM].cpu().numpy(), n)
+        return torch.cat([rows.batch, rows.batch]), torch.from_numpy(values), torch.from_numpy(weights)
+
+    def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        """(ES, varS) over the batch's action tokens (population variance; 0 and 0 for none)."""
+        import math
+
+        n = math.fsum(weights)
+        if n <= 0:
+            return 0.0, 0.0
+        es = math.fsum(weights * values) / max(n, 1.0)
+        return es, max(math.fsum(weights * values * values) / max(n, 1.0) - es * es, 0.0)
+
+    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
+        keep_t = rows.columns[S_BAD] == 0
+        keep = keep_t.cpu().numpy()
+        offsets = rows.offsets.cpu().numpy()
+        group = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        score = np.zeros(rows.num_rows, dtype=np.float64)
+        score[keep] = clipb_scores(rows.reward.cpu().numpy()[keep], group[keep], self.epsilon)
+        stats = batch_stats.cpu().numpy().astype(np.float64)
+        back = TokenColumn(np.arange(0, 2 * rows.num_rows + 1, 2, dtype=np.int64), stats[:, :2].reshape(-1))
+        mean, std = group_stats(rows.reward, rows.offsets)
+        return Scores(torch.from_numpy(score).to(rows.reward.device), keep_t, mean, std, row_tokens=back)
+
+    def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
+        count = int(dropped.sum()) if dropped.dtype == bool else len(dropped)
+        return [f"{self.name}: logprobs or entropy do not line up with the response (or hold NaN)"] * count
+
+    def token_mask(self, rows: WrittenRows, score: np.ndarray, row_tokens: TokenColumn | None) -> np.ndarray:
+        """(T,) the written mask: the input's (or corrected) mask less the tokens clip_B drops."""
+        lengths, mask = rows.response()
+        lengths = np.asarray(lengths, dtype=np.int64)
+        stats = np.asarray(row_tokens.values, dtype=np.float64)[int(row_tokens.offsets[0]) :].reshape(-1, 2)
+        s = self._signal(rows, lengths, np.zeros(len(lengths), dtype=bool))
+        row = np.repeat(np.arange(len(lengths)), lengths)
+        std = np.sqrt(stats[:, 1])
+        adv = np.asarray(score, dtype=np.float64)
+        keep = (adv[row] >= 0) | (std[row] < 1e-12) | (s - stats[row, 0] >= -(self.mu * std[row]))
+        return mask * keep
+
+    def token_values(
+        self, rows: WrittenRows, score: np.ndarray, row_value: np.ndarray, row_tokens: TokenColumn | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(score * the written mask (already clipped), score)."""
+        lengths, mask = rows.response()
+        row = np.repeat(np.arange(len(lengths)), np.asarray(lengths, dtype=np.int64))
+        score = np.asarray(score, dtype=np.float64)
+        return score[row] * mask, score
