@@ -127,6 +127,7 @@ class _ScoreBucket(beam.DoFn):
             audit_fields=AUDIT_FIELDS,
             reward=None if scores.reward is None else scores.reward.cpu().numpy(),
             row_tokens=scores.row_tokens,
+            is_norm=None if scores.is_norm is None else scores.is_norm.cpu().numpy(),
         )
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
         if scores.informative is not None:

@@ -85,7 +85,7 @@ RESOLVED_DEFAULTS = {
 # preset's own (verl RolloutCorrectionConfig classmethods, TRL, SkyRL, OpenRLHF defaults).
 _CORRECTION = {
     "behaviour_logprobs": "logprobs_original", "rollout_is": None, "rollout_is_threshold": "2.0", "rollout_rs": None,
-    "rollout_rs_threshold": None, "vllm_importance_sampling_mode": None, "vllm_importance_sampling_clip_max": 3.0,
+    "rollout_rs_threshold": None, "rollout_is_batch_normalize": False, "vllm_importance_sampling_mode": None, "vllm_importance_sampling_clip_max": 3.0,
     "vllm_importance_sampling_clip_min": None, "off_policy_mask_threshold": None, "tis_ratio_type": None,
     "token_tis_ratio_clip_high": 2.0, "sequence_tis_ratio_clip_high": 5.0, "sequence_mask_metric": None,
     "geo_mask_high": 1.01, "geo_mask_low": 0.99, "product_mask_high": 2.0, "product_mask_low": 0.5,
@@ -163,6 +163,9 @@ def test_spec_defaults_are_the_declared_fields():
         ("gdpo", {"gdpo_reward_keys": ["a", "b"], "gdpo_reward_weights": [1]}, "gdpo: 'gdpo_reward_weights' has 1 weights for 2 reward columns"),
         ("dynamic_filtering", {"dynamic_filtering_reward_range": [1, 0]}, "dynamic_filtering: 'dynamic_filtering_reward_range' needs low < high, got [1.0, 0.0]"),
         ("dynamic_filtering", {"dynamic_filtering_reward_range": 1}, "dynamic_filtering: parameter 'dynamic_filtering_reward_range' must be [low, high], got 1"),
+        ("clipb", {"mu": -1}, "clipb: parameter 'mu' must be >= 0.0, got -1.0"),
+        ("optimal_token_baseline", {"handle_zero_tail": "yes"}, "optimal_token_baseline: parameter 'handle_zero_tail' must be true or false, got 'yes'"),
+        ("tir_optimal_token_baseline", {"epsilon": -1}, "tir_optimal_token_baseline: parameter 'epsilon' must be >= 0.0, got -1.0"),
         ("grpo", {"tau": 1}, "unknown parameter 'tau' for strategy 'grpo'; valid parameters: epsilon, rank_penalty, std_cal_level, std_threshold"),
     ],
 )

@@ -206,3 +206,32 @@ def test_token_baseline_refuses_two_sources_of_weights(tmp_path):
     with pytest.raises(ConfigError, match="rollout_is_weights=true reads an is_weights column"):
         chain_of("decoupled_token_is,optimal_token_baseline", {"rollout_is_weights": True})
     assert "is_weights" in chain_of("optimal_token_baseline", {"rollout_is_weights": True}).needs
+
+
+@pytest.mark.slow
+def test_missing_statistics_and_two_weight_sources_are_one_line_errors(tmp_path):
+    """Exit 2 with one `rescore: error:` line, before any work: an input without sum_pi_squared
+    (the message says how to get it), and is_weights asked for beside a correction stage."""
+    import subprocess
+    import sys
+
+    rows = _rows(1)
+    for r in rows:
+        del r["sum_pi_squared"]
+    glob = write_parquet(rows, str(tmp_path / "in"), files=1, row_group_size=50, schema=SCHEMA_INT_TASK)
+    cases = [
+        (["--strategy", "optimal_token_baseline"], "missing column 'sum_pi_squared', which the chosen strategy needs"),
+        (["--strategy", "decoupled_token_is,tir_optimal_token_baseline", "--set", "rollout_is_weights=true"],
+         "rollout_is_weights=true reads an is_weights column, but decoupled_token_is"),
+    ]
+    for i, (args, message) in enumerate(cases):
+        proc = subprocess.run(
+            [sys.executable, "-m", "rescore", "--input", glob, "--output", str(tmp_path / f"out{i}"), *args],
+            capture_output=True, text=True, timeout=300,
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("rescore: error:"), proc.stderr
+        assert message in lines[0], lines[0]
+        if i == 0:
+            assert "--sum-pi-squared" in lines[0]
+        assert not (tmp_path / f"out{i}" / "_SUCCESS").exists()

@@ -85,15 +85,17 @@ logprobs - behaviour, and the first mask that removed any of its tokens (null: n
 
 
 def corrected(
-    chain: StrategyChain, table: pa.Table, advantage: np.ndarray, fields: list[pa.Field], audit: dict | None = None
+    chain: StrategyChain, table: pa.Table, advantage: np.ndarray, fields: list[pa.Field], audit: dict | None = None,
+    factor: np.ndarray | None = None,
 ) -> tuple[pa.Table, list[pa.Array]]:
     """(`table` with its action_mask replaced by the corrected one, the correction's columns
     for `fields` = correction_fields(...)): the rejections of chain.correction applied to the
     rows being written; `advantage` (n,) is each row's scalar advantage. `audit`, when given,
-    receives the CORRECTION_AUDIT columns by name."""
+    receives the CORRECTION_AUDIT columns by name; `factor` (n,), each row's divisor of its
+    weights (rollout_is_batch_normalize), or None."""
     stage = chain.correction
     rows = ArrowRows(table)
-    weights, mask, values = stage.corrected_rows(rows, advantage)
+    weights, mask, values = stage.corrected_rows(rows, advantage, factor) if factor is not None else stage.corrected_rows(rows, advantage)
     if audit is not None:
         for f in CORRECTION_AUDIT:
             audit[f.name] = pa.array(values[f.name].tolist() if f.name.endswith("reason") else values[f.name], f.type)

@@ -616,6 +616,7 @@ class RolloutCorrectionParams(StrategyParams):
     rollout_is_threshold: str = "2.0"
     rollout_rs: str | None = None
     rollout_rs_threshold: str | None = None
+    rollout_is_batch_normalize: bool = False
     # TRL 1.16.0 (GRPOTrainer)
     vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] | None = None
     vllm_importance_sampling_clip_max: float | None = param(3.0, positive=True)

@@ -70,6 +70,9 @@ class ChainScores:
     row_tokens: TokenColumn | None = None
     """The advantage stage's Scores.row_tokens over all n rows (empty for rows it did not
     score), or None."""
+    is_norm: Tensor | None = None
+    """(n,) float64 the divisor of each row's importance weights (rollout_is_batch_normalize:
+    its batch's mean weight), or None."""
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,19 @@ class StrategyChain:
 
     @property
     def batch_level(self) -> bool:
+        """The run needs per-batch statistics: the advantage stage's, or the correction's batch
+        mean weight (rollout_is_batch_normalize)."""
+        return self._adv_batch_level or self._normalizes
+
+    @property
+    def _adv_batch_level(self) -> bool:
         adv = self.stage(ADVANTAGE)
         return bool(adv is not None and adv.batch_level)
+
+    @property
+    def _normalizes(self) -> bool:
+        c = self.correction
+        return bool(c is not None and getattr(c, "rollout_is_batch_normalize", False))
 
     @property
     def duplicates(self) -> bool:
@@ -173,11 +187,30 @@ class StrategyChain:
         return replace(rows, action_tokens=torch.where(masked, torch.zeros_like(rows.action_tokens), rows.action_tokens), last_action=last, columns=columns), masked
 
     def batch_values(self, rows: GroupedRows, *, shaped: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch ids, values, weights) of the batch statistics: the advantage stage's (weights
+        >= 0), then, with rollout_is_batch_normalize, each row's weight terms as (numerator,
+        -1 - denominator): a negative weight marks the correction's entries, exactly (the
+        denominators are token or row counts)."""
         rows = self._masked(rows if shaped else self.shaped(rows))[0]
-        return self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows)))
+        parts = []
+        if self._adv_batch_level:
+            parts.append(self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows))))
+        if self._normalizes:  # over every row, before the rejection (as verl's input mask)
+            batch, num, den = self.correction.norm_values(rows)
+            parts.append((batch, num.to(torch.float64), -1.0 - den.to(torch.float64)))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(torch.cat([p[i].to(parts[0][i].dtype) for p in parts]) for i in range(3))
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return self.stage(ADVANTAGE).batch_stats(values, weights)
+        """The advantage stage's statistics, then the correction's weight divisor (if any)."""
+        if not self._normalizes:
+            return self.stage(ADVANTAGE).batch_stats(values, weights)
+        import math
+
+        mine = weights < 0
+        stats = self.stage(ADVANTAGE).batch_stats(values[~mine], weights[~mine]) if self._adv_batch_level else ()
+        return (*stats, self.correction.norm_factor(math.fsum(values[mine]), math.fsum(-1.0 - weights[mine])))
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None = None, *, shaped: bool = False) -> ChainScores:
         """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it.
@@ -196,6 +229,11 @@ class StrategyChain:
         score = token_scale = informative = row_tokens = None
 
         adv = self.stage(ADVANTAGE)
+        is_norm = None
+        if self._normalizes and batch_stats is not None:
+            is_norm, batch_stats = batch_stats[:, -1].clone(), batch_stats[:, :-1]
+        if not self._adv_batch_level:
+            batch_stats = None
         if adv is not None:
             sub, kept = rows.select(keep), torch.nonzero(keep).flatten()
             stats = batch_stats[keep] if batch_stats is not None else None
@@ -237,7 +275,7 @@ class StrategyChain:
                 informative[reached] &= copyable(sub)
 
         reward = rows.reward if self.shaping else None
-        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward, row_tokens)
+        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward, row_tokens, is_norm)
 
 
 def split_param(key: str) -> tuple[str | None, str]:
