@@ -57,6 +57,7 @@ RESOLVED_DEFAULTS = {
     "ngram_repetition_filter": {"rep_len": 10, "max_ratio": 0.5},
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
+    "kl_penalty": {"kl_penalty": "kl", "kl_coef": 0.001, "ref_logprobs": "ref_logprobs"},
     "opo": {"epsilon": 1e-06},
     "optimal_token_baseline": {"handle_zero_tail": True, "epsilon": 1e-08, "rollout_is_weights": False},
     "pass_rate_band": {"lo": 0.0, "hi": 1.0, "threshold": 1.0, "task_stats": None, "unseen": "keep"},

@@ -44,6 +44,9 @@ the rollout correction leaves of each row (transforms/strategies/offpolicy.py)."
 TOKEN_BASELINE_FEATURE = "@token_baseline:"
 """Need `@token_baseline:JSON`: light columns x.otb_path_variance (list<float64>, a token feature
 that crosses the shuffle), x.otb_last and x.otb_bad (transforms/strategies/token_baseline.py)."""
+KL_FEATURE = "@kl_sum:"
+"""Need `@kl_sum:JSON`: light column x.kl_sum, each row's sum over action tokens of the KL
+estimate between logprobs and ref_logprobs (transforms/strategies/shaping.py)."""
 CLIPB_FEATURE = "@clipb:"
 """Need `@clipb:JSON`: light columns x.clipb_s, x.clipb_s2 (sums over action tokens of
 p (H + log p) and its square) and x.clipb_bad (transforms/strategies/token_baseline.py)."""
@@ -154,7 +157,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
             for key, values in offpolicy_features(name, ArrowRows(valid)).items():
                 columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
             continue
-        if name.startswith((TOKEN_BASELINE_FEATURE, CLIPB_FEATURE)):
+        if name.startswith((TOKEN_BASELINE_FEATURE, CLIPB_FEATURE, KL_FEATURE)):
             from rescore.transforms.rows.strategy_columns import ArrowRows
             from rescore.transforms.strategies.base import TokenColumn
             from rescore.transforms.strategies.token_baseline import light_features as token_baseline_features

@@ -759,6 +759,24 @@ class DAPOOverlongPenaltyParams(StrategyParams):
 
 
 @register(
+    "kl_penalty",
+    kind=SHAPE,
+    implementation="shaping:KLPenalty",
+    summary="r <- r - kl_coef * sum over action tokens of kl(logprobs, ref_logprobs) (verl's use_kl_in_reward, fixed coefficient)",
+)
+@dataclass(frozen=True)
+class KLPenaltyParams(StrategyParams):
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    kl_coef: float = param(0.001, minimum=0.0)
+    ref_logprobs: Column = "ref_logprobs"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["ref_logprobs"].endswith("ref_logprobs"):
+            raise ConfigError(f"{strategy}: ref_logprobs names the reference model's log-prob column, ending in 'ref_logprobs', got {values['ref_logprobs']!r}")
+
+
+@register(
     "truncated_reward",
     kind=SHAPE,
     implementation="shaping:TruncatedReward",

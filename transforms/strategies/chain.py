@@ -336,7 +336,7 @@ def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyCha
     for stage in chain.stages:  # rules across stages (e.g. two sources of importance weights)
         check = getattr(stage, "check_chain", None)
         if check is not None:
-            check(chain.correction)
+            check(chain)
     return chain
 
 

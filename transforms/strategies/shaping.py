@@ -11,6 +11,8 @@ rewards the previous one left). The written `reward` is the shaped one; the inpu
                             up to max_resp_len, -penalty_factor beyond (DAPO, arXiv 2503.14476;
                             verl DAPORewardManager, Trinity MathDAPORewardFn)
     truncated_reward        truncated rows: r <- value (mode=set) or r + value (mode=add)
+    kl_penalty              r <- r - kl_coef * sum_t m_t kl_t (verl's apply_kl_penalty with a fixed
+                            coefficient, as its outcome estimators sum the token rewards)
     reward_sum              r <- sum_k w_k * x_k over named reward columns
 
 A shaping strategy is a `Shapes` (base.py): `shape(rows) -> (n,) float64` new rewards from the
@@ -21,18 +23,22 @@ the row is read, as a light column; tokens never cross the shuffle.
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from rescore.transforms.strategies.catalog import (
     DAPOOverlongPenaltyParams,
+    KLPenaltyParams,
     RewardShapingParams,
     RewardSumParams,
     TruncatedRewardParams,
 )
 from rescore.transforms.strategies.filters import truncated_flags
-from rescore.transforms.strategies.registry import Column
+from rescore.transforms.strategies.registry import Column, ConfigError
 from rescore.transforms.strategies.segments import group_stats
 
 OPTIONAL = "@optional:"
@@ -125,3 +131,58 @@ class RewardSum(_Shaping, RewardSumParams):
         for key, w in zip(self.reward_keys, weights):
             out = out + w * rows.columns[key].to(torch.float64)
         return out
+
+
+KL_FEATURE = "@kl_sum:"
+"""rows/keys.py: `@kl_sum:` and a JSON object {"stage": [NAME, PARAMS], "correction": null}:
+light column x.kl_sum, each row's sum over action tokens of kl_t."""
+
+
+def kl_values(logprobs: np.ndarray, ref_logprobs: np.ndarray, kind: str) -> np.ndarray:
+    """(T,) verl 0.9.1 `kl_penalty_forward` per token: k1 logprobs - ref; abs |logprobs - ref|;
+    k2 (mse) (logprobs - ref)^2 / 2; k3 (low_var_kl) exp(d) - d - 1 with d = ref - logprobs
+    clamped to [-20, 20], the result clamped to [-10, 10]."""
+    lp, ref = np.asarray(logprobs, dtype=np.float64), np.asarray(ref_logprobs, dtype=np.float64)
+    if kind in ("kl", "k1"):
+        return lp - ref
+    if kind == "abs":
+        return np.abs(lp - ref)
+    if kind in ("mse", "k2"):
+        return 0.5 * np.square(lp - ref)
+    d = np.clip(ref - lp, -20.0, 20.0)
+    return np.clip(np.exp(d) - d - 1.0, -10.0, 10.0)
+
+
+class KLPenalty(_Shaping, KLPenaltyParams):
+    """verl's KL in the reward (algorithm.use_kl_in_reward) with a fixed kl_coef: each row's
+    token rewards less kl_coef * kl_t on its action tokens. verl's outcome estimators (grpo,
+    rloo, ...) read the sum of the token rewards, so the row's reward becomes
+    r - kl_coef * sum_t m_t kl_t; the sum is computed where the row is read (x.kl_sum)."""
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        feature = {"stage": [self.name, self.params], "correction": None}
+        return ("logprobs", self.ref_logprobs, KL_FEATURE + json.dumps(feature, sort_keys=True, separators=(",", ":")))
+
+    def light_features(self, rows, correction=None) -> dict[str, np.ndarray]:
+        from rescore.transforms.strategies.flat import flat_segment_sum
+
+        lengths, mask = rows.response()
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        lp, ref = rows.tokens("logprobs"), rows.tokens(self.ref_logprobs)
+        # The rows are valid: logprobs and ref_logprobs line up with the response (validation).
+        kl = kl_values(lp.values[int(lp.offsets[0]) : int(lp.offsets[-1])], ref.values[int(ref.offsets[0]) : int(ref.offsets[-1])], self.kl_penalty)
+        return {"kl_sum": flat_segment_sum(kl * mask, offsets)}
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        return rows.reward - self.kl_coef * rows.columns["kl_sum"]
+
+    def check_chain(self, chain) -> None:
+        if chain.token_level:
+            adv = chain.stage(ADVANTAGE)
+            raise ConfigError(
+                f"{self.name} before {adv.name}: a token-level estimator would need the per-token KL rewards "
+                "(verl discounts them token by token), which rescore does not carry yet; use an outcome estimator "
+                "(grpo, rloo, reinforce_plus_plus_baseline, ...), which reads r - kl_coef * sum of kl"
+            )

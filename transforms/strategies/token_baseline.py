@@ -275,7 +275,8 @@ class OptimalTokenBaseline(OptimalTokenBaselineParams):
         extra = (IS_WEIGHTS,) if self.rollout_is_weights else ()
         return ("logprobs", "sum_pi_squared", *extra, FEATURE + json.dumps(feature, sort_keys=True, separators=(",", ":")))
 
-    def check_chain(self, correction: Strategy | None) -> None:
+    def check_chain(self, chain) -> None:
+        correction = chain.correction
         if correction is not None and self.rollout_is_weights:
             raise ConfigError(
                 f"{self.name}: rollout_is_weights=true reads an is_weights column, but {correction.name} in the same "
