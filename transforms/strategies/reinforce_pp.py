@@ -33,7 +33,7 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
 from rescore.transforms.strategies.catalog import ReinforcePlusPlusParams
-from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.flat import action_means, flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
 
 TRINITY, VERL = "trinity", "verl"
@@ -110,10 +110,7 @@ def reinforce_pp_tokens(
     last_action[nonempty] = mask[ends[nonempty] - 1] != 0
     c = token_discounts(gamma, mode, lengths, mask, last_action)
     values = (reward[row] * c - mu[row]) * inv_sigma[row] * mask
-    tokens = flat_segment_sum(mask, offsets)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        score = np.where(tokens > 0, flat_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)
-    return values, score
+    return values, action_means(values, mask, offsets)
 
 
 class ReinforcePlusPlus(ReinforcePlusPlusParams):

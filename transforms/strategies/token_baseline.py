@@ -31,6 +31,19 @@ clipb (Trinity-RFT 0.6.0 `ClipBAdvantageFn`, arXiv 2602.03392)
     keep_t = A_t >= 0  or  S_t - ES >= -mu sqrt(varS)      (all kept when sqrt(varS) < 1e-12)
 
   The advantage is unchanged; tokens not kept are removed from the action mask.
+
+How they run in the job (the registered classes at the end of this module):
+
+  optimal_token_baseline  each row's W_t m_t is computed where the row is read (light_features)
+                          and crosses the shuffle as a token feature (GroupedRows.token_columns);
+                          score() forms each group's B_t and returns each row's own baselines
+                          (Scores.row_tokens, carried back in the row's record) with G as its
+                          score; token_values writes (G - B_t) m_t. After rollout_correction in
+                          the same chain (needs_after), W reads the corrected mask and is_weights.
+  clipb                   each row's sums of S and S^2 over its action tokens are light features,
+                          the batch's ES and varS batch statistics; score() returns (ES, varS) per
+                          row as row_tokens; token_mask (ClipsTokens) removes the clipped tokens
+                          from the written action_mask and token_values writes A * mask.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores, Strategy, TokenColumn, WrittenRows
 from rescore.transforms.strategies.catalog import ClipBParams, OptimalTokenBaselineParams
 from rescore.transforms.strategies.registry import ConfigError
-from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.flat import action_means, flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
 
 OTB_EPSILON = 1e-8
@@ -364,10 +377,7 @@ class OptimalTokenBaseline(OptimalTokenBaselineParams):
             raise RuntimeError(f"internal error: {self.name}: {len(b)} baselines for {len(mask)} response tokens")
         row = np.repeat(np.arange(len(lengths)), lengths)
         values = (np.asarray(score, dtype=np.float64)[row] - b) * mask
-        actions = flat_segment_sum(mask, offsets)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per_row = np.where(actions > 0, flat_segment_sum(values, offsets) / np.maximum(actions, 1), 0.0)
-        return values, per_row
+        return values, action_means(values, mask, offsets)
 
 
 class TIROptimalTokenBaseline(OptimalTokenBaseline):
