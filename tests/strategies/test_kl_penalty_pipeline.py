@@ -88,11 +88,49 @@ def test_kl_in_reward_equals_verl(tmp_path, rescore, verl, kind):
     assert any(abs(scored[k]["reward"] - scored[k]["reward_original"]) > 1e-3 for k in scored)
 
 
+@pytest.mark.parametrize("kind,gamma", [("kl", 1.0), pytest.param("low_var_kl", 0.9, marks=pytest.mark.slow)])
+def test_kl_in_reward_before_reinforce_plus_plus_equals_verl(tmp_path, rescore, verl, kind, gamma):
+    """verl puts -kl_coef * kl_t on each token's reward and reinforce_plus_plus discounts the
+    token rewards over action tokens, then whitens over the batch's action tokens."""
+    import types
+
+    core, apply_kl_penalty = verl
+    rows = _rows(32)
+    glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=8, schema=SCHEMA)
+    beta = 0.05
+    doc, out = rescore(glob, "--strategy", "kl_penalty,reinforce_plus_plus", f"--set=kl_penalty={json.dumps(kind)}",
+                       f"--set=kl_coef={beta}", f"--set=gamma={gamma}", "--buckets", "3", "--shard-rows", "16")
+    scored = by_id(read_output(out, "scored"))
+    assert len(scored) == len(rows)
+    checked = 0
+    for b in sorted({r["batch"] for r in rows}):
+        members = [r for r in rows if r["batch"] == b]
+        t = max(max(len(r["logprobs"]) for r in members), 1)
+        pad = lambda xs: [float(v) for v in xs] + [0.0] * (t - len(xs))  # noqa: E731
+        f32 = lambda key: torch.tensor([pad(r[key]) for r in members], dtype=torch.float32).double()  # noqa: E731
+        mask = torch.tensor([pad(r["action_mask"]) for r in members], dtype=torch.float64)
+        scores = torch.zeros(len(members), t, dtype=torch.float64)
+        for i, r in enumerate(members):
+            scores[i, max(len(r["logprobs"]) - 1, 0)] = r["reward"]
+        data = refs.DataProto(_Batch(response_mask=mask, token_level_scores=scores, old_log_probs=f32("logprobs"), ref_log_prob=f32("ref_logprobs")))
+        data, _ = apply_kl_penalty(data, core.FixedKLController(beta), kl_penalty=kind)
+        adv, _ = core.compute_reinforce_plus_plus_outcome_advantage(data.batch["token_level_rewards"], mask, config=types.SimpleNamespace(gamma=gamma))
+        for i, r in enumerate(members):
+            row = scored[(r["batch"], r["task"], r["run"], 0)]
+            n = len(r["logprobs"])
+            np.testing.assert_allclose(row["reward"], float(data.batch["token_level_rewards"][i].sum()), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(row["advantages"], adv[i, :n].numpy(), rtol=1e-5, atol=1e-5, err_msg=str(r))
+            checked += n
+    assert checked > 30
+
+
 def test_kl_penalty_one_line_errors(tmp_path):
     from rescore.transforms.strategies import ConfigError, chain_of
 
-    with pytest.raises(ConfigError, match="kl_penalty before reinforce_plus_plus: a token-level estimator would need"):
-        chain_of("kl_penalty,reinforce_plus_plus")
+    with pytest.raises(ConfigError, match="kl_penalty before reinforceplusplus: of the token-level estimators only verl's"):
+        chain_of("kl_penalty,reinforceplusplus")
+    with pytest.raises(ConfigError, match="not with a filter that rewrites or zeroes the action mask"):
+        chain_of("kl_penalty,decoupled_token_is,reinforce_plus_plus")
     with pytest.raises(ConfigError, match="kl_penalty: parameter 'kl_penalty' must be one of"):
         chain_of("kl_penalty,grpo", {"kl_penalty": "k4"})
     with pytest.raises(ConfigError, match="ending in 'ref_logprobs'"):

@@ -176,7 +176,10 @@ def token_values(
     token_scale), `row_tokens` its Scores.row_tokens for these rows (a list array), if any.
     Rows a filter masks keep their place but train on nothing."""
     rows = ArrowRows(table)
-    if row_tokens is None:
+    penalties = chain.token_penalties(rows)
+    if penalties is not None:  # kl_penalty before verl's reinforce_plus_plus
+        values, score = chain.stage(ADVANTAGE).token_values(rows, score, row_value, token_penalties=penalties)
+    elif row_tokens is None:
         values, score = chain.stage(ADVANTAGE).token_values(rows, score, row_value)
     else:
         fl = flat_list(row_tokens)

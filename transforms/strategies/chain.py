@@ -97,8 +97,21 @@ class StrategyChain:
     def _stage_needs(self, stage: Strategy) -> tuple[str, ...]:
         """A stage's needs; one whose inputs depend on the run's correction stage says so with
         `needs_after(correction)` (optimal_token_baseline reads the corrected mask)."""
+        inside = getattr(stage, "needs_in", None)
+        if inside is not None:  # (kl_penalty: what the advantage stage after it needs)
+            return inside(self)
         after = getattr(stage, "needs_after", None)
         return after(self.correction) if after is not None else stage.needs
+
+    def token_penalties(self, table_rows) -> np.ndarray | None:
+        """(T,) the per-token reward penalties the shaping stages put on the written rows' tokens
+        (kl_penalty before a token-level estimator), or None."""
+        out = None
+        for s in self.shaping:
+            pen = getattr(s, "token_penalties", None)
+            if pen is not None and self.token_level:
+                out = pen(table_rows) if out is None else out + pen(table_rows)
+        return out
 
     @property
     def shaping(self) -> tuple[Shapes, ...]:

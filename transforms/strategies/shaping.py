@@ -161,28 +161,78 @@ class KLPenalty(_Shaping, KLPenaltyParams):
 
     @property
     def needs(self) -> tuple[str, ...]:
-        feature = {"stage": [self.name, self.params], "correction": None}
+        return self._needs(None)
+
+    def needs_in(self, chain) -> tuple[str, ...]:
+        """With verl's reinforce_plus_plus after it, the features its batch statistics need."""
+        return self._needs(_token_partner(chain))
+
+    def _needs(self, gamma: float | None) -> tuple[str, ...]:
+        feature = {"stage": [self.name, self.params], "correction": None, "discount": gamma}
         return ("logprobs", self.ref_logprobs, KL_FEATURE + json.dumps(feature, sort_keys=True, separators=(",", ":")))
 
-    def light_features(self, rows, correction=None) -> dict[str, np.ndarray]:
-        from rescore.transforms.strategies.flat import flat_segment_sum
-
-        lengths, mask = rows.response()
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+    def _masked_kl(self, rows) -> np.ndarray:
+        """(T,) kl_t * m_t over the response tokens."""
+        _, mask = rows.response()
         lp, ref = rows.tokens("logprobs"), rows.tokens(self.ref_logprobs)
         # The rows are valid: logprobs and ref_logprobs line up with the response (validation).
         kl = kl_values(lp.values[int(lp.offsets[0]) : int(lp.offsets[-1])], ref.values[int(ref.offsets[0]) : int(ref.offsets[-1])], self.kl_penalty)
-        return {"kl_sum": flat_segment_sum(kl * mask, offsets)}
+        return kl * mask
+
+    def token_penalties(self, rows) -> np.ndarray:
+        """(T,) kl_coef * kl_t * m_t over the response tokens: what verl subtracts from each
+        token's reward."""
+        return self.kl_coef * self._masked_kl(rows)
+
+    def light_features(self, rows, correction=None, discount: float | None = None) -> dict[str, np.ndarray]:
+        """x.kl_sum: sum_t m_t kl_t; with `discount` (verl's reinforce_plus_plus gamma after it)
+        also x.kl_pen (kl_coef * kl_sum) and x.kl_a, x.kl_c, x.kl_k2: the sums over action
+        tokens of K_t, c_t K_t and K_t^2, K_t the discounted penalty to go (reinforce_pp.py)."""
+        from rescore.transforms.strategies.flat import flat_segment_sum
+        from rescore.transforms.strategies.reinforce_pp import VERL, penalty_returns, token_discounts
+
+        lengths, mask = rows.response()
+        lengths = np.asarray(lengths, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        kl = self._masked_kl(rows)
+        out = {"kl_sum": flat_segment_sum(kl, offsets)}
+        if discount is not None:
+            pen = self.kl_coef * kl
+            last = np.zeros(len(lengths), dtype=bool)
+            nonempty = lengths > 0
+            last[nonempty] = mask[offsets[1:][nonempty] - 1] != 0
+            c = token_discounts(float(discount), VERL, lengths, mask, last) * mask
+            k = penalty_returns(pen, mask, lengths, float(discount))
+            out.update(
+                kl_pen=flat_segment_sum(pen, offsets), kl_a=flat_segment_sum(k * mask, offsets),
+                kl_c=flat_segment_sum(c * k * mask, offsets), kl_k2=flat_segment_sum(k * k * mask, offsets),
+            )
+        return out
 
     def shape(self, rows: GroupedRows) -> Tensor:
         return rows.reward - self.kl_coef * rows.columns["kl_sum"]
 
     def check_chain(self, chain) -> None:
-        if chain.token_level:
-            adv = chain.stage(ADVANTAGE)
+        if not chain.token_level:
+            return
+        adv = chain.stage(ADVANTAGE)
+        if _token_partner(chain) is None:
             raise ConfigError(
-                f"{self.name} before {adv.name}: a token-level estimator would need the per-token KL rewards "
-                "(verl discounts them token by token), which rescore does not carry yet; use an outcome estimator "
-                "(grpo, rloo, reinforce_plus_plus_baseline, ...), which reads r - kl_coef * sum of kl"
+                f"{self.name} before {adv.name}: of the token-level estimators only verl's reinforce_plus_plus takes "
+                "the KL per token; use it, or an outcome estimator (grpo, rloo, reinforce_plus_plus_baseline, ...), "
+                "which reads r - kl_coef * sum of kl"
             )
+        if chain.correction is not None or chain.masking is not None:
+            raise ConfigError(
+                f"{self.name} before {adv.name}: not with a filter that rewrites or zeroes the action mask "
+                f"({chain.stage('filter').name}) yet"
+            )
+
+
+def _token_partner(chain) -> float | None:
+    """gamma of verl's reinforce_plus_plus when it is the chain's advantage stage, else None."""
+    from rescore.transforms.strategies.reinforce_pp import VerlReinforcePlusPlus
+
+    adv = chain.stage(ADVANTAGE)
+    return float(adv.gamma) if isinstance(adv, VerlReinforcePlusPlus) else None

@@ -391,7 +391,8 @@ def light_features(need: str, rows: WrittenRows) -> dict[str, np.ndarray | Token
 
     feature = json.loads(need.partition(":")[2])
     correction = None if feature["correction"] is None else create(*feature["correction"])
-    return create(*feature["stage"]).light_features(rows, correction)
+    extra = {"discount": feature["discount"]} if feature.get("discount") is not None else {}
+    return create(*feature["stage"]).light_features(rows, correction, **extra)
 
 
 # --- clipb (catalog.py) ----------------------------------------------------------------------
