@@ -12,7 +12,8 @@ rewards the previous one left). The written `reward` is the shaped one; the inpu
                             verl DAPORewardManager, Trinity MathDAPORewardFn)
     truncated_reward        truncated rows: r <- value (mode=set) or r + value (mode=add)
     kl_penalty              r <- r - kl_coef * sum_t m_t kl_t (verl's apply_kl_penalty with a fixed
-                            coefficient, as its outcome estimators sum the token rewards)
+                            coefficient, as its outcome estimators sum the token rewards); before
+                            verl's reinforce_plus_plus the penalties stay per token (reinforce_pp.py)
     reward_sum              r <- sum_k w_k * x_k over named reward columns
 
 A shaping strategy is a `Shapes` (base.py): `shape(rows) -> (n,) float64` new rewards from the
