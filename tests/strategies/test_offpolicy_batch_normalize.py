@@ -5,7 +5,6 @@ over its rows at sequence level), the corrected masks and the advantages."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
