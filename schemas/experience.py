@@ -74,6 +74,9 @@ INPUT_BY_NAME = {c.name: c for c in INPUT_COLUMNS}
 NEEDED_COLUMNS: dict[str, Column] = {
     "expert": Column("expert", False, _is_mask_value, "a bool (or 0/1 integer)"),
     "teacher_logprobs": Column("teacher_logprobs", False, _list_of(_is_float), "a list of floats"),
+    "sum_pi_squared": Column("sum_pi_squared", False, _list_of(_is_float), "a list of floats"),
+    "is_weights": Column("is_weights", False, _list_of(_is_float), "a list of floats"),
+    "entropy": Column("entropy", False, _list_of(_is_float), "a list of floats"),
 }
 """Optional columns outside the core contract that some strategies need (mix_chord: expert;
 on_policy_distill: teacher_logprobs)."""
@@ -88,6 +91,12 @@ NEEDED_WHY = {
         "the behaviour (rollout) policy's log-probs; --logprob-model keeps the input's logprobs under "
         "this name, or name another column with the behaviour_logprobs parameter"
     ),
+    "sum_pi_squared": (
+        "per response token, the sum over the vocabulary of p^2 under the policy that gave logprobs; "
+        "pass --logprob-model DIR --sum-pi-squared to compute it"
+    ),
+    "is_weights": "per response token importance weights, as a rollout_correction run writes them",
+    "entropy": "per response token entropy of the policy that gave logprobs; pass --logprob-model DIR --entropy to compute it",
     "teacher_logprobs": (
         "the teacher model's log-probs of each response token; pass --teacher-model DIR to compute "
         "them, or score the logged responses with the teacher (e.g. a prompt_logprobs pass in vLLM) "

@@ -156,6 +156,21 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             bad_rows[row_of_value(fl.offsets)[nan]] = True
             out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN")
 
+    for name in needs:  # a reference model's log-probs (kl_penalty): aligned with the response, no NaN
+        if not name.endswith("ref_logprobs") or name not in names:
+            continue
+        fl = flat_list(table[name])
+        out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
+        other = np.where(fl.valid, fl.lengths, -1)
+        mismatch = (other >= 0) & (response_length != other) & ~out.bad
+        out.add(mismatch, lambda i, name=name, other=other: f"length_mismatch: the response has {response_length[i]} tokens but {name} has {other[i]}")
+        values = np.asarray(_np(fl.values), dtype=np.float64)
+        holes = np.isnan(values) | np.asarray(fl.values.is_null().to_numpy(zero_copy_only=False), dtype=bool) if len(values) else np.zeros(0, bool)
+        if holes.any():
+            bad_rows = np.zeros(n, dtype=bool)
+            bad_rows[row_of_value(fl.offsets)[holes]] = True
+            out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN or null")
+
     if "expert" in needs and "expert" in names:
         expert = table["expert"]
         out.add(_np(expert.is_null()), lambda i: "null_value: expert is null")

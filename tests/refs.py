@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, Union
 
+import pytest
+
 WHEELS = {"verl": "verl==0.9.1", "trinity": "trinity-rft==0.6.0"}
 
 
@@ -376,3 +378,12 @@ def _load_areal(src: str) -> types.SimpleNamespace:
 
 
 _LOADERS = {"trl": _load_trl, "openrlhf": _load_openrlhf, "skyrl": _load_skyrl, "areal": _load_areal}
+
+
+@pytest.fixture(scope="module")
+def ref() -> types.SimpleNamespace:
+    """A test's fixture (`from refs import ref`): load(), or a skip with the reason."""
+    try:
+        return load()
+    except RefsUnavailable as e:
+        pytest.skip(str(e))

@@ -122,6 +122,8 @@ class _ScoreBucket(beam.DoFn):
             audit=audit_values(self._plan, rows, scores, per_row_stats) if self._settings.audit_columns else None,
             audit_fields=AUDIT_FIELDS,
             reward=None if scores.reward is None else scores.reward.cpu().numpy(),
+            row_tokens=scores.row_tokens,
+            is_norm=None if scores.is_norm is None else scores.is_norm.cpu().numpy(),
         )
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
         if scores.informative is not None:

@@ -31,6 +31,7 @@ from rescore.transforms.strategies.registry import StrategyParams, register
 # Trinity does, which changed results, so the hash must change with it.)
 RESOLVED_DEFAULTS = {
     "asymre": {"baseline_shift": -0.1},
+    "clipb": {"epsilon": 1e-06, "mu": 2.5},
     "constant": {"weight": 1.0},
     "correct_bias": {"epsilon": 1e-06, "rank_penalty": 0.25},
     "dr_grpo": {},
@@ -56,12 +57,15 @@ RESOLVED_DEFAULTS = {
     "ngram_repetition_filter": {"rep_len": 10, "max_ratio": 0.5},
     "on_policy_distill": {"kl_coef": 1.0},
     "opmd": {"opmd_baseline": "mean", "tau": 1.0},
+    "kl_penalty": {"kl_penalty": "kl", "kl_coef": 0.001, "ref_logprobs": "ref_logprobs"},
     "opo": {"epsilon": 1e-06},
+    "optimal_token_baseline": {"handle_zero_tail": True, "epsilon": 1e-08, "rollout_is_weights": False},
     "pass_rate_band": {"lo": 0.0, "hi": 1.0, "threshold": 1.0, "task_stats": None, "unseen": "keep"},
     "raft": {"reward_threshold": 0.0, "top_only": True, "weight": 1.0},
     "rec": {"epsilon": 1e-06, "std_normalize": False, "drop": None, "seed": 0},
     "reinforce": {},
     "reinforce_plus_plus": {"gamma": 1.0},
+    "tir_optimal_token_baseline": {"handle_zero_tail": True, "epsilon": 1e-08, "rollout_is_weights": False},
     "reinforce_plus_plus_baseline": {},
     "reinforceplusplus": {"gamma": 1.0},
     "remax": {"reward_baselines": "reward_baselines"},
@@ -82,7 +86,7 @@ RESOLVED_DEFAULTS = {
 # preset's own (verl RolloutCorrectionConfig classmethods, TRL, SkyRL, OpenRLHF defaults).
 _CORRECTION = {
     "behaviour_logprobs": "logprobs_original", "rollout_is": None, "rollout_is_threshold": "2.0", "rollout_rs": None,
-    "rollout_rs_threshold": None, "vllm_importance_sampling_mode": None, "vllm_importance_sampling_clip_max": 3.0,
+    "rollout_rs_threshold": None, "rollout_is_batch_normalize": False, "vllm_importance_sampling_mode": None, "vllm_importance_sampling_clip_max": 3.0,
     "vllm_importance_sampling_clip_min": None, "off_policy_mask_threshold": None, "tis_ratio_type": None,
     "token_tis_ratio_clip_high": 2.0, "sequence_tis_ratio_clip_high": 5.0, "sequence_mask_metric": None,
     "geo_mask_high": 1.01, "geo_mask_low": 0.99, "product_mask_high": 2.0, "product_mask_low": 0.5,
@@ -160,6 +164,9 @@ def test_spec_defaults_are_the_declared_fields():
         ("gdpo", {"gdpo_reward_keys": ["a", "b"], "gdpo_reward_weights": [1]}, "gdpo: 'gdpo_reward_weights' has 1 weights for 2 reward columns"),
         ("dynamic_filtering", {"dynamic_filtering_reward_range": [1, 0]}, "dynamic_filtering: 'dynamic_filtering_reward_range' needs low < high, got [1.0, 0.0]"),
         ("dynamic_filtering", {"dynamic_filtering_reward_range": 1}, "dynamic_filtering: parameter 'dynamic_filtering_reward_range' must be [low, high], got 1"),
+        ("clipb", {"mu": -1}, "clipb: parameter 'mu' must be >= 0.0, got -1.0"),
+        ("optimal_token_baseline", {"handle_zero_tail": "yes"}, "optimal_token_baseline: parameter 'handle_zero_tail' must be true or false, got 'yes'"),
+        ("tir_optimal_token_baseline", {"epsilon": -1}, "tir_optimal_token_baseline: parameter 'epsilon' must be >= 0.0, got -1.0"),
         ("grpo", {"tau": 1}, "unknown parameter 'tau' for strategy 'grpo'; valid parameters: epsilon, rank_penalty, std_cal_level, std_threshold"),
     ],
 )
@@ -192,7 +199,8 @@ def test_a_declaration_needs_checkable_types_and_a_free_name():
 
 def test_capabilities_are_declared_protocols():
     assert {n for n in names() if isinstance(create(n), TokenLevel)} == {
-        "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus"
+        "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus", "optimal_token_baseline",
+        "tir_optimal_token_baseline", "clipb",
     }
     assert {n for n in names() if isinstance(create(n), AddsColumns)} == {"mix_chord"}
     assert {n for n in names() if isinstance(create(n), MasksRows)} == {"mask_response_truncated", "mask_truncated_completions"}

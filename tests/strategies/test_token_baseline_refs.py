@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import refs
-from refs import RefsUnavailable
+from refs import ref  # noqa: F401  (the fixture)
 from rescore.transforms.strategies.token_baseline import (
     clipb_keep,
     clipb_scores,
@@ -21,14 +20,6 @@ from rescore.transforms.strategies.token_baseline import (
 )
 
 RTOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def ref():
-    try:
-        return refs.load()
-    except RefsUnavailable as e:
-        pytest.skip(str(e))
 
 
 def padded(seed: int, *, groups: int = 6, size: int = 4):

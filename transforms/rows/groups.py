@@ -16,7 +16,9 @@ from rescore.errors import GroupTooLarge
 from rescore.transforms.rows.tensors import to_device
 from rescore.transforms.rows.keys import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
 from rescore.transforms.rows.outcomes import REJECTED, records
+from rescore.schemas.lists import flat_list
 from rescore.transforms.strategies import GroupedRows
+from rescore.transforms.strategies.base import TokenColumn
 
 
 def _changes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -60,6 +62,7 @@ def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
         return to_device(np.asarray(light[name].to_numpy(zero_copy_only=False), dtype=dtype), device)
 
     names = light.column_names
+    lists = [n for n in names if n.startswith(EXTRA_PREFIX) and pa.types.is_large_list(light.schema.field(n).type)]
     return GroupedRows(
         reward=t("reward", np.float64),
         offsets=to_device(group_offsets(light), device),
@@ -75,9 +78,16 @@ def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
         columns={
             n[len(EXTRA_PREFIX) :]: t(n, np.int64 if pa.types.is_integer(light.schema.field(n).type) else np.float64)
             for n in names
-            if n.startswith(EXTRA_PREFIX)
+            if n.startswith(EXTRA_PREFIX) and n not in lists
         },
+        token_columns={n[len(EXTRA_PREFIX) :]: _token_column(light[n]) for n in lists},
     )
+
+
+def _token_column(column: pa.ChunkedArray) -> TokenColumn:
+    """A light list column (a token feature) as a numpy TokenColumn with offsets from 0."""
+    flat = flat_list(column)
+    return TokenColumn(flat.offsets - flat.offsets[0], np.asarray(flat.values.to_numpy(zero_copy_only=False), dtype=np.float64))
 
 
 def duplicate_records(dups: pa.Table) -> Iterator[tuple[int, pa.Table]]:

@@ -20,8 +20,8 @@ from rescore.schemas.validation import RowCheck
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.registry import WHOLE_BATCH  # noqa: F401  (re-exported)
 from rescore.transforms.strategies.features import (  # noqa: F401  (the feature names, re-exported)
-    DISCOUNT_COLUMNS, DISCOUNT_FEATURE, NGRAM_FEATURE, NULLABLE_FEATURE, OFFPOLICY_FEATURE, OPTIONAL_FEATURE,
-    discount_params, ngram_column,
+    CLIPB_FEATURE, DISCOUNT_COLUMNS, DISCOUNT_FEATURE, KL_FEATURE, NGRAM_FEATURE, NULLABLE_FEATURE, OFFPOLICY_FEATURE,
+    OPTIONAL_FEATURE, TOKEN_BASELINE_FEATURE, discount_params, ngram_column,
 )
 from rescore.transforms.strategies.flat import flat_segment_sum
 
@@ -137,6 +137,19 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
 
             for key, values in offpolicy_features(name, ArrowRows(valid)).items():
                 columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
+            continue
+        if name.startswith((TOKEN_BASELINE_FEATURE, CLIPB_FEATURE, KL_FEATURE)):
+            from rescore.transforms.rows.strategy_columns import ArrowRows
+            from rescore.transforms.strategies.base import TokenColumn
+            from rescore.transforms.strategies.token_baseline import light_features as token_baseline_features
+
+            for key, values in token_baseline_features(name, ArrowRows(valid)).items():
+                if isinstance(values, TokenColumn):
+                    columns[EXTRA_PREFIX + key] = pa.LargeListArray.from_arrays(
+                        pa.array(np.asarray(values.offsets, dtype=np.int64)), pa.array(np.asarray(values.values, dtype=np.float64))
+                    )
+                else:
+                    columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
             continue
         if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue

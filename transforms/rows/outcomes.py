@@ -29,6 +29,12 @@ RECORD_SCHEMA = pa.schema(
 """`score` is null where the run computes no advantage (a filter or duplication alone)."""
 SHAPED_REWARD = "shaped_reward"
 """A record column of a run with reward shaping: the reward every stage used (float64)."""
+IS_NORM = "is_batch_norm_factor"
+"""A record column of a run with rollout_is_batch_normalize: the divisor of the row's
+importance weights (float64)."""
+ROW_TOKENS = "row_tokens"
+"""A record column of a run whose advantage stage returns per-token values with its scores
+(Scores.row_tokens, list<float64>: optimal_token_baseline's baselines)."""
 
 
 def records(row, batch, status, score=None, token_scale=None, reason=None, *, has_score=True) -> pa.Table:
@@ -58,7 +64,7 @@ def rejected_records(row: np.ndarray, batch: pa.Array | pa.ChunkedArray, reasons
 def scored_outcomes(
     light: pa.Table, keep: np.ndarray, score: np.ndarray | None, token_scale: np.ndarray | None, *,
     reasons: np.ndarray | None = None, audit: dict[str, np.ndarray] | None = None, audit_fields=(),
-    reward: np.ndarray | None = None,
+    reward: np.ndarray | None = None, row_tokens=None, is_norm: np.ndarray | None = None,
 ) -> Iterator[tuple[int, pa.Table]]:
     """(unit, records) for the scored rows of a bucket, one table per read unit in unit order.
 
@@ -66,7 +72,8 @@ def scored_outcomes(
     True, FILTERED where False; score: (n,) float64, None where the run computes no advantage
     (nulls); token_scale: (n,) or None for ones; reasons: (n,) why each row was filtered (kept
     rows: None); audit: values of `audit_fields` (NaN becomes null); reward: (n,) the shaped
-    rewards (a SHAPED_REWARD column; rejected rows' records have none).
+    rewards (a SHAPED_REWARD column; rejected rows' records have none); row_tokens: a
+    TokenColumn over the n rows (a ROW_TOKENS column); is_norm: (n,) an IS_NORM column.
     """
     n = len(keep)
     status = np.where(keep, SCORED, FILTERED).astype(np.int8)
@@ -85,6 +92,12 @@ def scored_outcomes(
             out = out.append_column(f, pa.array(audit[f.name], f.type, from_pandas=True))  # NaN -> null
     if reward is not None:
         out = out.append_column(SHAPED_REWARD, pa.array(np.asarray(reward, dtype=np.float64)))
+    if row_tokens is not None:
+        values = np.asarray(row_tokens.values, dtype=np.float64)[int(row_tokens.offsets[0]) :]
+        offsets = np.asarray(row_tokens.offsets, dtype=np.int64) - int(row_tokens.offsets[0])
+        out = out.append_column(ROW_TOKENS, pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)))
+    if is_norm is not None:
+        out = out.append_column(IS_NORM, pa.array(np.asarray(is_norm, dtype=np.float64)))
     for unit, part in split_by(out, out["unit"].to_numpy()):
         rec = records(
             part["row"].to_numpy(),
@@ -99,4 +112,8 @@ def scored_outcomes(
             rec = rec.append_column(part.schema.field(f.name), part[f.name])
         if reward is not None:
             rec = rec.append_column(SHAPED_REWARD, part[SHAPED_REWARD])
+        if row_tokens is not None:
+            rec = rec.append_column(ROW_TOKENS, part[ROW_TOKENS])
+        if is_norm is not None:
+            rec = rec.append_column(IS_NORM, part[IS_NORM])
         yield unit, rec

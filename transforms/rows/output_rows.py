@@ -19,9 +19,12 @@ from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.rows import strategy_columns
 from rescore.transforms.rows.copies import copy_fields, expand_copies
 from rescore.transforms.rows.metrics import row_metrics
-from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, REJECTED, SCORED, SHAPED_REWARD
+from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, IS_NORM, REJECTED, ROW_TOKENS, SCORED, SHAPED_REWARD
 from rescore.transforms.rows.tokens import score_columns
 from rescore.transforms.strategies import StrategyChain
+from rescore.transforms.strategies.base import ADVANTAGE, ClipsTokens
+
+ACTION_MASK = strategy_columns.ACTION_MASK
 
 
 @dataclass(frozen=True)
@@ -112,21 +115,34 @@ def scored_rows(
     valid = np.asarray(score_col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     score = np.asarray(score_col.fill_null(0.0).to_numpy(), dtype=np.float64)
     row_value = score * rec["token_scale"].to_numpy()[kept]
+    row_tokens = rec[ROW_TOKENS].combine_chunks().take(pa.array(kept)) if ROW_TOKENS in rec.column_names else None
+    is_norm = np.asarray(rec[IS_NORM].combine_chunks().take(pa.array(kept)).to_numpy(zero_copy_only=False), dtype=np.float64) if IS_NORM in rec.column_names else None
     extra_columns: list = []
     copied_batch = pa.array([], pa.int64())
     copies = scoring.duplicates
     if copies:
         scored, source, extra_columns = expand_copies(scored, copy_plans or {}, task_type)
         score, row_value, valid = score[source], row_value[source], valid[source]
+        row_tokens = None if row_tokens is None else row_tokens.take(pa.array(source))
+        is_norm = None if is_norm is None else is_norm[source]
         copied_batch = rec["batch"].combine_chunks().take(pa.array(kept[source[len(kept):]]))
     stage_fields = schemas.extra[2 if copies else 0 :]
+    clip_fields = strategy_columns.clip_fields(scoring, table.schema)
+    if clip_fields:
+        stage_fields = stage_fields[: -len(clip_fields)]
     correction: list = []
     correction_audit: dict = {}
     if scoring.correction is not None:  # rejected tokens zeroed in action_mask before the advantages
         n_corr = len(strategy_columns.correction_fields(scoring, table.schema))
         stage_fields, corr_fields = stage_fields[:-n_corr], stage_fields[-n_corr:]
-        scored, correction = strategy_columns.corrected(scoring, scored, row_value, corr_fields, correction_audit)
-    extra_columns += strategy_columns.output_columns(scoring, scored, stage_fields) + correction
+        scored, correction = strategy_columns.corrected(scoring, scored, row_value, corr_fields, correction_audit, is_norm)
+    clip: list = []
+    if isinstance(scoring.stage(ADVANTAGE), ClipsTokens):  # clipb: tokens leave the written action_mask
+        had_mask = ACTION_MASK in table.column_names
+        scored, clip = strategy_columns.clipped(scoring, scored, score, row_tokens, clip_fields)
+        if correction and not had_mask:  # the correction wrote the only action_mask column: the clipped one
+            correction[-1] = scored[ACTION_MASK].combine_chunks().cast(correction[-1].type)
+    extra_columns += strategy_columns.output_columns(scoring, scored, stage_fields) + correction + clip
     if schemas.audit:
         at = pa.array(kept if not copies else kept[source])
         extra_columns += [
@@ -134,7 +150,7 @@ def scored_rows(
         ]
     token_values = None
     if scoring.token_level:
-        token_values, score = strategy_columns.token_values(scoring, scored, score, row_value)
+        token_values, score = strategy_columns.token_values(scoring, scored, score, row_value, row_tokens)
     columns = scored.select(schemas.base_names).columns + score_columns(
         scored, row_value, score, None if valid.all() else valid, token_values, device
     )

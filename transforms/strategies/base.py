@@ -23,6 +23,7 @@ runtime-checkable protocol that the chain and the row layer test with `isinstanc
     ExplainsScores  explains its scores in the audit columns (baseline, group and batch std)
     ExplainsDrops   says why it dropped a row (--keep-filtered's filter_reason)
     CorrectsTokens  rewrites action_mask and adds is_weights where rows are written (rollout_correction)
+    ClipsTokens     an advantage stage that removes tokens from the written action_mask (clipb)
     Shapes          a `shape` stage: returns new per-row rewards before any other stage
                     (reward_shaping, dapo_overlong_penalty; chain.py)
     DropsGroups     names the metrics.json counter of the whole groups it drops, besides
@@ -81,6 +82,9 @@ class GroupedRows:
     columns: Mapping[str, Tensor] = field(default_factory=dict)
     """Scalar input columns the strategy needs, by name: (n,) float64 values, or int64 hashes
     for string columns."""
+    token_columns: Mapping[str, TokenColumn] = field(default_factory=dict)
+    """Per-row token features that crossed the shuffle, by name (a strategy's `@` need whose
+    light column is a list, e.g. optimal_token_baseline's path variance), as numpy."""
 
     @property
     def num_rows(self) -> int:
@@ -126,6 +130,7 @@ class GroupedRows:
             last_action=pick(self.last_action),
             task_key=pick(self.task_key),
             columns={k: v[keep] for k, v in self.columns.items()},
+            token_columns={k: v.select(keep.cpu().numpy()) for k, v in self.token_columns.items()},
         )
 
 
@@ -147,6 +152,10 @@ class Scores:
     """(G,) float64 reward std of the group as the strategy used it (metrics)."""
     token_scale: Tensor | None = None
     """(n,) float64 per-row factor applied to every token, or None for 1."""
+    row_tokens: TokenColumn | None = None
+    """Per-row token values that go back to each row's writer with its score (a TokenLevel
+    strategy's `token_values` receives them: optimal_token_baseline's per-position baseline),
+    or None."""
 
 
 @runtime_checkable
@@ -187,6 +196,16 @@ class TokenColumn:
     """(n + 1,) int64."""
     values: np.ndarray
     """(T,) the values, in the column's own dtype."""
+
+    def select(self, keep: np.ndarray) -> TokenColumn:
+        """The rows where `keep` (n,) bool is set."""
+        if keep.all():
+            return self
+        lengths = np.diff(self.offsets)
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        values = self.values[int(self.offsets[0]) : int(self.offsets[-1])]
+        return TokenColumn(offsets, values[np.repeat(keep, lengths)])
 
 
 class WrittenRows(Protocol):
@@ -243,7 +262,8 @@ class TokenLevel(Protocol):
     def token_values(self, rows: WrittenRows, score: np.ndarray, row_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(flat token advantages (T,) over the response tokens, already masked; per-row
         score (n,)). `score` and `row_value` (n,) are what score() left (score, score *
-        token_scale)."""
+        token_scale). A strategy whose score() returns `Scores.row_tokens` also takes them
+        as `row_tokens=` (a TokenColumn over these rows)."""
 
 
 @runtime_checkable
@@ -288,6 +308,16 @@ class CorrectsTokens(Protocol):
     def token_correction(self, rows: WrittenRows, advantage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(flat weights (T,), flat corrected 0/1 mask (T,)) over the response tokens; `advantage`
         (n,) is each row's scalar advantage."""
+
+
+@runtime_checkable
+class ClipsTokens(Protocol):
+    """An advantage stage that removes tokens from the written rows' action mask (clipb): the
+    removed tokens get advantage 0 and the input's mask is kept as `action_mask_original`."""
+
+    def token_mask(self, rows: WrittenRows, score: np.ndarray, row_tokens: TokenColumn | None) -> np.ndarray:
+        """(T,) the flat 0/1 mask to write over the response tokens; `score` (n,) and
+        `row_tokens` are what score() left for these rows."""
 
 
 @runtime_checkable

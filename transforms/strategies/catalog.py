@@ -142,6 +142,40 @@ class ReinforcePlusPlusParams(StrategyParams):
     gamma: float = param(1.0, minimum=0.0, between=(0.0, 1.0))
 
 
+# --- per-position baselines from the model stage's token statistics (token_baseline.py) ------
+
+
+@register(
+    "optimal_token_baseline",
+    kind=ADVANTAGE,
+    implementation="token_baseline:OptimalTokenBaseline",
+    summary="G_t - B_t, B_t per group and position weighted by the path variance (verl); needs logprobs and sum_pi_squared",
+)
+@register(
+    "tir_optimal_token_baseline",
+    kind=ADVANTAGE,
+    implementation="token_baseline:TIROptimalTokenBaseline",
+    summary="optimal_token_baseline over each row's action tokens only (verl's multi-turn variant)",
+)
+@dataclass(frozen=True)
+class OptimalTokenBaselineParams(StrategyParams):
+    handle_zero_tail: bool = True
+    epsilon: float = param(1e-8, minimum=0.0)
+    rollout_is_weights: bool = False
+
+
+@register(
+    "clipb",
+    kind=ADVANTAGE,
+    implementation="token_baseline:ClipB",
+    summary="GRPO advantages; negative-advantage tokens whose p(H + log p) is mu batch stds below its mean leave the action mask (Trinity); needs logprobs and entropy",
+)
+@dataclass(frozen=True)
+class ClipBParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    mu: float = param(2.5, minimum=0.0)
+
+
 # --- outcome-reward estimators (estimators.py) ------------------------------------------------
 
 
@@ -582,6 +616,7 @@ class RolloutCorrectionParams(StrategyParams):
     rollout_is_threshold: str = "2.0"
     rollout_rs: str | None = None
     rollout_rs_threshold: str | None = None
+    rollout_is_batch_normalize: bool = False
     # TRL 1.16.0 (GRPOTrainer)
     vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] | None = None
     vllm_importance_sampling_clip_max: float | None = param(3.0, positive=True)
@@ -721,6 +756,24 @@ class DAPOOverlongPenaltyParams(StrategyParams):
             raise ConfigError(
                 f"{strategy}: needs max_resp_len >= overlong_buffer_len, got {values['max_resp_len']} < {values['overlong_buffer_len']}"
             )
+
+
+@register(
+    "kl_penalty",
+    kind=SHAPE,
+    implementation="shaping:KLPenalty",
+    summary="r <- r - kl_coef * sum over action tokens of kl(logprobs, ref_logprobs) (verl's use_kl_in_reward, fixed coefficient)",
+)
+@dataclass(frozen=True)
+class KLPenaltyParams(StrategyParams):
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    kl_coef: float = param(0.001, minimum=0.0)
+    ref_logprobs: Column = "ref_logprobs"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["ref_logprobs"].endswith("ref_logprobs"):
+            raise ConfigError(f"{strategy}: ref_logprobs names the reference model's log-prob column, ending in 'ref_logprobs', got {values['ref_logprobs']!r}")
 
 
 @register(

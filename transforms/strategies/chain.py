@@ -38,6 +38,7 @@ from rescore.transforms.strategies.base import (
     MasksRows,
     Shapes,
     Strategy,
+    TokenColumn,
     TokenLevel,
 )
 from rescore.transforms.strategies.features import DISCOUNT_COLUMNS
@@ -67,6 +68,12 @@ class ChainScores:
     """(n,) int8: 0 where the row is kept, else 1 + the index in KINDS of the stage that dropped it."""
     reward: Tensor | None = None
     """(n,) float64 the shaped rewards every stage used, or None without a shaping stage."""
+    row_tokens: TokenColumn | None = None
+    """The advantage stage's Scores.row_tokens over all n rows (empty for rows it did not
+    score), or None."""
+    is_norm: Tensor | None = None
+    """(n,) float64 the divisor of each row's importance weights (rollout_is_batch_normalize:
+    its batch's mean weight), or None."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,26 @@ class StrategyChain:
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(n for s in self.stages for n in s.needs))
+        return tuple(dict.fromkeys(n for s in self.stages for n in self._stage_needs(s)))
+
+    def _stage_needs(self, stage: Strategy) -> tuple[str, ...]:
+        """A stage's needs; one whose inputs depend on the run's correction stage says so with
+        `needs_after(correction)` (optimal_token_baseline reads the corrected mask)."""
+        inside = getattr(stage, "needs_in", None)
+        if inside is not None:  # (kl_penalty: what the advantage stage after it needs)
+            return inside(self)
+        after = getattr(stage, "needs_after", None)
+        return after(self.correction) if after is not None else stage.needs
+
+    def token_penalties(self, table_rows) -> np.ndarray | None:
+        """(T,) the per-token reward penalties the shaping stages put on the written rows' tokens
+        (kl_penalty before a token-level estimator), or None."""
+        out = None
+        for s in self.shaping:
+            pen = getattr(s, "token_penalties", None)
+            if pen is not None and self.token_level:
+                out = pen(table_rows) if out is None else out + pen(table_rows)
+        return out
 
     @property
     def shaping(self) -> tuple[Shapes, ...]:
@@ -101,8 +127,19 @@ class StrategyChain:
 
     @property
     def batch_level(self) -> bool:
+        """The run needs per-batch statistics: the advantage stage's, or the correction's batch
+        mean weight (rollout_is_batch_normalize)."""
+        return self._adv_batch_level or self._normalizes
+
+    @property
+    def _adv_batch_level(self) -> bool:
         adv = self.stage(ADVANTAGE)
         return bool(adv is not None and adv.batch_level)
+
+    @property
+    def _normalizes(self) -> bool:
+        c = self.correction
+        return bool(c is not None and getattr(c, "rollout_is_batch_normalize", False))
 
     @property
     def duplicates(self) -> bool:
@@ -164,11 +201,30 @@ class StrategyChain:
         return replace(rows, action_tokens=torch.where(masked, torch.zeros_like(rows.action_tokens), rows.action_tokens), last_action=last, columns=columns), masked
 
     def batch_values(self, rows: GroupedRows, *, shaped: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch ids, values, weights) of the batch statistics: the advantage stage's (weights
+        >= 0), then, with rollout_is_batch_normalize, each row's weight terms as (numerator,
+        -1 - denominator): a negative weight marks the correction's entries, exactly (the
+        denominators are token or row counts)."""
         rows = self._masked(rows if shaped else self.shaped(rows))[0]
-        return self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows)))
+        parts = []
+        if self._adv_batch_level:
+            parts.append(self.stage(ADVANTAGE).batch_values(rows.select(self._filtered(rows))))
+        if self._normalizes:  # over every row, before the rejection (as verl's input mask)
+            batch, num, den = self.correction.norm_values(rows)
+            parts.append((batch, num.to(torch.float64), -1.0 - den.to(torch.float64)))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(torch.cat([p[i].to(parts[0][i].dtype) for p in parts]) for i in range(3))
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
-        return self.stage(ADVANTAGE).batch_stats(values, weights)
+        """The advantage stage's statistics, then the correction's weight divisor (if any)."""
+        if not self._normalizes:
+            return self.stage(ADVANTAGE).batch_stats(values, weights)
+        import math
+
+        mine = weights < 0
+        stats = self.stage(ADVANTAGE).batch_stats(values[~mine], weights[~mine]) if self._adv_batch_level else ()
+        return (*stats, self.correction.norm_factor(math.fsum(values[mine]), math.fsum(-1.0 - weights[mine])))
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None = None, *, shaped: bool = False) -> ChainScores:
         """Apply the stages in order; `batch_stats` (n, k) as Strategy.score takes it.
@@ -184,9 +240,14 @@ class StrategyChain:
         if self.stage(FILTER) is not None:
             dropped[FILTER] = segment_sum((~keep).to(torch.int64), rows.offsets)
         mean, std = group_stats(rows.reward, rows.offsets)
-        score = token_scale = informative = None
+        score = token_scale = informative = row_tokens = None
 
         adv = self.stage(ADVANTAGE)
+        is_norm = None
+        if self._normalizes and batch_stats is not None:
+            is_norm, batch_stats = batch_stats[:, -1].clone(), batch_stats[:, :-1]
+        if not self._adv_batch_level:
+            batch_stats = None
         if adv is not None:
             sub, kept = rows.select(keep), torch.nonzero(keep).flatten()
             stats = batch_stats[keep] if batch_stats is not None else None
@@ -199,6 +260,12 @@ class StrategyChain:
                 if s.token_scale is not None:
                     token_scale = torch.ones_like(score)
                     token_scale[kept] = s.token_scale
+                if s.row_tokens is not None:  # sub's rows are `kept`, in order: only the lengths change
+                    lengths = np.zeros(rows.num_rows, dtype=np.int64)
+                    lengths[kept.cpu().numpy()] = np.diff(s.row_tokens.offsets)
+                    offsets = np.zeros(rows.num_rows + 1, dtype=np.int64)
+                    np.cumsum(lengths, out=offsets[1:])
+                    row_tokens = TokenColumn(offsets, s.row_tokens.values[int(s.row_tokens.offsets[0]) :])
                 present = segment_sum(before.to(torch.int64), rows.offsets) > 0
                 mean[present], std[present] = s.group_mean, s.group_std
             dropped[ADVANTAGE] = segment_sum((before & ~keep).to(torch.int64), rows.offsets)
@@ -222,7 +289,7 @@ class StrategyChain:
                 informative[reached] &= copyable(sub)
 
         reward = rows.reward if self.shaping else None
-        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward)
+        return ChainScores(score, keep, token_scale, mean, std, dropped, informative, dropped_by, reward, row_tokens, is_norm)
 
 
 def split_param(key: str) -> tuple[str | None, str]:
@@ -279,7 +346,12 @@ def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyCha
                 f"unknown parameter {key!r} for strategy {','.join(strategies)!r}{hint}; valid parameters: {', '.join(valid) or '(none)'}"
             )
         per_stage[owners[0]][name] = value
-    return StrategyChain(tuple(create(s.name, per_stage[s.name]) for s in specs))
+    chain = StrategyChain(tuple(create(s.name, per_stage[s.name]) for s in specs))
+    for stage in chain.stages:  # rules across stages (e.g. two sources of importance weights)
+        check = getattr(stage, "check_chain", None)
+        if check is not None:
+            check(chain)
+    return chain
 
 
 def chain_of(strategy: str | list[str], params: Mapping[str, Any] | None = None) -> StrategyChain:

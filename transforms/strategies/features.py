@@ -26,6 +26,17 @@ columns DISCOUNT_COLUMNS, the sums over action tokens of c_t and c_t^2
 (transforms/strategies/reinforce_pp.py)."""
 DISCOUNT_COLUMNS = ("discount_a", "discount_b")
 """The light columns of a DISCOUNT_FEATURE need: sum of c_t, sum of c_t^2 over a row's action tokens."""
+TOKEN_BASELINE_FEATURE = "@token_baseline:"
+"""Need `@token_baseline:JSON` (needs_after of transforms/strategies/token_baseline.py): light
+columns x.otb_path_variance (list<float64>, a token feature that crosses the shuffle), x.otb_last
+and x.otb_bad."""
+CLIPB_FEATURE = "@clipb:"
+"""Need `@clipb:JSON` (ClipB.needs_after): light columns x.clipb_s, x.clipb_s2 (sums over action
+tokens of p (H + log p) and its square) and x.clipb_bad (transforms/strategies/token_baseline.py)."""
+KL_FEATURE = "@kl_sum:"
+"""Need `@kl_sum:JSON` ({"stage": [NAME, PARAMS], "correction": null}): light column x.kl_sum,
+each row's sum over action tokens of the KL estimate between logprobs and ref_logprobs
+(transforms/strategies/shaping.py)."""
 
 
 def ngram_column(n: int) -> str:

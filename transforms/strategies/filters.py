@@ -43,6 +43,7 @@ from rescore.transforms.strategies.catalog import (
 )
 from rescore.transforms.strategies.hashing import string_key
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE
 
 TRUNCATED = "response_truncated"
 
@@ -92,7 +93,7 @@ def dapo_keep_groups(correct: Tensor, offsets: Tensor) -> Tensor:
 class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
     @property
     def needs(self) -> tuple[str, ...]:
-        return () if self.metric_key == "reward" else (f"@optional:{self.metric_key}",)
+        return () if self.metric_key == "reward" else (OPTIONAL_FEATURE + self.metric_key,)
 
     def outcome(self, rows: GroupedRows) -> Tensor:
         """(n,) float64 the metric of each row: the column's value, the reward where missing."""

@@ -50,3 +50,11 @@ def _windowed_int_sum(values: np.ndarray, offsets: np.ndarray, nonempty: np.ndar
             buffer[...] = values[low : low + size]
             out[first:stop][rows] = np.add.reduceat(buffer, (offsets[first:stop] - low)[rows])
         first = stop
+
+
+def action_means(values: np.ndarray, mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """(n,) float64 each row's sum of `values` over its tokens divided by its action tokens
+    (sum of the 0/1 `mask`); 0 for a row without any: a token-level estimator's per-row score."""
+    tokens = flat_segment_sum(mask, offsets)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tokens > 0, flat_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)

@@ -520,7 +520,18 @@ class RolloutCorrection(RolloutCorrectionParams):
         )
         for k, v in terms.items():
             out["offpolicy_m_" + k] = np.where(bad, 0.0, v)
+        if self.rollout_is_batch_normalize:  # verl's batch mean, over the input mask of every row
+            num, den = batch_normalize_terms(c.weights, mask, self.rollout_is)
+            out[BN_NUM], out[BN_DEN] = np.where(bad, 0.0, num.numpy()), np.where(bad, 0.0, den.numpy())
         return out
+
+    def norm_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
+        """(batch ids, numerators, denominators) (n,) of the rows' batch_normalize_terms."""
+        return rows.batch, rows.columns[BN_NUM], rows.columns[BN_DEN]
+
+    def norm_factor(self, numerator: float, denominator: float) -> float:
+        """verl's divisor of the weights from a batch's summed terms (1 where the mean is ~0)."""
+        return batch_normalize_factor(numerator, denominator, self.rollout_is)
 
     def group_metric_sums(self, rows: GroupedRows) -> dict[str, np.ndarray]:
         """(G,) per group: the sums of metric_terms over its rows (rows whose log-probs did not
@@ -584,10 +595,13 @@ class RolloutCorrection(RolloutCorrectionParams):
         weights, mask, _ = self.corrected_rows(rows, advantage)
         return weights, mask
 
-    def corrected_rows(self, rows: WrittenRows, advantage: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def corrected_rows(
+        self, rows: WrittenRows, advantage: np.ndarray, factor: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """token_correction's (weights, mask) and the audit values of each row: the sequence
         log ratio sum_t m_t (logprobs_t - behaviour_t) and the first mask that removed any of
-        its tokens (None: none)."""
+        its tokens (None: none). `factor` (n,): each row's batch divisor of the weights
+        (rollout_is_batch_normalize), or None."""
         lengths, logprobs, behaviour, mask, bad = _rows_tensors(self, rows)
         c = correct(self, logprobs, behaviour, mask)
         new_mask = c.mask
@@ -598,6 +612,8 @@ class RolloutCorrection(RolloutCorrectionParams):
             why[hit & (why == None)] = "off_policy_mask"  # noqa: E711  (an object array)
             new_mask = new_mask * keep.unsqueeze(-1).to(new_mask.dtype)
         weights = c.weights
+        if factor is not None:
+            weights = weights / torch.tensor(np.asarray(factor, dtype=np.float64)).unsqueeze(-1)
         if bad.any():
             b = torch.from_numpy(bad)
             new_mask[b] = 0.0
@@ -611,6 +627,10 @@ class RolloutCorrection(RolloutCorrectionParams):
         lengths, logprobs, behaviour, mask, bad = _rows_tensors(self, rows)
         keep = torch.from_numpy(~bad)
         return offpolicy_metrics(logprobs[keep], behaviour[keep], mask[keep])
+
+
+BN_NUM, BN_DEN = "offpolicy_bn_num", "offpolicy_bn_den"
+"""Light columns of rollout_is_batch_normalize: each row's batch_normalize_terms."""
 
 
 def light_features(need: str, rows: WrittenRows) -> dict[str, np.ndarray]:

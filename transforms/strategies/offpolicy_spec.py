@@ -85,6 +85,8 @@ def check(p: dict, strategy: str) -> None:
     ]
     if len(sources) > 1:
         raise ConfigError(f"{strategy}: one source of importance weights at a time, got {' and '.join(sources)}")
+    if p["rollout_is_batch_normalize"] and p["rollout_is"] is None:
+        raise ConfigError(f"{strategy}: rollout_is_batch_normalize scales verl's rollout_is weights; set rollout_is (token or sequence)")
     try:
         if p["rollout_is"] is not None:
             parse_is_threshold(p["rollout_is_threshold"])

@@ -34,7 +34,7 @@ from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
 from rescore.transforms.strategies.catalog import ReinforcePlusPlusParams
 from rescore.transforms.strategies.features import DISCOUNT_COLUMNS, discount_need
-from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.flat import action_means, flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
 
 TRINITY, VERL = "trinity", "verl"
@@ -98,10 +98,35 @@ def token_discounts(gamma: float, mode: str, lengths: np.ndarray, mask: np.ndarr
     return np.where(last_action[row], c, 0.0)
 
 
+def penalty_returns(penalty: np.ndarray, mask: np.ndarray, lengths: np.ndarray, gamma: float) -> np.ndarray:
+    """(T,) K_t: verl's reinforce_plus_plus returns of per-token rewards `penalty` (T,) alone:
+    on an action token t, penalty_t + gamma * K of the next action token; 0 on the others
+    (observation tokens pass the running return through and drop their own reward)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if not len(lengths) or not offsets[-1]:
+        return np.zeros(int(offsets[-1]), dtype=np.float64)
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    col = np.arange(int(offsets[-1])) - offsets[:-1][row]
+    p = np.zeros((len(lengths), int(lengths.max())))
+    m = np.zeros_like(p)
+    p[row, col], m[row, col] = penalty, mask
+    out = np.zeros_like(p)
+    running = np.zeros(len(lengths))
+    for t in range(p.shape[1] - 1, -1, -1):  # verl's recurrence, one position at a time
+        new = p[:, t] + gamma * running
+        out[:, t] = new * m[:, t]
+        running = new * m[:, t] + running * (1 - m[:, t])
+    return out[row, col]
+
+
 def reinforce_pp_tokens(
-    reward: np.ndarray, inv_sigma: np.ndarray, mu: np.ndarray, lengths: np.ndarray, mask: np.ndarray, gamma: float, mode: str
+    reward: np.ndarray, inv_sigma: np.ndarray, mu: np.ndarray, lengths: np.ndarray, mask: np.ndarray, gamma: float, mode: str,
+    penalty: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(flat token advantages (T,), per-row mean over action tokens (n,)), float64."""
+    """(flat token advantages (T,), per-row mean over action tokens (n,)), float64. `penalty`
+    (T,): per-token reward penalties (kl_penalty; verl mode), whose returns are subtracted."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     row = np.repeat(np.arange(len(lengths)), lengths)
@@ -110,11 +135,11 @@ def reinforce_pp_tokens(
     nonempty = ends > offsets[:-1]
     last_action[nonempty] = mask[ends[nonempty] - 1] != 0
     c = token_discounts(gamma, mode, lengths, mask, last_action)
-    values = (reward[row] * c - mu[row]) * inv_sigma[row] * mask
-    tokens = flat_segment_sum(mask, offsets)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        score = np.where(tokens > 0, flat_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)
-    return values, score
+    returns = reward[row] * c
+    if penalty is not None:
+        returns = returns - penalty_returns(penalty, mask, lengths, gamma)
+    values = (returns - mu[row]) * inv_sigma[row] * mask
+    return values, action_means(values, mask, offsets)
 
 
 class ReinforcePlusPlus(ReinforcePlusPlusParams):
@@ -138,7 +163,17 @@ class ReinforcePlusPlus(ReinforcePlusPlusParams):
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         a, b = self._sums(rows)
-        values, weights = pseudo_values(rows.reward, a, b, rows.action_tokens)
+        if "kl_a" in rows.columns:  # kl_penalty before it: returns r c_t - K_t (shaping.py)
+            from rescore.transforms.strategies.token_baseline import moment_values
+
+            c = rows.columns
+            r = rows.reward + c["kl_pen"]  # the outcome reward, before the KL the shaping took off
+            s1 = r * a - c["kl_a"]
+            s2 = r * r * b - 2.0 * r * c["kl_c"] + c["kl_k2"]
+            values, weights = moment_values(s1.cpu().numpy(), s2.cpu().numpy(), rows.action_tokens.cpu().numpy())
+            values, weights = torch.from_numpy(values), torch.from_numpy(weights)
+        else:
+            values, weights = pseudo_values(rows.reward, a, b, rows.action_tokens)
         return torch.cat([rows.batch, rows.batch]), values, weights
 
     def batch_stats(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
@@ -154,15 +189,22 @@ class ReinforcePlusPlus(ReinforcePlusPlusParams):
         # score = 1 / sigma and token_scale = mu; token_values turns them into token advantages.
         return Scores(inv_sigma.clone(), keep, *group_stats(rows.reward, rows.offsets), token_scale=mu.clone())
 
-    def token_values(self, rows: WrittenRows, score: np.ndarray, row_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def token_values(
+        self, rows: WrittenRows, score: np.ndarray, row_value: np.ndarray, token_penalties: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(flat advantages, per-row score) for the written rows; `score` is 1 / sigma and
-        `row_value` mu / sigma of each row's batch, as score() left them."""
+        `row_value` mu / sigma of each row's batch, as score() left them; `token_penalties`
+        (T,): kl_penalty's per-token penalties (the written reward has their sum taken off)."""
         lengths, mask = rows.response()
         reward = np.asarray(rows.scalar("reward"), dtype=np.float64)
+        if token_penalties is not None:
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            reward = reward + flat_segment_sum(np.asarray(token_penalties, dtype=np.float64), offsets)
         inv_sigma = np.asarray(score, dtype=np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             mu = np.where(inv_sigma != 0, np.asarray(row_value, dtype=np.float64) / inv_sigma, 0.0)
-        return reinforce_pp_tokens(reward, inv_sigma, mu, lengths, mask, self.gamma, self.mode)
+        return reinforce_pp_tokens(reward, inv_sigma, mu, lengths, mask, self.gamma, self.mode, token_penalties)
 
 
 class TrinityReinforcePlusPlus(ReinforcePlusPlus):

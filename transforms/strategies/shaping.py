@@ -11,6 +11,9 @@ rewards the previous one left). The written `reward` is the shaped one; the inpu
                             up to max_resp_len, -penalty_factor beyond (DAPO, arXiv 2503.14476;
                             verl DAPORewardManager, Trinity MathDAPORewardFn)
     truncated_reward        truncated rows: r <- value (mode=set) or r + value (mode=add)
+    kl_penalty              r <- r - kl_coef * sum_t m_t kl_t (verl's apply_kl_penalty with a fixed
+                            coefficient, as its outcome estimators sum the token rewards); before
+                            verl's reinforce_plus_plus the penalties stay per token (reinforce_pp.py)
     reward_sum              r <- sum_k w_k * x_k over named reward columns
 
 A shaping strategy is a `Shapes` (base.py): `shape(rows) -> (n,) float64` new rewards from the
@@ -21,19 +24,24 @@ the row is read, as a light column; tokens never cross the shuffle.
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import torch
 from torch import Tensor
 
-from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
 from rescore.transforms.strategies.catalog import (
     DAPOOverlongPenaltyParams,
+    KLPenaltyParams,
     RewardShapingParams,
     RewardSumParams,
     TruncatedRewardParams,
 )
 from rescore.transforms.strategies.filters import truncated_flags
-from rescore.transforms.strategies.registry import Column
+from rescore.transforms.strategies.registry import Column, ConfigError
 from rescore.transforms.strategies.segments import group_stats
+from rescore.transforms.strategies.features import KL_FEATURE
 from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
 
 
@@ -124,3 +132,105 @@ class RewardSum(_Shaping, RewardSumParams):
         for key, w in zip(self.reward_keys, weights):
             out = out + w * rows.columns[key].to(torch.float64)
         return out
+
+
+
+
+def kl_values(logprobs: np.ndarray, ref_logprobs: np.ndarray, kind: str) -> np.ndarray:
+    """(T,) verl 0.9.1 `kl_penalty_forward` per token: k1 logprobs - ref; abs |logprobs - ref|;
+    k2 (mse) (logprobs - ref)^2 / 2; k3 (low_var_kl) exp(d) - d - 1 with d = ref - logprobs
+    clamped to [-20, 20], the result clamped to [-10, 10]."""
+    lp, ref = np.asarray(logprobs, dtype=np.float64), np.asarray(ref_logprobs, dtype=np.float64)
+    if kind in ("kl", "k1"):
+        return lp - ref
+    if kind == "abs":
+        return np.abs(lp - ref)
+    if kind in ("mse", "k2"):
+        return 0.5 * np.square(lp - ref)
+    d = np.clip(ref - lp, -20.0, 20.0)
+    return np.clip(np.exp(d) - d - 1.0, -10.0, 10.0)
+
+
+class KLPenalty(_Shaping, KLPenaltyParams):
+    """verl's KL in the reward (algorithm.use_kl_in_reward) with a fixed kl_coef: each row's
+    token rewards less kl_coef * kl_t on its action tokens. verl's outcome estimators (grpo,
+    rloo, ...) read the sum of the token rewards, so the row's reward becomes
+    r - kl_coef * sum_t m_t kl_t; the sum is computed where the row is read (x.kl_sum)."""
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self._needs(None)
+
+    def needs_in(self, chain) -> tuple[str, ...]:
+        """With verl's reinforce_plus_plus after it, the features its batch statistics need."""
+        return self._needs(_token_partner(chain))
+
+    def _needs(self, gamma: float | None) -> tuple[str, ...]:
+        feature = {"stage": [self.name, self.params], "correction": None, "discount": gamma}
+        return ("logprobs", self.ref_logprobs, KL_FEATURE + json.dumps(feature, sort_keys=True, separators=(",", ":")))
+
+    def _masked_kl(self, rows) -> np.ndarray:
+        """(T,) kl_t * m_t over the response tokens."""
+        _, mask = rows.response()
+        lp, ref = rows.tokens("logprobs"), rows.tokens(self.ref_logprobs)
+        # The rows are valid: logprobs and ref_logprobs line up with the response (validation).
+        kl = kl_values(lp.values[int(lp.offsets[0]) : int(lp.offsets[-1])], ref.values[int(ref.offsets[0]) : int(ref.offsets[-1])], self.kl_penalty)
+        return kl * mask
+
+    def token_penalties(self, rows) -> np.ndarray:
+        """(T,) kl_coef * kl_t * m_t over the response tokens: what verl subtracts from each
+        token's reward."""
+        return self.kl_coef * self._masked_kl(rows)
+
+    def light_features(self, rows, correction=None, discount: float | None = None) -> dict[str, np.ndarray]:
+        """x.kl_sum: sum_t m_t kl_t; with `discount` (verl's reinforce_plus_plus gamma after it)
+        also x.kl_pen (kl_coef * kl_sum) and x.kl_a, x.kl_c, x.kl_k2: the sums over action
+        tokens of K_t, c_t K_t and K_t^2, K_t the discounted penalty to go (reinforce_pp.py)."""
+        from rescore.transforms.strategies.flat import flat_segment_sum
+        from rescore.transforms.strategies.reinforce_pp import VERL, penalty_returns, token_discounts
+
+        lengths, mask = rows.response()
+        lengths = np.asarray(lengths, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        kl = self._masked_kl(rows)
+        out = {"kl_sum": flat_segment_sum(kl, offsets)}
+        if discount is not None:
+            pen = self.kl_coef * kl
+            last = np.zeros(len(lengths), dtype=bool)
+            nonempty = lengths > 0
+            last[nonempty] = mask[offsets[1:][nonempty] - 1] != 0
+            c = token_discounts(float(discount), VERL, lengths, mask, last) * mask
+            k = penalty_returns(pen, mask, lengths, float(discount))
+            out.update(
+                kl_pen=flat_segment_sum(pen, offsets), kl_a=flat_segment_sum(k * mask, offsets),
+                kl_c=flat_segment_sum(c * k * mask, offsets), kl_k2=flat_segment_sum(k * k * mask, offsets),
+            )
+        return out
+
+    def shape(self, rows: GroupedRows) -> Tensor:
+        return rows.reward - self.kl_coef * rows.columns["kl_sum"]
+
+    def check_chain(self, chain) -> None:
+        if not chain.token_level:
+            return
+        adv = chain.stage(ADVANTAGE)
+        if _token_partner(chain) is None:
+            raise ConfigError(
+                f"{self.name} before {adv.name}: of the token-level estimators only verl's reinforce_plus_plus takes "
+                "the KL per token; use it, or an outcome estimator (grpo, rloo, reinforce_plus_plus_baseline, ...), "
+                "which reads r - kl_coef * sum of kl"
+            )
+        if chain.correction is not None or chain.masking is not None:
+            raise ConfigError(
+                f"{self.name} before {adv.name}: not with a filter that rewrites or zeroes the action mask "
+                f"({chain.stage('filter').name}) yet"
+            )
+
+
+def _token_partner(chain) -> float | None:
+    """gamma of verl's reinforce_plus_plus when it is the chain's advantage stage, else None."""
+    from rescore.transforms.strategies.reinforce_pp import VerlReinforcePlusPlus
+
+    adv = chain.stage(ADVANTAGE)
+    return float(adv.gamma) if isinstance(adv, VerlReinforcePlusPlus) else None
