@@ -1,8 +1,12 @@
-"""A newcomer's first hour, round 2 (issue 34): progress that tells the truth under a pipe and on
---overwrite reruns, a wall time that counts only Rescore's own run, quiet multi-process logs."""
+"""The progress line tells the truth: under a pipe step by step, never backwards, from 0 % on an
+--overwrite rerun (only this run's progress marks count), with worker processes; in a log the
+first line waits one interval."""
 
 from __future__ import annotations
 
+import glob
+import io
+import logging
 import os
 import re
 import subprocess
@@ -11,19 +15,11 @@ import time
 
 import pytest
 
+from batched import rescore_process as _cli
 from conftest import RUNNER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINE = re.compile(r"read (\d+)/(\d+) units?, scored ([\d,]+)/([\d,]+) rows?, written (\d+)/(\d+) units? \((\d+)%\)")
-
-
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    from rescore.pipelines.sample import main as sample_main
-
-    d = tmp_path_factory.mktemp("first-hour")
-    assert sample_main(["--output", str(d / "data")]) == 0
-    return str(d / "data" / "*.parquet")
 
 
 def _progress(stderr: str) -> list[tuple[int, ...]]:
@@ -84,139 +80,46 @@ def test_progress_in_a_log_waits_one_interval(sample, tmp_path):
         f"rescore: error: {out} already holds a finished run (_SUCCESS); pass --overwrite to replace it"], err2
 
 
-@pytest.mark.slow
-def test_a_multi_process_run_prints_only_its_summary(sample, tmp_path):
-    """The README's --direct_num_workers=2 example: Beam's worker logs (relayed to the driver, or
-    written to the stderr the workers inherit) are not shown at the default log level."""
+def test_progress_counts_this_runs_marks_not_an_earlier_runs_files(tmp_path, caplog):
+    """An --overwrite rerun: the finished earlier run's scored files are in the output; the line
+    counts only the marks this run's steps dropped (transforms/files/progress_marks.py)."""
+    from rescore.pipelines.progress import Progress
+    from rescore.transforms.files import progress_marks
+
+    caplog.set_level(logging.INFO)  # a non-terminal stream gets the plan line at once only at INFO
+
+    out = tmp_path / "out"
+    marks = out / "_staging" / "_progress"
+    marks.mkdir(parents=True)
+    for name in ("scored-00000-of-00004.parquet", "scored-00001-of-00004.parquet", "_SUCCESS"):
+        (out / name).write_bytes(b"")  # the earlier run
+    for name in (progress_marks.read_mark(0, 25), progress_marks.read_mark(2, 20), progress_marks.score_mark(7, 30),
+                 progress_marks.write_mark(2)):
+        (marks / name).write_bytes(b"")
+    stream = io.StringIO()
+    progress = Progress(str(out), 4, 100, 1, stream=stream, interval=0.05)
+    assert progress.counts() == (2, 30, 100, 1)  # two units read; 30 of the 100 planned rows scored
+    with progress:
+        time.sleep(0.3)
+        for name in (progress_marks.read_mark(1, 25), progress_marks.read_mark(3, 25)):
+            (marks / name).write_bytes(b"")
+        time.sleep(0.3)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "rescore: planned 100 rows in 1 file (4 read units); running"
+    # read 2/4 (50%), scored 30/100 (30%), written 1/4 (25%): 35%
+    assert lines[1].startswith("rescore: 100 rows in 1 file: read 2/4 units, scored 30/100 rows, written 1/4 units (35%)")
+    # every unit read: 95 rows passed validation, 30 of them scored
+    assert any(line.startswith("rescore: 100 rows in 1 file: read 4/4 units, scored 30/95 rows, written 1/4 units (52%)")
+               for line in lines), lines
+    assert lines[-1].startswith("rescore: 100 rows in 1 file: read 4/4 units, scored 95/95 rows, written 4/4 units (100%)")
+
+
+def test_progress_advances_with_multi_processing(sample_input, tmp_path):
     out = str(tmp_path / "mp")
-    env = {**os.environ, "RESCORE_PROGRESS_SECONDS": "1000"}
-    p = subprocess.run([sys.executable, "-m", "rescore", "--input", sample, "--output", out, "--strategy", "grpo",
-                        "--direct_num_workers=2", "--direct_running_mode=multi_processing"],
-                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=400)
+    p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--shard-rows", "16",
+             "--direct_running_mode=multi_processing", "--direct_num_workers=2", "--log-level", "INFO", timeout=400)
     assert p.returncode == 0, p.stderr
-    lines = p.stderr.rstrip("\n").splitlines()
-    assert lines[0] == f"rescore: grpo done -> {out}", p.stderr
-    assert len(lines) == 9 and all(line.startswith("  ") for line in lines[1:]), p.stderr
-
-
-def test_worker_log_lines_are_dropped_from_what_other_processes_wrote():
-    from rescore.pipelines.rescore import _without_worker_logs
-
-    spilled = (b"INFO:apache_beam.runners.worker.sdk_worker_main:Python sdk harness starting\n"
-               b"I0000 00:00:1700000000.000000 12 fork_posix.cc:77] Other threads are currently calling into gRPC\n"
-               b"WARNING:root:No semi_persistent_directory found\n"
-               b"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: y\n"
-               b"a line of the user's own verifier\n")
-    assert _without_worker_logs(spilled) == b"a line of the user's own verifier\n"
-
-
-def test_first_hour_smalls(sample, tmp_path, monkeypatch, capsys):
-    """Item 7 of issue 34, each on its real stderr (run_many: a child process, one stderr each)."""
-    from batched import run_many
-
-    csvs = tmp_path / "csvs"
-    csvs.mkdir()
-    for name in ("a.csv", "b.csv"):
-        (csvs / name).write_text("batch,task\n")
-    mixed = tmp_path / "mixed"
-    mixed.mkdir()
-    for path in __import__("glob").glob(sample):
-        os.symlink(path, mixed / os.path.basename(path))
-    (mixed / "bad.parquet").write_text("junk")
-    fresh = tmp_path / "fresh" / "out"
-    runs = run_many(str(tmp_path / "err"), [
-        ["--input", str(csvs), "--output", str(tmp_path / "o1"), RUNNER, "--strategy", "grpo"],
-        ["--input", sample, "--output", str(tmp_path / "o2"), RUNNER, "--strategy", "GRPO"],
-        ["--input", sample, "--output", str(tmp_path / "o3"), RUNNER, "--algorithm", "Multi_Step_GRPO"],
-        ["--input", str(mixed / "*.parquet"), "--output", str(tmp_path / "o4"), RUNNER, "--strategy", "grpo", "--skip-bad-files"],
-        # a pipeline failure (a group over --max-group-rows) into a folder the run created
-        ["--input", sample, "--output", str(fresh), RUNNER, "--strategy", "grpo", "--max-group-rows", "2"],
-        ["strategies", "grpo"],
-        ["strategies", "GRPO"],
-        ["strategies"],
-        ["configs"],
-    ])
-    (code, err) = runs[0]
-    assert code == 2 and err.strip() == (
-        f"rescore: error: no input files match '{csvs}': {csvs} holds 2 other files (.csv: a.csv, b.csv); "
-        "Rescore reads Parquet files (*.parquet), or --input-table / --input-format for SQL buffers and verl dumps")
-    (code, err) = runs[1]
-    assert code == 2 and err.startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?); valid strategies: ")
-    (code, err) = runs[2]
-    assert code == 2 and "unknown algorithm 'Multi_Step_GRPO' (did you mean 'multi_step_grpo'?)" in err, err
-    (code, err) = runs[3]
-    assert code == 0, err
-    assert err.count("bad.parquet") == 1 and "  skipped file     " in err and "WARNING" not in err, err
-    (code, err) = runs[4]
-    assert code == 1 and err.startswith("rescore: error: ") and len(err.strip().splitlines()) == 1, err
-    assert not fresh.exists() and (tmp_path / "fresh").exists()  # no folder holding only the file list
-    (code, err) = runs[5]
-    assert code == 0
-    (code, err) = runs[6]
-    assert code == 2 and err.strip().startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?)")
-
-    # the listings go to stdout: run them in this process
-    from rescore.pipelines.rescore import main
-
-    capsys.readouterr()
-    assert main(["strategies", "grpo"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("grpo (advantage): ")
-    assert "  epsilon: float = 1e-06" in out and "  std_cal_level: group|batch = 'group'" in out
-    assert main(["strategies"]) == 0
-    out = capsys.readouterr().out
-    assert "filter:\n" in out and "\n  dynamic_filtering " in out and "\nadvantage:\n" in out and "\n  reward_variance " in out
-    assert main(["configs"]) == 0
-    out = capsys.readouterr().out
-    assert "local  " in out.replace("local_multiprocess", "") and "dataflow_gpu" in out
-
-
-def test_shipped_configs_are_found_from_any_directory(sample, tmp_path, monkeypatch):
-    from rescore.errors import ConfigError
-    from rescore.pipelines.config import parse_args, shipped_configs
-
-    monkeypatch.chdir(tmp_path)  # no run_configs/ here
-    assert set(shipped_configs()) >= {"local", "local_multiprocess", "portable", "flink", "dataflow", "dataflow_gpu"}
-    for given in ("local", "local.yaml", "run_configs/local_multiprocess.yaml"):
-        cfg = parse_args(["--config", given, "--input", sample, "--output", "out"])
-        assert cfg.strategies == ["grpo"] or cfg.strategies == ("grpo",), given
-    assert "--direct_running_mode=multi_processing" in " ".join(
-        parse_args(["--config", "local_multiprocess", "--input", sample, "--output", "out"]).beam_args)
-    with pytest.raises(ConfigError, match=r"cannot read config nope.yaml: .*\(shipped configs: dataflow, "):
-        parse_args(["--config", "nope.yaml", "--input", sample, "--output", "out"])
-
-
-def test_dataflow_and_sample_models_without_their_extras(sample, tmp_path, monkeypatch, capsys):
-    """Without the [gcp] extra a Dataflow dry run is one line naming it (exit 2); without
-    [models] `python -m rescore.pipelines.sample_models` is one line naming that."""
-    from rescore.errors import ConfigError
-    from rescore.pipelines import sample_models
-    from rescore.pipelines.config import parse_args
-
-    monkeypatch.setitem(sys.modules, "apache_beam.runners.dataflow.internal.apiclient", None)
-    with pytest.raises(ConfigError, match=r"^--runner DataflowRunner needs the \[gcp\] extra .*pip install 'rescore\[gcp\]'"):
-        parse_args(["--config", "dataflow_gpu", "--project=p", "--temp_location=gs://b/tmp", "--no_auth",
-                    "--dry_run=True", "--input", sample, "--output", "gs://b/out"])
-    monkeypatch.setitem(sys.modules, "transformers", None)
-    assert sample_models.main([str(tmp_path / "models")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("rescore: error: the tiny models need the [models] extra") and len(err.splitlines()) == 1
-    assert not (tmp_path / "models").exists()
-
-
-def test_sample_removes_stale_files_and_counts_right(tmp_path, capsys):
-    from rescore.pipelines.sample import main as sample_main
-
-    out = tmp_path / "s"
-    assert sample_main(["--output", str(out), "--files", "3"]) == 0
-    (out / "notes.parquet").write_text("mine")
-    assert sample_main(["--output", str(out), "--files", "1"]) == 0
-    assert sorted(os.listdir(out)) == ["experience-000.parquet", "notes.parquet"]
-    assert capsys.readouterr().err.splitlines()[-1] == f"wrote 512 rows to 1 file in {out}"
-
-
-def test_log_level_has_help():
-    from rescore.pipelines.config import _parser
-
-    text = _parser().format_help()
-    assert "--log-level" in text and "streams the log" in " ".join(text.split())
+    progress = [line for line in p.stderr.splitlines() if ", written " in line]
+    assert len(glob.glob(os.path.join(out, "scored-*.parquet"))) == 4
+    assert progress and progress[-1].split(": ")[2].startswith("read 4/4 units, scored "), p.stderr
+    assert "written 4/4 units (100%)" in progress[-1], p.stderr
