@@ -84,3 +84,19 @@ def test_run_command_end_to_end_on_tiny_data(tmp_path):
     assert result["sizes"]["3000"]["fastest_peer"] in ("polars", "duckdb")
     assert result["sizes"]["3000"]["rescore_over_fastest_peer"] > 0
     assert result["startup"]["rescore --help"]["median_s"] > 0
+
+
+def test_benchmark_script_runs(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1", "--other-batches", "7"],
+        cwd=root, capture_output=True, text=True, timeout=300, check=True,
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [x["batches"] for x in lines] == [1, 50]
+    assert all(x["rows_out"] > x["rows"] and x["loop_s"] > 0 and x["vectorised_s"] > 0 for x in lines)
