@@ -13,5 +13,3 @@ def test_slice_encodes_without_its_parent_buffer():
     encoded = coder.encode(part)
     assert len(encoded) < 10_000
     assert coder.decode(encoded).equals(part)
-
-

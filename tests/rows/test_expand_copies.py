@@ -150,5 +150,3 @@ def test_each_call_follows_its_own_plans():
     assert expand_copies(table, first, pa.int64())[0].num_rows == 4
     assert expand_copies(table, plans(0), pa.int64())[0].num_rows == 2
     assert expand_copies(table, first, pa.int64())[0].num_rows == 4
-
-

@@ -99,5 +99,3 @@ def test_cli_refuses_a_second_filter():
         parse_args(["--input", "x", "--output", "y", "--strategy", "reward_variance,grpo", "--group-filter", "os:getcwd"])
     rc = parse_args(["--input", "x", "--output", "y", "--strategy", "reward_shaping,grpo", "--group-filter", "os.path:exists"])
     assert rc.strategies == ["reward_shaping", "group_filter", "grpo"] and rc.params["group_filter.function"] == "os.path:exists"
-
-

@@ -102,5 +102,3 @@ def test_replace_decision_matches_skyrl(skyrl_replace, seed, ratio):
         else:  # SkyRL replaces every bad group: we drop them (and copy the good ones)
             assert keep == [u not in bad for u in uids]
             assert not bad & set(replaced_uids)
-
-
