@@ -16,6 +16,12 @@ for _part in ("strategies", "rows", "transforms", "files", "pipelines", "schemas
 RUNNER = "--runner=FnApiRunner"
 
 
+def needs_gcp():
+    """Skip the calling test, with the reason, where the [gcp] extra (Beam's Dataflow client) is
+    not installed: Rescore refuses --runner DataflowRunner without it (test_missing_extras.py)."""
+    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
+
+
 @pytest.fixture
 def rescore(tmp_path):
     """Run the job in-process; returns (metrics document, output dir)."""
