@@ -9,7 +9,7 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from cli_runs import cli_many, one_error, run_here
+from cli_runs import cli_many, data, one_error, run_here  # noqa: F401  (data: fixture)
 from data import random_rows, read_output, write_parquet
 
 
