@@ -132,6 +132,7 @@ def scored_files(out: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.parquet"))}
 
 
+@pytest.mark.slow
 def test_output_is_byte_identical_with_the_cache_on_or_off_and_any_io_threads(tmp_path, rescore):
     rows = random_rows(seed=8, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=3, row_group_size=6, schema=SCHEMA_INT_TASK)
@@ -196,6 +197,7 @@ def resume_after_read_ahead(pause, cache) -> None:
     (pause / "resume").touch()
 
 
+@pytest.mark.slow
 def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, rescore, monkeypatch):
     rows = random_rows(seed=9, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=6, schema=SCHEMA_INT_TASK)

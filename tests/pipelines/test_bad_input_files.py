@@ -9,10 +9,12 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from cli_runs import cli_many, data, one_error, run_here  # noqa: F401  (data: fixture)
 from data import random_rows, read_output, write_parquet
 
 
+@pytest.mark.slow
 def test_odd_files_in_a_glob_stop_the_run_or_are_skipped_and_never_block(data, tmp_path):
     inp = tmp_path / "in"
     rows = [r for r in random_rows(seed=6) if len(r["tokens"]) > r["prompt_length"]]

@@ -25,6 +25,7 @@ def refused(data, tmp_path_factory):
     return {"string_false": (code, lines, setup)}
 
 
+@pytest.mark.slow
 def test_a_string_false_for_overwrite_is_refused_and_the_run_kept(refused):
     code, lines, setup = refused["string_false"]
     line = one_error(lines)
@@ -75,6 +76,7 @@ def test_good_config_values_still_work(tmp_path):
     assert cfg.overwrite is True and cfg.max_reject_fraction == 1.0 and cfg.wait_for_lock == 2.5 and cfg.buckets == 8
 
 
+@pytest.mark.slow
 def test_shipped_configs_are_found_from_any_directory(sample, tmp_path, monkeypatch):
     from rescore.errors import ConfigError
     from rescore.pipelines.config import parse_args, shipped_configs

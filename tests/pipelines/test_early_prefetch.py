@@ -97,6 +97,7 @@ def test_the_read_step_takes_the_prefetched_units_and_the_output_is_the_same(tmp
     assert len(plain) > 4 and early == plain
 
 
+@pytest.mark.slow
 def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     glob = _input(tmp_path)
     argv = ["--input", glob, "--output", str(tmp_path / "out"), "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
@@ -118,6 +119,7 @@ def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     assert _scored(str(tmp_path / "out")) == _run(glob, str(tmp_path / "again"), prefetch=False)
 
 
+@pytest.mark.slow
 def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
     glob = _input(tmp_path)
     probe = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import signal
 
+import pytest
 from cli_runs import cli_many, data, finish, one_error, snapshot, start, wait_for  # noqa: F401  (data: fixture)
 
 
@@ -23,6 +24,7 @@ def test_a_pipeline_failure_is_one_line_and_debug_shows_the_traceback(data, tmp_
     assert lines[-1].startswith("rescore: error: pipeline failed: injected fault")
 
 
+@pytest.mark.slow
 def test_a_failure_in_worker_processes_is_one_line(data, tmp_path):
     """Beam's worker processes write their tracebacks to the stderr they inherit; the console
     script (a process of its own: batched.py calls main(), not it) drops them after a failure."""
@@ -32,6 +34,7 @@ def test_a_failure_in_worker_processes_is_one_line(data, tmp_path):
     assert code == 1 and "injected fault in ScoreGroups" in one_error(lines)
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_the_interrupted_line(data, tmp_path):
     out = str(tmp_path / "out")
     shutil.copytree(data["clean"], out)

@@ -15,6 +15,7 @@ from test_group_filter import user_module  # noqa: F401  (fixture)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_cli_bad_spec_exits_2_with_one_line_before_any_work(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

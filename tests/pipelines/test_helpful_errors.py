@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from batched import forked_run as _forked
 from conftest import RUNNER
 
@@ -20,6 +22,7 @@ def test_set_typo_says_did_you_mean(forked, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_first_hour_smalls(sample, tmp_path, monkeypatch, capsys):
     """Item 7 of issue 34, each on its real stderr (run_many: a child process, one stderr each)."""
     from batched import run_many

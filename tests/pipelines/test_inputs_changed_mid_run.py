@@ -7,10 +7,12 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from cli_runs import data, finish, one_error, start, wait_for  # noqa: F401  (data: fixture)
 from data import random_rows, write_parquet
 
 
+@pytest.mark.slow
 def test_an_input_rewritten_between_the_two_reads_fails_and_publishes_nothing(data, tmp_path):
     inp = tmp_path / "in"
     glob = write_parquet(random_rows(seed=13, batches=4), str(inp), files=3, row_group_size=6)
@@ -30,6 +32,7 @@ def test_an_input_rewritten_between_the_two_reads_fails_and_publishes_nothing(da
     assert not [n for n in os.listdir(out) if n.startswith(("scored-", "rejected-"))]
 
 
+@pytest.mark.slow
 def test_an_input_changed_after_every_read_still_fails_before_publishing(data, tmp_path):
     inp = tmp_path / "in"
     glob = write_parquet(random_rows(seed=13, batches=4), str(inp), files=3, row_group_size=6)

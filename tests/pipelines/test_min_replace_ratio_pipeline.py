@@ -4,9 +4,11 @@ has the rule against SkyRL's)."""
 
 from __future__ import annotations
 
+import pytest
 from test_min_replace_ratio import BATCHES
 
 
+@pytest.mark.slow
 def test_min_replace_ratio_through_the_job(rescore, tmp_path):
     from data import SCHEMA_INT_TASK, read_output, write_parquet
 

@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 
+import pytest
 from cli_runs import cli_many, data, finish, one_error, run_here, sorted_scored, start, wait_for  # noqa: F401  (data: fixture)
 
 
@@ -37,6 +38,7 @@ def test_a_second_run_into_the_same_output_is_refused_naming_the_holder(data, tm
     assert not os.path.exists(os.path.join(out, "_rescore.lock"))  # released
 
 
+@pytest.mark.slow
 def test_wait_for_lock_runs_after_the_holder_finishes(data, tmp_path):
     out, pause = str(tmp_path / "out"), tmp_path / "pause"
     pause.mkdir()
@@ -53,6 +55,7 @@ def test_wait_for_lock_runs_after_the_holder_finishes(data, tmp_path):
     assert sorted_scored(out).equals(sorted_scored(data["clean"]))
 
 
+@pytest.mark.slow
 def test_a_killed_runs_lock_and_leftovers_do_not_block_and_foreign_files_stay(data, tmp_path):
     out, pause = tmp_path / "out", tmp_path / "pause"
     out.mkdir()

@@ -62,6 +62,7 @@ def test_output_naming_an_existing_file_fails_before_anything_runs(refused):
     assert setup["target"].read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_foreign_files_in_the_output_are_never_deleted(data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -103,6 +104,7 @@ def test_a_foreign_filtered_file_in_a_rescore_output_is_refused(refused):
     assert snapshot(setup["out"]) == setup["before"]
 
 
+@pytest.mark.slow
 def test_a_one_shot_run_into_an_incremental_table_is_refused(data, tmp_path):
     """With or without --overwrite: replacing a Delta table by a one-shot run is not what it means."""
     table = str(tmp_path / "inc")
@@ -119,6 +121,7 @@ def test_a_one_shot_run_into_an_incremental_table_is_refused(data, tmp_path):
     assert snapshot(table) == before
 
 
+@pytest.mark.slow
 def test_overwriting_an_output_from_before_the_ledger_removes_its_report_and_filtered_files(data, tmp_path):
     out = str(tmp_path / "leg")
     shutil.copytree(data["clean"], out)
@@ -135,6 +138,7 @@ def test_overwriting_an_output_from_before_the_ledger_removes_its_report_and_fil
     assert json.load(open(os.path.join(out, "metrics.json")))["strategy"] == "rloo"
 
 
+@pytest.mark.slow
 def test_a_failing_overwrite_run_keeps_the_previous_output(data, tmp_path):
     out = str(tmp_path / "out")
     shutil.copytree(data["clean"], out)

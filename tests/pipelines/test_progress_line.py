@@ -65,6 +65,7 @@ def test_progress_under_a_pipe_step_by_step_and_on_an_overwrite_rerun(sample, tm
     assert 0.5 < wall <= elapsed - 3, (wall, elapsed)
 
 
+@pytest.mark.slow
 def test_progress_in_a_log_waits_one_interval(sample, tmp_path):
     """A quick run whose stderr is not a terminal prints no progress line (the first comes after
     one interval, 15 s by default): a quick failure is just its error line."""
@@ -114,6 +115,7 @@ def test_progress_counts_this_runs_marks_not_an_earlier_runs_files(tmp_path, cap
     assert lines[-1].startswith("rescore: 100 rows in 1 file: read 4/4 units, scored 95/95 rows, written 4/4 units (100%)")
 
 
+@pytest.mark.slow
 def test_progress_advances_with_multi_processing(sample_input, tmp_path):
     out = str(tmp_path / "mp")
     p = _cli("--input", sample_input, "--output", out, RUNNER, "--strategy", "grpo", "--shard-rows", "16",

@@ -19,6 +19,7 @@ from batched import forked_run as _forked
 from conftest import RUNNER
 
 
+@pytest.mark.slow
 def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
     from rescore.pipelines.rescore import main
 
@@ -39,6 +40,7 @@ def test_rerun_with_overwrite_removes_the_old_report(sample_input, tmp_path):
     assert f'<meta name="rescore-config-hash" content="{doc["config_hash"]}">' in page
 
 
+@pytest.mark.slow
 def test_report_numbers_match_metrics_json(sample_input, tmp_path):
     """The chart data: dead share from metrics.json, solved shares and sizes from the rows."""
     from rescore.pipelines.report import Bins, group_table, load_metrics, read_run
@@ -64,6 +66,7 @@ def test_report_numbers_match_metrics_json(sample_input, tmp_path):
     assert Bins.of([7]).edges == [(7, 7)] and Bins.of([7]).note() == ""
 
 
+@pytest.mark.slow
 def test_report_draws_extra_reward_columns(tmp_path):
     """A model stage or a second reward column gets its own distribution chart."""
     from rescore.pipelines.rescore import main
@@ -85,6 +88,7 @@ def test_report_draws_extra_reward_columns(tmp_path):
     assert "Columns: rm_score;" in open(os.path.join(out, "report.html"), encoding="utf-8").read()
 
 
+@pytest.mark.slow
 def test_report_deletes_only_the_files_a_report_wrote(forked, sample_input, tmp_path):
     """Other report-*.png files (beside the data or in --to) and a foreign report.html stay."""
     from rescore.pipelines.rescore import main
@@ -110,6 +114,7 @@ def test_report_deletes_only_the_files_a_report_wrote(forked, sample_input, tmp_
     assert (docs / "report-q3-summary.png").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_report_on_an_incremental_table(forked, sample_input, tmp_path):
     """`rescore report TABLE`: each batch's metrics from the committed run that last scored it;
     two incremental runs (the second adds batches) report what one one-shot run over the same
@@ -145,6 +150,7 @@ def test_report_on_an_incremental_table(forked, sample_input, tmp_path):
     assert f"{len(doc['batches'])} batches" in page and os.path.getsize(os.path.join(table, "report-reward.png")) > 1000
 
 
+@pytest.mark.slow
 def test_report_on_filtered_files_rescore_did_not_write_is_one_line(forked, sample_input, tmp_path):
     from rescore.pipelines.rescore import main
 

@@ -28,6 +28,7 @@ def test_plural_and_process_seconds():
     assert 0 < first < process_seconds()
 
 
+@pytest.mark.slow
 def test_summary_reads_unambiguously_and_counts_start_up(sample_input, tmp_path):
     out = str(tmp_path / "out")
     # --log-level INFO: the progress line ("planned ... in 1 file") goes to a non-terminal stderr only then

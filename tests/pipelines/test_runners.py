@@ -115,6 +115,7 @@ def worker_pool():
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, extra",
     [
@@ -136,6 +137,7 @@ def test_runner_paths_give_identical_output(tmp_path, experience, in_process, na
     assert read_output(out).sort_by(KEYS).equals(in_process)
 
 
+@pytest.mark.slow
 def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
     needs_gcp()
     from rescore.pipelines.rescore import run

@@ -44,6 +44,7 @@ INFORMATIVE_TASK = len(FLAT)
 SINGLETON_TASK = len(FLAT) + 1  # batch 4's group of one keeps its reward (mean 0, std 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, params",
     [
@@ -74,6 +75,7 @@ def test_end_to_end_all_equal_groups_score_zero(tmp_path, rescore, strategy, par
             assert b["group_advantages/reward_std/mean"] == pytest.approx((1 + 0 + 0) / 3)  # the singleton's std is 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, params",
     [
