@@ -104,7 +104,7 @@ def test_a_unit_without_a_fingerprint_is_never_kept(unit):
 
 
 def rewrite(path: str) -> None:
-    """Same rows, same row count, rewards reversed (as in tests/test_trust.py)."""
+    """Same rows, same row count, rewards reversed (as in tests/pipelines/test_inputs_changed_mid_run.py)."""
     table = pq.read_table(path)
     reward = pa.array(table["reward"].to_pylist()[::-1])
     pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", reward), path, row_group_size=10)
