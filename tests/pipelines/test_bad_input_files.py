@@ -58,6 +58,7 @@ def test_odd_files_in_a_glob_stop_the_run_or_are_skipped_and_never_block(data, t
     assert read_output(out).num_rows == len(rows) - 1
 
 
+@pytest.mark.slow
 def test_values_past_int64_or_float64_fail_naming_file_and_column(tmp_path):
     cases = [
         ("batch", [0, 2**63], pa.uint64(), "column 'batch' (uint64) holds 9223372036854775808"),

@@ -28,6 +28,7 @@ def data_dir(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_run_writes_outputs_and_a_summary(data_dir):
     out = data_dir / "out"
     (code, err), (code2, err2) = run_many(data_dir, [
@@ -85,6 +86,7 @@ def test_bad_configuration_fails_with_one_line(bad_config_runs, args, message):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_missing_column_names_file_and_column(tmp_path):
     d = tmp_path / "in"
     d.mkdir()

@@ -11,6 +11,7 @@ import pytest
 from cli_runs import cli_many, data, finish, one_error, snapshot, start, wait_for  # noqa: F401  (data: fixture)
 
 
+@pytest.mark.slow
 def test_a_pipeline_failure_is_one_line_and_debug_shows_the_traceback(data, tmp_path):
     out = str(tmp_path / "out")
     (code, lines), (code2, lines2) = cli_many(

@@ -12,6 +12,7 @@ from batched import forked_run as _forked
 from conftest import RUNNER
 
 
+@pytest.mark.slow
 def test_set_typo_says_did_you_mean(forked, tmp_path):
     p = _forked(forked, "--input", str(tmp_path / "x.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo",
              "--set", "epsilonn=1")

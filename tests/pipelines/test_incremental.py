@@ -609,6 +609,7 @@ def refused(tmp_path_factory):
     return {key: (code, err, argv[3]) for (key, argv), (code, err) in zip(runs.items(), results)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", MODEL_FLAGS)
 def test_model_flags_are_refused_with_incremental(refused, extra):
     """The model stage does not run in incremental runs: exit 2, one line, before anything runs
@@ -619,6 +620,7 @@ def test_model_flags_are_refused_with_incremental(refused, extra):
     assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_run_name_without_incremental_is_refused(refused):
     code, err, out = refused["--run-name"]
     assert code == 2 and len(err.strip().splitlines()) == 1, err

@@ -14,6 +14,7 @@ import pytest
 from cli_runs import cli_many, data, finish, one_error, run_here, sorted_scored, start, wait_for  # noqa: F401  (data: fixture)
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_output_is_refused_naming_the_holder(data, tmp_path):
     out, pause = str(tmp_path / "out"), tmp_path / "pause"
     pause.mkdir()

@@ -358,6 +358,7 @@ def test_a_failing_scoring_step_fails_loudly_and_a_rerun_is_correct(tmp_path, re
     accounting_holds(metrics(out))
 
 
+@pytest.mark.slow
 def test_a_finished_output_is_refused_without_overwrite(tmp_path, capsys):
     glob = write_parquet(random_rows(seed=42), str(tmp_path / "in"))
     out = str(tmp_path / "out")

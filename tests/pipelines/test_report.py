@@ -23,6 +23,7 @@ def finished_run(tmp_path_factory):
     return str(d / "out")
 
 
+@pytest.mark.slow
 def test_report_writes_valid_pngs_and_html_with_the_metrics(finished_run, capsys):
     from rescore.pipelines.rescore import main
 

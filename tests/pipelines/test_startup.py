@@ -56,6 +56,7 @@ def test_a_bad_arrow_decay_is_one_line_and_exit_2():
     assert proc.stderr == "rescore: error: RESCORE_ARROW_DECAY_MS must be a whole number of milliseconds (-1: never), got '3s'\n"
 
 
+@pytest.mark.slow
 def test_the_arrow_decay_is_set_on_jemalloc_only(monkeypatch):
     import pyarrow as pa
 

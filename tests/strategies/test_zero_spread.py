@@ -192,6 +192,7 @@ def test_threshold_zero_filters_drop_all_equal_groups(name, params):
 # --- properties -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     groups=st.lists(
