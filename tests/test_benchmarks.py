@@ -95,15 +95,9 @@ def test_run_command_end_to_end_on_tiny_data(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_script_runs(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
         [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1", "--other-batches", "7"],
-        cwd=root, capture_output=True, text=True, timeout=300, check=True,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [x["batches"] for x in lines] == [1, 50]
