@@ -5,24 +5,16 @@ is tests/strategies/test_group_filter.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from batched import rescore_process
 from test_group_filter import user_module  # noqa: F401  (fixture)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow
 def test_cli_bad_spec_exits_2_with_one_line_before_any_work(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rescore", "--input", str(tmp_path / "none" / "*.parquet"), "--output", str(out),
-         "--strategy", "grpo", "--group-filter", "no_such_module_xyz:keep", "--runner=FnApiRunner", "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    proc = rescore_process("--input", str(tmp_path / "none" / "*.parquet"), "--output", str(out),
+                           "--strategy", "grpo", "--group-filter", "no_such_module_xyz:keep", "--runner=FnApiRunner", "--quiet")
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rescore: error: --group-filter no_such_module_xyz:keep: cannot import"), proc.stderr
