@@ -176,3 +176,15 @@ class ForkedRuns:
         self._proc.stdin.close()
         if self._proc.wait(timeout=60) != 0 and exc[0] is None:
             raise AssertionError(f"the fork driver exited {self._proc.returncode}")
+
+
+def rescore_process(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m rescore ARGS` in a process of its own: for a run whose start-up is what is tested."""
+    return subprocess.run([sys.executable, "-m", "rescore", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def forked_run(runs: ForkedRuns, *args: str) -> subprocess.CompletedProcess:
+    """One `rescore ARGS` forked by `runs` (a ForkedRuns), as a CompletedProcess."""
+    code, err = runs.run(list(args))
+    return subprocess.CompletedProcess(["rescore", *args], code, runs.stdout(), err)

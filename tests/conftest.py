@@ -1,6 +1,7 @@
 import os
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 # The shared helpers (data, reference, refs, trinity_real) live here and the tests in directories
@@ -15,6 +16,12 @@ for _part in ("strategies", "rows", "transforms", "files", "pipelines", "schemas
 RUNNER = "--runner=FnApiRunner"
 
 
+def needs_gcp():
+    """Skip the calling test, with the reason, where the [gcp] extra (Beam's Dataflow client) is
+    not installed: Rescore refuses --runner DataflowRunner without it (test_missing_extras.py)."""
+    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
+
+
 @pytest.fixture
 def rescore(tmp_path):
     """Run the job in-process; returns (metrics document, output dir)."""
@@ -26,3 +33,34 @@ def rescore(tmp_path):
         return doc, out
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory):
+    """`rescore` processes forked from one child that imported Rescore once (batched.py), each
+    with its own exit status, stdout and stderr (`batched.forked_run`); `batched.rescore_process`
+    where the process's start-up matters."""
+    from batched import ForkedRuns
+
+    with ForkedRuns(tmp_path_factory.mktemp("forked")) as runs:
+        yield runs
+
+
+@pytest.fixture(scope="module")
+def sample_input(tmp_path_factory):
+    """64 rows of `rescore sample`'s experience in one file of 4 row groups: 4 read units."""
+    from rescore.pipelines.sample import make_experience
+
+    d = tmp_path_factory.mktemp("sample-input")
+    pq.write_table(make_experience(batches=2, tasks=8, runs=4, seed=1), str(d / "part-0.parquet"), row_group_size=16)
+    return str(d / "*.parquet")
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    """What `rescore sample` writes by default (512 rows): the quickstart's input."""
+    from rescore.pipelines.sample import main as sample_main
+
+    d = tmp_path_factory.mktemp("sample")
+    assert sample_main(["--output", str(d / "data")]) == 0
+    return str(d / "data" / "*.parquet")

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_gpu_kernel_benchmark_runs_and_reports():
     proc = subprocess.run(
         [sys.executable, "benchmarks/gpu_kernel.py", "--groups", "256", "--repeats", "1", "--device", "cpu", "cuda"],
@@ -20,6 +23,7 @@ def test_gpu_kernel_benchmark_runs_and_reports():
     assert lines[1]["device"] != "cpu"  # the cuda line: measured, or skipped without a GPU
 
 
+@pytest.mark.slow
 def test_end_to_end_benchmark_scripts_agree_on_tiny_data(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from generate import generate
@@ -37,6 +41,7 @@ def test_end_to_end_benchmark_scripts_agree_on_tiny_data(tmp_path):
     assert "advantages" in pq.read_schema(str(tmp_path / "c.parquet")).names
 
 
+@pytest.mark.slow
 def test_generator_regroups_the_same_rows(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import pyarrow.parquet as pq
@@ -48,6 +53,7 @@ def test_generator_regroups_the_same_rows(tmp_path):
     assert default.read().equals(one.read())
 
 
+@pytest.mark.slow
 def test_timeline_reports_every_step(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from generate import generate
@@ -65,6 +71,7 @@ def test_timeline_reports_every_step(tmp_path):
     assert (tmp_path / "out" / "_SUCCESS").exists()
 
 
+@pytest.mark.slow
 def test_run_command_end_to_end_on_tiny_data(tmp_path):
     proc = subprocess.run(
         [sys.executable, "benchmarks/run.py", "--sizes", "1500", "3000", "--repeats", "1", "--data", str(tmp_path),
@@ -84,3 +91,14 @@ def test_run_command_end_to_end_on_tiny_data(tmp_path):
     assert result["sizes"]["3000"]["fastest_peer"] in ("polars", "duckdb")
     assert result["sizes"]["3000"]["rescore_over_fastest_peer"] > 0
     assert result["startup"]["rescore --help"]["median_s"] > 0
+
+
+@pytest.mark.slow
+def test_benchmark_script_runs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1", "--other-batches", "7"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [x["batches"] for x in lines] == [1, 50]
+    assert all(x["rows_out"] > x["rows"] and x["loop_s"] > 0 and x["vectorised_s"] > 0 for x in lines)

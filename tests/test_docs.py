@@ -136,6 +136,7 @@ def test_every_page_is_covered():
     assert any(_rescore_argv(c)[0] == "report" for c in commands) and any("--algorithm" in c for c in commands)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc", DOCS)
 def test_doc_runs_as_written_in_order(doc, quickstart, models_dir, tmp_path, monkeypatch, capsys):
     from apache_beam.options.pipeline_options import PipelineOptions

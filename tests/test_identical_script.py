@@ -18,6 +18,7 @@ def _git_checkout() -> str | None:
     return None if proc.returncode == 0 else "not a git checkout with a commit"
 
 
+@pytest.mark.slow
 def test_identical_script_compares_head_with_the_working_tree():
     reason = _git_checkout()
     if reason:
@@ -38,6 +39,7 @@ def test_identical_script_compares_head_with_the_working_tree():
     assert kept not in listed  # its worktree is removed, --keep or not
 
 
+@pytest.mark.slow
 def test_identical_compare_finds_the_first_differing_file(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     from identical import compare

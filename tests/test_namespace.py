@@ -32,6 +32,7 @@ def _run(cwd, *args):
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["in_process", "multi_processing"])
 def test_cli_runs_beside_shadowing_modules(user_dir, mode):
     beam = ["--runner=FnApiRunner"]
@@ -61,6 +62,7 @@ def test_import_names(user_dir):
     assert generic == "[]"  # nothing imported under a generic top-level name
 
 
+@pytest.mark.slow
 def test_help_from_console_script_and_module(user_dir):
     for argv in (["-m", "rescore", "--help"], ["-c", "import sys; sys.argv[0] = 'rescore'; from rescore.pipelines.cli import main; main()", "--help"]):
         proc = _run(user_dir, *argv)

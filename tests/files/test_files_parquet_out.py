@@ -97,6 +97,7 @@ def test_empty_and_sliced_tables(tmp_path):
         assert same_values(back, pyarrow_reference(part, tmp_path))
 
 
+@pytest.mark.slow
 def test_other_readers_load_it(tmp_path, monkeypatch):
     import polars as pl
 
@@ -132,6 +133,7 @@ print(parquet_out.write_table(scored_table(2000, seed=1), sys.argv[1]))
 """
 
 
+@pytest.mark.slow
 def test_same_bytes_across_processes_and_thread_counts(tmp_path):
     code = WRITE_ONCE.format(here=os.path.dirname(os.path.abspath(__file__)))
     digests = []

@@ -123,7 +123,7 @@ def test_a_unit_without_a_fingerprint_is_never_kept(unit):
 
 
 def rewrite(path: str) -> None:
-    """Same rows, same row count, rewards reversed (as in tests/test_trust.py)."""
+    """Same rows, same row count, rewards reversed (as in tests/pipelines/test_inputs_changed_mid_run.py)."""
     table = pq.read_table(path)
     reward = pa.array(table["reward"].to_pylist()[::-1])
     pq.write_table(table.set_column(table.schema.get_field_index("reward"), "reward", reward), path, row_group_size=10)
@@ -153,6 +153,7 @@ def scored_files(out: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.parquet"))}
 
 
+@pytest.mark.slow
 def test_output_is_byte_identical_with_the_cache_on_or_off_and_any_io_threads(tmp_path):
     rows = random_rows(seed=8, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=3, row_group_size=6, schema=SCHEMA_INT_TASK)
@@ -216,6 +217,7 @@ def resume_after_read_ahead(pause, cache) -> None:
     (pause / "resume").touch()
 
 
+@pytest.mark.slow
 def test_output_is_byte_identical_when_units_are_kept_as_some_of_their_columns(tmp_path, monkeypatch):
     rows = random_rows(seed=9, batches=5)
     glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=6, schema=SCHEMA_INT_TASK)

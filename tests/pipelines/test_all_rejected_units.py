@@ -32,6 +32,7 @@ def _schema(path: str) -> pa.Schema:
     return pq.read_schema(path).remove_metadata()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [

@@ -77,6 +77,7 @@ def test_keep_filtered_writes_every_dropped_row_with_its_reason(tmp_path):
     assert os.path.exists(os.path.join(out, "_SUCCESS"))
 
 
+@pytest.mark.slow
 def test_filter_reasons_name_the_stage_statistic_and_threshold(tmp_path):
     _, out = _run(tmp_path, "thr", "--strategy", "grpo", "--set", "std_threshold=0.3", "--keep-filtered")
     filtered = _read(out, "filtered")
@@ -89,6 +90,7 @@ def test_filter_reasons_name_the_stage_statistic_and_threshold(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_without_keep_filtered_no_filtered_files_and_same_scores(tmp_path):
     _, plain = _run(tmp_path, "plain", "--strategy", "reward_variance,grpo")
     _, audited = _run(tmp_path, "audited", "--strategy", "reward_variance,grpo", "--keep-filtered", "--audit-columns")
@@ -97,6 +99,7 @@ def test_without_keep_filtered_no_filtered_files_and_same_scores(tmp_path):
     assert b.select(a.schema.names).equals(a)  # the audit adds columns and changes nothing else
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["grpo", "rloo", "opmd"])
 def test_audit_columns_hold_the_numbers_the_score_came_from(tmp_path, strategy):
     _, out = _run(tmp_path, strategy, "--strategy", strategy, "--audit-columns")
@@ -123,6 +126,7 @@ def test_audit_columns_hold_the_numbers_the_score_came_from(tmp_path, strategy):
             assert row["score"] == pytest.approx(row["reward"] - baseline, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_audit_batch_std_with_std_cal_level_batch(tmp_path):
     _, out = _run(tmp_path, "batch", "--strategy", "grpo", "--set", "std_cal_level=batch", "--audit-columns")
     t = _read(out, "scored")
@@ -132,6 +136,7 @@ def test_audit_batch_std_with_std_cal_level_batch(tmp_path):
         assert row["score"] == pytest.approx((row["reward"] - row["baseline"]) / (row["batch_reward_std"] + 1e-6), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_raft_reasons_per_row(tmp_path):
     _, out = _run(tmp_path, "raft", "--strategy", "raft", "--keep-filtered", "--audit-columns")
     filtered = _read(out, "filtered").sort_by([("batch", "ascending"), ("task", "ascending"), ("run", "ascending")])
@@ -149,6 +154,7 @@ def test_raft_reasons_per_row(tmp_path):
     assert scored["baseline"].null_count == scored.num_rows  # RAFT subtracts no baseline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["rec", "gpg", "opo", "reinforce", "grpo_passk"])
 def test_audit_baseline_of_the_new_estimators(tmp_path, strategy):
     _, out = _run(tmp_path, strategy, "--strategy", strategy, "--audit-columns")
@@ -174,6 +180,7 @@ def test_audit_baseline_of_the_new_estimators(tmp_path, strategy):
         assert t["baseline"].null_count < t.num_rows
 
 
+@pytest.mark.slow
 def test_filter_reasons_of_filter_groups_and_dynamic_filtering(tmp_path):
     _, out = _run(tmp_path, "fg", "--strategy", "filter_groups,grpo", "--set", "metric=reward", "--keep-filtered")
     f = _read(out, "filtered")
@@ -186,6 +193,7 @@ def test_filter_reasons_of_filter_groups_and_dynamic_filtering(tmp_path):
     assert reasons == {(0, 1, "dynamic_filtering: reward mean 1 >= 1"), (1, 2, f"dynamic_filtering: reward mean {high:.6g} >= 1")}
 
 
+@pytest.mark.slow
 def test_filter_reason_of_mask_response_truncated_with_drop(tmp_path):
     rows = [{"batch": 0, "task": 1, "run": r, "reward": float(r), "action_mask": [1],
              "truncate_status": "response_truncated" if r == 1 else "none", "reward_baselines": 0.25 * r} for r in range(3)]

@@ -28,6 +28,7 @@ def data_dir(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_run_writes_outputs_and_a_summary(data_dir):
     out = data_dir / "out"
     (code, err), (code2, err2) = run_many(data_dir, [
@@ -85,6 +86,7 @@ def test_bad_configuration_fails_with_one_line(bad_config_runs, args, message):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_missing_column_names_file_and_column(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
@@ -94,6 +96,7 @@ def test_missing_column_names_file_and_column(tmp_path):
     assert err.strip() == f"rescore: error: {d / 'norew.parquet'}: missing required column 'reward'; the file's columns: batch, task, run"
 
 
+@pytest.mark.slow
 def test_wrong_type_and_missing_logprobs(tmp_path):
     d = tmp_path / "in"
     d.mkdir()
@@ -109,6 +112,7 @@ def test_wrong_type_and_missing_logprobs(tmp_path):
     assert code2 == 2 and "missing column 'logprobs', which the chosen strategy needs" in err2
 
 
+@pytest.mark.slow
 def test_unreadable_and_unmatched_input(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
@@ -120,6 +124,7 @@ def test_unreadable_and_unmatched_input(tmp_path):
     assert code2 == 2 and f"{bad}: not a readable Parquet file" in err2
 
 
+@pytest.mark.slow
 def test_config_file_with_flag_overrides(data_dir, tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(
@@ -138,11 +143,13 @@ def test_config_file_with_flag_overrides(data_dir, tmp_path):
     assert code2 == 2 and "unknown key 'bukets'" in err2
 
 
+@pytest.mark.slow
 def test_shipped_local_config_runs(data_dir, tmp_path):
     code, _, err = cli("--config", "run_configs/local.yaml", "--input", str(data_dir / "in"), "--output", str(tmp_path / "o"))
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_sample_command_and_console_script_agree(tmp_path):
     code = subprocess.run([sys.executable, "-m", "rescore", "sample", "--output", str(tmp_path / "s"),
                            "--batches", "2", "--tasks", "3"], cwd=ROOT, capture_output=True, text=True).returncode
@@ -176,6 +183,7 @@ def test_yaml_strategy_list_with_nested_params(tmp_path):
         "reward_variance", "grpo"]
 
 
+@pytest.mark.slow
 def test_console_entry_exits_fast_with_the_right_code_and_flushed_output(data_dir, tmp_path):
     """The `rescore` script (pipelines.cli) leaves via os._exit: exit codes and stderr must survive it."""
     entry = [sys.executable, "-c", "from pipelines.cli import main; main()"]

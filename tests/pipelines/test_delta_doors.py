@@ -311,6 +311,7 @@ def _mutate(data: bytes, how: str, at: int, value: int) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_fuzzed_delta_log_gives_a_version_or_one_line(two_versions, tmp_path_factory, capsys):
     """Random damage to the `_delta_log` (a commit truncated, bytes flipped, junk JSON, a commit
     deleted): load_scored, the incremental state and `rescore show` give the rows of a version
@@ -356,6 +357,7 @@ def test_fuzzed_delta_log_gives_a_version_or_one_line(two_versions, tmp_path_fac
     assert seen["error"] > 0
 
 
+@pytest.mark.slow
 def test_a_table_of_an_earlier_rescore_gets_its_row_record(tmp_path, monkeypatch):
     """A table whose commits record no rows per batch (an earlier Rescore): its rows are
     counted once at the next commit, which records them with the new batches; readers then

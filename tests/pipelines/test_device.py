@@ -92,6 +92,7 @@ def test_token_broadcast_on_a_device(device):
     assert ret.equals(adv)
 
 
+@pytest.mark.slow
 def test_device_cpu_and_auto_give_identical_output(tmp_path, rescore):
     glob = write_parquet(multi_step_rows(3), str(tmp_path / "in"), files=2, row_group_size=9, schema=SCHEMA_MULTI_STEP)
     outs = []
@@ -114,6 +115,7 @@ def test_device_cuda_fails_cleanly_without_a_gpu(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "o")
 
 
+@pytest.mark.slow
 def test_dataflow_gpu_job_graph_offline(tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
     from apache_beam.portability.api import beam_runner_api_pb2

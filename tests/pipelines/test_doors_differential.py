@@ -217,6 +217,7 @@ def all_doors(table, work, pg=None):
     return want
 
 
+@pytest.mark.slow
 def test_doors_agree_on_odd_experience(tmp_path):
     table = experience(random.Random(7), batches=2, max_tasks=5)
     want = all_doors(table, tmp_path)
@@ -232,6 +233,7 @@ def _typed_days():
     return day1, day2, pa.concat_tables([day1.cast(day2.schema), day2])
 
 
+@pytest.mark.slow
 def test_buffer_door_agrees_when_reward_types_change_between_files(tmp_path):
     """Integer rewards in one file, float rewards (-23.58) in the next: one-shot keeps float64."""
     day1, day2, whole = _typed_days()
@@ -240,6 +242,7 @@ def test_buffer_door_agrees_when_reward_types_change_between_files(tmp_path):
     assert_same("trinity-sqlite", buffer_door(whole, tmp_path, f"sqlite:///{tmp_path}/buffer.db"), want)
 
 
+@pytest.mark.slow
 def test_incremental_door_agrees_when_reward_types_change_between_days(tmp_path):
     """Day 1 integer rewards, day 2 float rewards (-23.58): the one-shot Parquet door keeps
     float64 rewards; so must the table fed day by day (it once kept int64: -23.58 -> -23)."""
@@ -248,6 +251,7 @@ def test_incremental_door_agrees_when_reward_types_change_between_days(tmp_path)
     assert_same("incremental", incremental_door(whole, tmp_path, parts=[day1, day2]), want, types=True)
 
 
+@pytest.mark.slow
 def test_parquet_door_agrees_when_mask_types_differ_between_files(tmp_path):
     """A bool `action_mask` in one file and int8 / uint8 in others (all listed as accepted):
     the same scores and advantages as all-bool files (they were once refused, exit 2)."""
@@ -289,6 +293,7 @@ def pg(pg_or_none):
     return pg_or_none
 
 
+@pytest.mark.slow
 def test_postgres_door_agrees(tmp_path, pg):
     table = experience(random.Random(11), batches=2, max_tasks=4)
     want = parquet_door(table, tmp_path)

@@ -89,6 +89,7 @@ def test_the_read_step_takes_the_prefetched_units_and_the_output_is_the_same(tmp
     assert not prefetch._futures and prefetch.slices.open() == 0  # the run's end closed it
 
 
+@pytest.mark.slow
 def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     glob = _input(tmp_path)
     argv = ["--input", glob, "--output", str(tmp_path / "out"), "--strategy", "grpo", "--shard-rows", "15", "--io-threads", "2", "--quiet"]
@@ -109,6 +110,7 @@ def test_a_file_rewritten_after_the_prefetch_is_read_again(tmp_path):
     assert _scored(str(tmp_path / "out")) == _run(glob, str(tmp_path / "again"), prefetch=False)[0]
 
 
+@pytest.mark.slow
 def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
     glob = _input(tmp_path)
     probe = (

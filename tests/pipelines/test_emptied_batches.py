@@ -64,6 +64,7 @@ def _cases():
                 yield pytest.param(f, fparams, adv, params, expected, dup, id=f"{f}{json.dumps(fparams) if fparams else ''}-{adv}-{json.dumps(params)}-{'dup' if dup else 'nodup'}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filter_stage, filter_params, advantage, params, expected, duplicate", list(_cases()))
 def test_filter_that_empties_a_batch(tmp_path, rescore, filter_stage, filter_params, advantage, params, expected, duplicate):
     rows = minimal_rows()
@@ -99,6 +100,7 @@ def test_filter_that_empties_a_batch(tmp_path, rescore, filter_stage, filter_par
         assert b["rows_read"] == b["rows_written_original"] + b["rows_filtered"] + b["rows_rejected"]
 
 
+@pytest.mark.slow
 def test_emptied_batches_among_random_ones_match_the_reference(tmp_path, rescore):
     """Random multi-step batches plus two batches the filter empties (all-equal groups and
     single-row groups, with rewards not exact in binary), several buckets, POLARIS chain."""
@@ -135,6 +137,7 @@ def test_emptied_batches_among_random_ones_match_the_reference(tmp_path, rescore
         assert t["rows_read"] == len(rows) == t["rows_written_original"] + t["rows_filtered"] + t["rows_rejected"]
 
 
+@pytest.mark.slow
 def test_cli_exit_0_for_the_issue_command(tmp_path):
     """The issue's command line, as a user runs it: exit 0, _SUCCESS, nothing on stderr that
     looks like a crash."""

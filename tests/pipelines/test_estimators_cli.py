@@ -59,6 +59,7 @@ def _written(out: str) -> dict:
     return {(r["batch"], r["task"], r["run"], r["step"]): r for r in table.to_pylist()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, params", CASES, ids=[f"{s}-{i}" for i, (s, _) in enumerate(CASES)])
 def test_estimator_through_the_cli(rescore, tmp_path, strategy, params):
     rows = random_batches(7, batches=2, steps=strategy == "gigpo", multi_turn=strategy != "gigpo")
@@ -78,6 +79,7 @@ def test_estimator_through_the_cli(rescore, tmp_path, strategy, params):
         assert np.isfinite(got["score"])
 
 
+@pytest.mark.slow
 def test_algorithm_gigpo_pools_anchors_across_buckets_as_trinity(rescore, tmp_path, ref):
     """Anchor states shared across tasks, null step rewards, many shuffle buckets: every row of
     a batch meets in one bucket, and the written advantages are Trinity's."""
@@ -91,6 +93,7 @@ def test_algorithm_gigpo_pools_anchors_across_buckets_as_trinity(rescore, tmp_pa
         np.testing.assert_allclose(got["advantages"], w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_algorithm_dapo_keeps_the_rows_trinity_keeps(rescore, tmp_path, ref):
     rows = dapo_rows(5)
     glob = _write(rows, str(tmp_path / "in"))
@@ -115,6 +118,7 @@ def test_filter_groups_drops_groups_without_spread_in_the_metric(rescore, tmp_pa
         assert ((r["batch"], r["task"], r["run"], r["step"]) in written) == informative
 
 
+@pytest.mark.slow
 def test_dynamic_filtering_keeps_groups_with_mean_strictly_inside(rescore, tmp_path):
     rows = random_batches(4, batches=2)
     glob = _write(rows, str(tmp_path / "in"))
@@ -129,6 +133,7 @@ def test_dynamic_filtering_keeps_groups_with_mean_strictly_inside(rescore, tmp_p
         assert ((r["batch"], r["task"], r["run"], r["step"]) in written) == inside
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop", [False, True])
 def test_truncated_responses_are_masked_or_dropped(rescore, tmp_path, drop):
     rows = random_batches(5, batches=1)
@@ -181,15 +186,18 @@ def _exit_2_with_one_line(run, message):
     assert len(lines) == 1 and lines[0].startswith("rescore: error:") and message in lines[0], stderr
 
 
+@pytest.mark.slow
 def test_a_missing_reward_column_fails_with_one_line(refusals):
     _exit_2_with_one_line(refusals[tuple(MISSING_REWARD)], "missing_metric")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", BAD_PARAMETERS)
 def test_bad_parameters_fail_with_one_line(refusals, args, message):
     _exit_2_with_one_line(refusals[tuple(args)], message)
 
 
+@pytest.mark.slow
 def test_filtered_token_level_estimator_with_duplication(rescore, tmp_path):
     """reward_variance -> reinforceplusplus (batch statistics over the kept rows only) ->
     duplicate_informative: originals match the pure path, copies carry their source's values."""

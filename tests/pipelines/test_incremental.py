@@ -149,6 +149,7 @@ def test_group_split_across_two_arrivals_is_scored_whole(tmp_path, days, capsys)
     assert_same_rows(current(out), whole)
 
 
+@pytest.mark.slow
 def test_several_days_of_arriving_changing_and_deleted_files(tmp_path, capsys):
     """Row groups that span batches (statistics are ranges), groups split over up to three
     files, string task ids; after each day the table equals a one-shot run over what is there."""
@@ -182,6 +183,7 @@ def test_several_days_of_arriving_changing_and_deleted_files(tmp_path, capsys):
     assert [r["run"] for r in load_state(out).runs] == ["day1", "day2", "day3"]
 
 
+@pytest.mark.slow
 def test_default_run_names_are_utc_times_and_unique(tmp_path, capsys):
     from rescore.pipelines.incremental import run_name
     from rescore.transforms.files.delta_table import load_state
@@ -205,6 +207,7 @@ def test_default_run_names_are_utc_times_and_unique(tmp_path, capsys):
     assert run_name().startswith("run=")
 
 
+@pytest.mark.slow
 def test_untouched_batches_are_not_reread(tmp_path, capsys):
     rows = experience(3, batches=3, max_tasks=4)
     inp, out = tmp_path / "in", str(tmp_path / "table")
@@ -220,6 +223,7 @@ def test_untouched_batches_are_not_reread(tmp_path, capsys):
     assert_same_rows(current(out), one_shot([str(inp)], str(tmp_path / "ref")))
 
 
+@pytest.mark.slow
 def test_changed_file_supersedes_and_deleted_file_is_removed(tmp_path, days, capsys):
     inp, first, second = days
     out = str(tmp_path / "table")
@@ -255,6 +259,7 @@ def test_changed_file_supersedes_and_deleted_file_is_removed(tmp_path, days, cap
     assert_same_rows(current(out), one_shot([str(inp / "*.parquet")], str(tmp_path / "ref3")))
 
 
+@pytest.mark.slow
 def test_deleting_every_file_of_a_batch_removes_its_rows_without_scoring(tmp_path, capsys):
     rows = experience(5, batches=2, max_tasks=3)
     inp, out = tmp_path / "in", str(tmp_path / "table")
@@ -269,6 +274,7 @@ def test_deleting_every_file_of_a_batch_removes_its_rows_without_scoring(tmp_pat
     assert_same_rows(current(out), one_shot([str(inp)], str(tmp_path / "ref")))
 
 
+@pytest.mark.slow
 def test_the_same_file_under_three_spellings_is_scored_once(tmp_path, days, capsys, monkeypatch):
     inp, first, second = days
     write(first + second, str(inp / "all.parquet"))
@@ -284,6 +290,7 @@ def test_the_same_file_under_three_spellings_is_scored_once(tmp_path, days, caps
         assert code == 0 and "nothing new to score: all 1 input files" in err, (spelling, err)
 
 
+@pytest.mark.slow
 def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     """A reader sees the previous version until the commit and the new one after it; every
     rerun after a kill goes through (the kernel released the dead run's lock; its work is removed).
@@ -331,6 +338,7 @@ def test_sigkill_at_every_step_then_rerun(tmp_path, days, capsys):
     assert sorted(os.listdir(runs_dir)) == sorted(r["run"] for r in load_state(out).runs)
 
 
+@pytest.mark.slow
 def test_orphan_files_of_a_killed_commit_are_invisible(tmp_path, days, capsys):
     """delta-rs writes data files, then the log entry atomically; a kill in between leaves
     files no version references (and a temporary log file), which readers never see."""
@@ -352,6 +360,7 @@ def test_orphan_files_of_a_killed_commit_are_invisible(tmp_path, days, capsys):
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet({files}, union_by_name = true)").fetchall()[0][0] == rows.num_rows
 
 
+@pytest.mark.slow
 def test_two_overlapping_runs(tmp_path, days, capsys):
     import rescore.pipelines.rescore  # noqa: F401  (imported before the race: Beam and torch take seconds)
 
@@ -372,6 +381,7 @@ def test_two_overlapping_runs(tmp_path, days, capsys):
     assert_same_rows(current(out), one_shot([str(inp / "*.parquet")], str(tmp_path / "ref")))
 
 
+@pytest.mark.slow
 def test_a_commit_against_a_stale_version_fails_cleanly(tmp_path, days, capsys):
     """Where the lock cannot exclude (object stores), the Delta commit does: it is made against
     the version the run started from and never retried."""
@@ -436,6 +446,7 @@ def test_run_name_is_one_path_component(tmp_path, name, capsys):
     assert not os.path.exists(tmp_path / "t")
 
 
+@pytest.mark.slow
 def test_malformed_bookkeeping_is_one_line_exit_2(tmp_path):
     from deltalake import CommitProperties, write_deltalake
 
@@ -466,6 +477,7 @@ def test_malformed_bookkeeping_is_one_line_exit_2(tmp_path):
     assert code == 2 and "earlier Rescore" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_changed_strategy_needs_overwrite_which_rescores_everything(tmp_path, days, capsys):
     inp, first, second = days
     out = str(tmp_path / "table")
@@ -490,6 +502,7 @@ def test_a_changed_strategy_needs_overwrite_which_rescores_everything(tmp_path, 
 # --- reading it --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_load_scored_show_and_the_documented_readers(tmp_path, days, capsys):
     import duckdb
     import polars as pl
@@ -552,6 +565,7 @@ def test_load_scored_show_and_the_documented_readers(tmp_path, days, capsys):
 # --- review fixes (fix-inc) -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_input_rewritten_during_the_run_is_never_committed(tmp_path, days):
     """The read units of an incremental run carry the fingerprint taken when the run planned:
     a file rewritten between the two reads fails the run (exit 1, one line), nothing committed."""
@@ -597,6 +611,7 @@ def refused(tmp_path_factory):
     return {key: (code, err, argv[3]) for (key, argv), (code, err) in zip(runs.items(), results)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", MODEL_FLAGS)
 def test_model_flags_are_refused_with_incremental(refused, extra):
     """The model stage does not run in incremental runs: exit 2, one line, before anything runs
@@ -607,6 +622,7 @@ def test_model_flags_are_refused_with_incremental(refused, extra):
     assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_run_name_without_incremental_is_refused(refused):
     code, err, out = refused["--run-name"]
     assert code == 2 and len(err.strip().splitlines()) == 1, err
@@ -614,6 +630,7 @@ def test_run_name_without_incremental_is_refused(refused):
     assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["my table", "t#1"])
 def test_output_path_with_a_space_or_a_hash(tmp_path, name):
     """A table whose path holds a space or '#': load_scored and `rescore show` read it, and a
@@ -635,6 +652,7 @@ def test_output_path_with_a_space_or_a_hash(tmp_path, name):
         assert code == 0 and "nothing new to score" in err, err
 
 
+@pytest.mark.slow
 def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):
     """--incremental --keep-filtered: metrics.json records keep_filtered and audit_columns, the
     summary says where the filtered rows are (the run's work directory, not the table)."""
@@ -653,6 +671,7 @@ def test_keep_filtered_and_audit_columns_are_recorded(tmp_path):
     assert "filter_reason" not in current(out).schema.names
 
 
+@pytest.mark.slow
 def test_show_malformed_metrics_and_a_closed_pipe(tmp_path):
     """`rescore show`: a malformed metrics.json is one line, exit 2; a reader that closed the
     pipe (`| head`) ends it quietly, exit 0, no traceback."""

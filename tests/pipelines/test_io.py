@@ -84,6 +84,7 @@ def test_resolve_threads():
     assert 1 <= resolve_threads(0) <= MAX_AUTO_THREADS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row_group_size", [9, 10_000], ids=["small-row-groups", "row-groups-read-in-slices"])
 def test_io_threads_do_not_change_the_output(tmp_path, rescore, row_group_size):
     """Every output file is identical whether units are read and written one or three at a time,
@@ -144,6 +145,7 @@ def test_row_groups_split_into_even_units_under_the_cap():
             assert max(sizes) - min(sizes) <= 16
 
 
+@pytest.mark.slow
 def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
     glob = write_parquet(multi_step_rows(4), str(tmp_path / "in"), files=1, row_group_size=50, schema=SCHEMA_MULTI_STEP)
     _, out = rescore(glob, "--strategy", "grpo")
@@ -155,6 +157,7 @@ def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
     assert {meta.column(i).compression for i in range(meta.num_columns)} == {"ZSTD"}
 
 
+@pytest.mark.slow
 def test_a_row_group_larger_than_shard_rows_is_read_in_slices(tmp_path, rescore):
     """One row group past --shard-rows: read units of consecutive slices of at most shard-rows
     rows, one file each, in input order, holding the rows a run that reads it whole writes."""

@@ -4,6 +4,7 @@ score step runs buckets one after another there, and the scores never depend on 
 import json
 from pathlib import Path
 
+import pytest
 from data import SCHEMA_INT_TASK, random_rows, write_parquet
 
 from rescore.pipelines.config import DEFAULT_BUCKETS, LOCAL_BUCKET_ROWS, local_buckets
@@ -15,6 +16,7 @@ def test_local_bucket_counts():
     assert local_buckets(10_000_000) == DEFAULT_BUCKETS == 64
 
 
+@pytest.mark.slow
 def test_default_and_chosen_buckets_score_the_same(tmp_path, rescore):
     glob = write_parquet(random_rows(seed=31, batches=8), str(tmp_path / "in"), files=2, row_group_size=9, schema=SCHEMA_INT_TASK)
     outputs = {}

@@ -30,6 +30,7 @@ def _one_line(code, err, want_code, *needles):
         assert needle in lines[0], err
 
 
+@pytest.mark.slow
 def test_unreachable_outputs_are_refused_before_anything_runs(sample, tmp_path):
     d, _ = sample
     base = ["--input", str(d / "exp.parquet"), "--strategy", "grpo", RUNNER]
@@ -58,6 +59,7 @@ def test_unreachable_outputs_are_refused_before_anything_runs(sample, tmp_path):
     assert not os.path.exists(out) and not os.path.exists(tmp_path / "b.db")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["x" * 58, "Select", "_t9"])
 def test_sqlite_buffer_names_up_to_58_characters_and_reserved_words(sample, tmp_path, rescore, name):
     from rescore.transforms import sql_database

@@ -52,6 +52,7 @@ def test_polars_reads_the_glob(scored):
     assert (df["advantages"].list.len() == df["action_mask"].list.len()).all()
 
 
+@pytest.mark.slow
 def test_huggingface_datasets_loads_the_glob(scored, tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

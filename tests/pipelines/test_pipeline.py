@@ -44,6 +44,7 @@ def _compare(rows, out_dir, strategy, params):
     return expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, params", CASES)
 @pytest.mark.parametrize("string_tasks", [False, True])
 def test_matches_reference(tmp_path, rescore, strategy, params, string_tasks):
@@ -59,6 +60,7 @@ def test_matches_reference(tmp_path, rescore, strategy, params, string_tasks):
     assert t["rows_read"] == t["rows_written_original"] + t["rows_filtered"] + t["rows_rejected"]
 
 
+@pytest.mark.slow
 def test_passthrough_columns_are_unchanged(tmp_path, rescore):
     rows = random_rows(seed=3)
     glob = write_parquet(rows, str(tmp_path / "in"))
@@ -98,6 +100,7 @@ def test_spec_vectors_through_the_pipeline(tmp_path, rescore):
     assert scored[(1, 2, 0, 0)]["score"] == pytest.approx(2 / (1 + 1e-6))
 
 
+@pytest.mark.slow
 def test_bad_rows_are_rejected_with_reasons_and_counted(tmp_path, rescore):
     rows = random_rows(seed=5)
     rows[0]["reward"] = float("nan")
@@ -118,6 +121,7 @@ def test_bad_rows_are_rejected_with_reasons_and_counted(tmp_path, rescore):
     assert len(expected["rejected"]) == 4  # the reference counts ids; the duplicate id is one key
 
 
+@pytest.mark.slow
 def test_output_does_not_depend_on_file_layout_or_order(tmp_path, rescore):
     rows = random_rows(seed=9)
     a = write_parquet(rows, str(tmp_path / "a"), files=1, row_group_size=1000)
@@ -129,6 +133,7 @@ def test_output_does_not_depend_on_file_layout_or_order(tmp_path, rescore):
     assert ta.equals(tb)
 
 
+@pytest.mark.slow
 def test_rerun_is_identical_and_refuses_a_finished_output(tmp_path, rescore):
     from rescore.transforms.strategies import ConfigError
 
@@ -142,6 +147,7 @@ def test_rerun_is_identical_and_refuses_a_finished_output(tmp_path, rescore):
     assert first == second and doc1 == doc2
 
 
+@pytest.mark.slow
 def test_output_layout_and_success_last(tmp_path, rescore):
     glob = write_parquet(random_rows(seed=6), str(tmp_path / "in"), files=2, row_group_size=4)
     _, out = rescore(glob, "--strategy", "grpo", "--shard-rows", "10")
@@ -153,6 +159,7 @@ def test_output_layout_and_success_last(tmp_path, rescore):
     assert all(os.stat(os.path.join(out, n)).st_mtime_ns <= success for n in names)
 
 
+@pytest.mark.slow
 def test_schemas_that_differ_across_files_are_unified(tmp_path, rescore):
     rows = random_rows(seed=8)
     half = len(rows) // 2
@@ -169,6 +176,7 @@ def test_schemas_that_differ_across_files_are_unified(tmp_path, rescore):
     _compare(rows, out, "grpo", {})
 
 
+@pytest.mark.slow
 def test_rows_without_token_columns_get_empty_advantages(tmp_path, rescore):
     rows = [{"batch": 0, "task": 0, "run": r, "reward": float(r)} for r in range(3)]
     d = tmp_path / "in"
@@ -180,6 +188,7 @@ def test_rows_without_token_columns_get_empty_advantages(tmp_path, rescore):
     assert np.allclose(t["score"].to_numpy(), [-1, 0, 1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_multi_process_workers_give_the_same_rows(tmp_path, rescore):
     glob = write_parquet(random_rows(seed=12), str(tmp_path / "in"), files=3, row_group_size=4)
     _, one = rescore(glob, "--strategy", "grpo", "--shard-rows", "6", output=str(tmp_path / "one"))
@@ -189,6 +198,7 @@ def test_multi_process_workers_give_the_same_rows(tmp_path, rescore):
     assert read_output(one).sort_by(keys).equals(read_output(two).sort_by(keys))
 
 
+@pytest.mark.slow
 def test_empty_file_is_counted_and_the_rest_is_scored(tmp_path, rescore):
     rows = random_rows(seed=13)
     glob = write_parquet(rows, str(tmp_path / "in"), files=2)

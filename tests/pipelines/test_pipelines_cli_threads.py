@@ -7,6 +7,8 @@ import platform
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Stands in for rescore.pipelines.rescore: reports what the entry point had done when it got there.
@@ -36,6 +38,7 @@ def test_idle_openmp_threads_sleep_and_torch_is_not_loaded_before():
     assert probe() == f"PASSIVE {BLAS} False"
 
 
+@pytest.mark.slow
 def test_the_users_choice_wins():
     assert probe(OMP_WAIT_POLICY="ACTIVE") == f"ACTIVE {BLAS} False"
     assert probe(OPENBLAS_NUM_THREADS="4") == "PASSIVE 4 False"

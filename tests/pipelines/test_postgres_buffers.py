@@ -50,6 +50,7 @@ def _engine(url):
     return sql_database.engine(url)
 
 
+@pytest.mark.slow
 def test_postgres_source_and_sink(pg, tmp_path):
     import sqlalchemy as sa
 
@@ -98,6 +99,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
     eng.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(trinity_real.load() is None, reason=trinity_real.why or "trinity-rft not importable")
 def test_postgres_round_trip_with_trinity(pg, tmp_path):
     from rescore.pipelines.cli import run
@@ -143,6 +145,7 @@ def _small_buffer(pg, name):
     return table.num_rows
 
 
+@pytest.mark.slow
 def test_output_table_with_sql_in_it_is_refused_and_runs_nothing(pg, tmp_path):
     """On the CLI (a real process's stderr): the probe name is refused up front, exit 2, one
     line, and the server never ran nextval."""
@@ -168,6 +171,7 @@ def test_output_table_with_sql_in_it_is_refused_and_runs_nothing(pg, tmp_path):
     assert not _probe_called(pg)
 
 
+@pytest.mark.slow
 def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch):
     """Below the up-front check (switched off here): the sink itself quotes every identifier and
     binds every value, so even the probe name is only a (strange) table name, and nextval never
@@ -199,6 +203,7 @@ def test_every_name_reaches_postgresql_quoted_or_bound(pg, tmp_path, monkeypatch
     eng.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["t" * 58, "Select", "user"], ids=["58-chars", "mixed-case-reserved", "reserved"])
 def test_long_and_reserved_output_tables_are_written(pg, tmp_path, name):
     """A 58-character NAME (NAME_blob: 63 bytes, PostgreSQL's most) is written whole: the
@@ -225,6 +230,7 @@ def test_long_and_reserved_output_tables_are_written(pg, tmp_path, name):
     eng.dispose()
 
 
+@pytest.mark.slow
 def test_a_name_longer_than_postgresql_keeps_is_refused_before_the_run(pg, tmp_path):
     from rescore.pipelines.cli import main
 

@@ -98,6 +98,7 @@ def test_each_bad_row_class_is_rejected_with_its_reason(tmp_path, capsys):
     assert any(b["batch"] is None and b["rows_rejected"] == 1 for b in doc["batches"])
 
 
+@pytest.mark.slow
 def test_duplicate_ids_reject_every_copy(tmp_path, capsys):
     rows = random_rows(seed=32)
     rows += [dict(rows[0]), dict(rows[1]), dict(rows[1])]
@@ -112,6 +113,7 @@ def test_duplicate_ids_reject_every_copy(tmp_path, capsys):
     assert set(by_id(read_output(out))) == set(reference_out["scored"])
 
 
+@pytest.mark.slow
 def test_messy_input_accounting_per_batch(tmp_path, capsys):
     rows = random_rows(seed=33, batches=5)
     for i in range(0, len(rows), 9):
@@ -131,6 +133,7 @@ def test_messy_input_accounting_per_batch(tmp_path, capsys):
 # --- file-level problems: one line before the pipeline starts --------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "field, message",
     [
@@ -150,6 +153,7 @@ def test_wrong_column_types_stop_the_run(tmp_path, capsys, field, message):
     assert not os.path.exists(tmp_path / "out" / "_SUCCESS")
 
 
+@pytest.mark.slow
 def test_missing_required_column_and_unmatched_glob(tmp_path, capsys):
     rows = random_rows(seed=35)
     table = pa.Table.from_pylist(rows, schema=SCHEMA_INT_TASK).drop_columns(["run"])
@@ -161,6 +165,7 @@ def test_missing_required_column_and_unmatched_glob(tmp_path, capsys):
     assert code == 2 and "no input files match" in one_line(err)
 
 
+@pytest.mark.slow
 def test_compatible_types_give_the_same_scores(tmp_path, capsys):
     rows = random_rows(seed=36)
     narrow = pa.schema(
@@ -198,6 +203,7 @@ def _truncate(path, keep=0.6):
         f.write(data[: int(len(data) * keep)])
 
 
+@pytest.mark.slow
 def test_truncated_file_names_the_file_or_is_skipped(tmp_path, capsys):
     rows = random_rows(seed=37, batches=4)
     glob = write_parquet(rows, str(tmp_path / "in"), files=3)
@@ -217,6 +223,7 @@ def test_truncated_file_names_the_file_or_is_skipped(tmp_path, capsys):
     accounting_holds(doc)
 
 
+@pytest.mark.slow
 def test_only_bad_files_is_an_input_error_even_when_skipping(tmp_path, capsys):
     os.makedirs(tmp_path / "in")
     (tmp_path / "in" / "junk.parquet").write_bytes(b"not parquet at all")
@@ -224,6 +231,7 @@ def test_only_bad_files_is_an_input_error_even_when_skipping(tmp_path, capsys):
     assert code == 2 and "no readable input files" in one_line(err)
 
 
+@pytest.mark.slow
 def test_corrupt_data_pages_fail_naming_the_file(tmp_path, capsys):
     rows = random_rows(seed=38)
     os.makedirs(tmp_path / "in")
@@ -242,6 +250,7 @@ def test_corrupt_data_pages_fail_naming_the_file(tmp_path, capsys):
 # --- hot key ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hot_task_group_finishes_or_stops_at_the_cap(tmp_path, capsys):
     rng = np.random.default_rng(0)
     n_hot = 40_000
@@ -270,6 +279,7 @@ def test_a_hot_task_group_finishes_or_stops_at_the_cap(tmp_path, capsys):
 # --- reject budget ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reject_budget(tmp_path, capsys):
     rows = random_rows(seed=39)
     for r in rows[: int(len(rows) * 0.6)]:
@@ -298,6 +308,7 @@ def _sorted_output(out):
     return read_output(out).sort_by(KEYS)
 
 
+@pytest.mark.slow
 def test_killed_run_leaves_no_success_and_a_rerun_is_complete(tmp_path, rescore):
     rows = random_rows(seed=40, batches=6)
     glob = write_parquet(rows, str(tmp_path / "in"), files=4, row_group_size=5)
@@ -329,6 +340,7 @@ def test_killed_run_leaves_no_success_and_a_rerun_is_complete(tmp_path, rescore)
     accounting_holds(doc)
 
 
+@pytest.mark.slow
 def test_a_failing_scoring_step_fails_loudly_and_a_rerun_is_correct(tmp_path, rescore, capsys, monkeypatch):
     rows = random_rows(seed=41)
     glob = write_parquet(rows, str(tmp_path / "in"))
@@ -346,6 +358,7 @@ def test_a_failing_scoring_step_fails_loudly_and_a_rerun_is_correct(tmp_path, re
     accounting_holds(metrics(out))
 
 
+@pytest.mark.slow
 def test_a_finished_output_is_refused_without_overwrite(tmp_path, capsys):
     glob = write_parquet(random_rows(seed=42), str(tmp_path / "in"))
     out = str(tmp_path / "out")

@@ -23,6 +23,7 @@ def finished_run(tmp_path_factory):
     return str(d / "out")
 
 
+@pytest.mark.slow
 def test_report_writes_valid_pngs_and_html_with_the_metrics(finished_run, capsys):
     from rescore.pipelines.cli import main
 
@@ -47,6 +48,7 @@ def test_report_writes_valid_pngs_and_html_with_the_metrics(finished_run, capsys
     assert doc["config_hash"][:16] in page
 
 
+@pytest.mark.slow
 def test_report_elsewhere_and_on_a_directory_without_a_run(finished_run, tmp_path, capsys):
     from rescore.pipelines.cli import main
 

@@ -82,6 +82,7 @@ def _run(tmp_path, name, *, batches, tasks, runs, strategy, extra=()):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, batches, tasks, runs, strategy, extra",
     [

@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import polars as pl
+import pytest
 
 from rescore.pipelines.report import PASS_RATE_BINS, group_pass_rates
 
@@ -24,6 +25,7 @@ def test_group_pass_rates_match_polars():
     assert counts.sum() == len(rate) and counts[-1] == (rate >= 0.9).sum()  # 1.0 lands in the last bin
 
 
+@pytest.mark.slow
 def test_the_report_has_the_difficulty_chart(tmp_path):
     from rescore.pipelines.cli import main
     from rescore.pipelines.sample import main as sample

@@ -104,6 +104,7 @@ def _check_page(out: str) -> None:
     assert reasons == {} or sum(reasons.values()) == n_rejected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("string_tasks", [False, True], ids=["int-tasks", "string-tasks"])
 @pytest.mark.parametrize("batches", [1, 12, pytest.param(1000, marks=pytest.mark.slow)])
 def test_report_numbers_equal_a_polars_query(tmp_path, batches, string_tasks):

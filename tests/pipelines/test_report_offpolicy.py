@@ -9,6 +9,7 @@ import random
 import re
 
 import pyarrow as pa
+import pytest
 from data import SCHEMA_INT_TASK, random_rows, write_parquet
 
 from rescore.pipelines.report import OFFPOLICY_KEYS, main, offpolicy_batches
@@ -25,6 +26,7 @@ def _input(tmp_path) -> str:
     return write_parquet(rows, str(tmp_path / "in"), files=1, schema=SCHEMA)
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_offpolicy_diagnostics(tmp_path, rescore):
     doc, out = rescore(_input(tmp_path), "--strategy", "decoupled_token_is,grpo")
     entries = offpolicy_batches(doc)
@@ -45,6 +47,7 @@ def test_the_report_shows_the_offpolicy_diagnostics(tmp_path, rescore):
     assert any(float(c) != 0.0 for c in re.findall(r"<td>(.*?)</td>", lines[1])[1:3])  # the drift is really there
 
 
+@pytest.mark.slow
 def test_no_offpolicy_chart_without_a_correction(tmp_path, rescore):
     _, out = rescore(_input(tmp_path), "--strategy", "grpo")
     assert main([out]) == 0

@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     WorkerOptions,
 )
+from conftest import needs_gcp
 from data import SCHEMA_MULTI_STEP, multi_step_rows, read_output, write_parquet
 
 from rescore.pipelines.config import parse_args
@@ -38,6 +39,8 @@ def options_of(name, *extra):
 
 @pytest.mark.parametrize("name", sorted(n for n in os.listdir(CONFIGS) if n.endswith(".yaml")))
 def test_every_run_config_parses_into_pipeline_options(name):
+    if name.startswith("dataflow"):
+        needs_gcp()
     cfg, options = options_of(name)
     assert options.view_as(StandardOptions).runner
     assert cfg.strategies and cfg.buckets > 0
@@ -59,6 +62,7 @@ def test_run_config_specifics():
     assert f.parallelism > 0 and not f.flink_submit_uber_jar  # the assembled job server is no uber jar
     p = flink.view_as(PortableOptions)
     assert p.environment_type == "DOCKER" and p.environment_config.endswith("rescore/worker:0.1.0")
+    needs_gcp()  # the Dataflow configs: everything above is checked without the extra
     for name in ("dataflow.yaml", "dataflow_gpu.yaml"):
         cfg, df = options_of(name)
         g, w = df.view_as(GoogleCloudOptions), df.view_as(WorkerOptions)
@@ -111,6 +115,7 @@ def worker_pool():
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, extra",
     [
@@ -132,8 +137,9 @@ def test_runner_paths_give_identical_output(tmp_path, experience, in_process, na
     assert read_output(out).sort_by(KEYS).equals(in_process)
 
 
+@pytest.mark.slow
 def test_dataflow_cpu_job_graph_offline(tmp_path, experience):
-    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
+    needs_gcp()
     from rescore.pipelines.cli import run
 
     doc = run([
@@ -184,6 +190,7 @@ def test_flex_template_parameters_are_cli_options():
 
 
 def test_airflow_example_uses_real_cli_options():
+    needs_gcp()  # the DAG runs on Dataflow
     import ast
 
     tree = ast.parse(open(os.path.join(ROOT, "examples", "airflow_dag.py")).read())
@@ -219,6 +226,7 @@ def test_options_of_runner_modules_rescore_does_not_import_pass_through():
 
 
 def test_dataflow_refuses_local_paths_its_workers_cannot_reach():
+    needs_gcp()
     from rescore.errors import ConfigError
 
     base = ["--strategy", "grpo", "--runner=DataflowRunner", "--project=p", "--region=us-central1",

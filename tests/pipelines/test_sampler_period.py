@@ -19,6 +19,7 @@ def beams_default():
     init.__defaults__ = saved
 
 
+@pytest.mark.slow
 def test_an_in_process_run_samples_every_20_ms_at_most(tmp_path, rescore, beams_default):
     assert statesampler.StateSampler("x", CounterFactory()).sampling_period_ms == 200  # Beam's default
     glob = write_parquet(random_rows(seed=5), str(tmp_path / "in"), files=1)

@@ -31,6 +31,7 @@ def _shaped(row: dict) -> float:
     return min(max(2 * r - 0.25, -1.0), 3.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [3, 11])
 def test_shaping_then_filter_then_grpo(rescore, tmp_path, seed):
     rows = random_rows(seed, batches=2, max_tasks=6, max_runs=5)
@@ -73,6 +74,7 @@ def test_shaping_alone_writes_the_shaped_reward_of_an_int_reward(rescore, tmp_pa
     assert got["score"].null_count == 3  # no advantage stage
 
 
+@pytest.mark.slow
 def test_rejected_rows_keep_their_reward_and_audit_columns_explain_the_shaped_one(rescore, tmp_path):
     rows = [{"batch": 0, "task": 1, "run": i, "step": 0, "reward": r, "tokens": [1, 2], "prompt_length": 1,
              "logprobs": [-0.5], "action_mask": [True], "note": None} for i, r in enumerate([0.0, 1.0, None, 3.0])]

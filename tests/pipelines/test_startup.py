@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -30,11 +32,13 @@ def test_help_loads_beam_but_not_torch():
     assert loaded == {"torch": False, "apache_beam": True}
 
 
+@pytest.mark.slow
 def test_planning_and_the_read_shell_do_not_load_torch():
     loaded = _modules_after("import rescore.transforms.read, rescore.transforms.rows.keys, rescore.transforms.device")
     assert loaded["torch"] is False
 
 
+@pytest.mark.slow
 def test_building_the_scoring_shells_loads_torch():
     # the check above must be able to fail: the shells that score do load torch
     assert _modules_after("import rescore.transforms.score")["torch"] is True
@@ -45,12 +49,14 @@ def _command(env: dict, *args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": ROOT, **env}, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_bad_arrow_decay_is_one_line_and_exit_2():
     proc = _command({"RESCORE_ARROW_DECAY_MS": "3s"}, "--help")
     assert proc.returncode == 2
     assert proc.stderr == "rescore: error: RESCORE_ARROW_DECAY_MS must be a whole number of milliseconds (-1: never), got '3s'\n"
 
 
+@pytest.mark.slow
 def test_the_arrow_decay_is_set_on_jemalloc_only(monkeypatch):
     import pyarrow as pa
 

@@ -56,6 +56,7 @@ def _run(tmp_path, rescore, strategy, params, seed=5):
     return rows, doc, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, params", CASES)
 def test_matches_reference(tmp_path, rescore, strategy, params):
     rows, doc, out = _run(tmp_path, rescore, strategy, params)
@@ -85,6 +86,7 @@ def test_matches_reference(tmp_path, rescore, strategy, params):
         assert b["rows_read"] == b["rows_written_original"] + b["rows_filtered"] + b["rows_rejected"]
 
 
+@pytest.mark.slow
 def test_mix_chord_schedule_values(tmp_path, rescore):
     # warm-up 0 -> peak over 3 steps, cosine to the valley over 4: batches 2, 3, 4 are 2/3 peak,
     # peak, and (peak - valley) * 0.5 * (1 + cos(pi / 4)) + valley.
@@ -116,6 +118,7 @@ def _sorted(table: pa.Table) -> pa.Table:
     return table.sort_by([(c, "ascending") for c in ("batch", "task", "run", "step")])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, params", DUP_CASES)
 def test_duplication_invariants(tmp_path, rescore, strategy, params):
     rows, doc, out = _run(tmp_path, rescore, strategy, params)
@@ -173,6 +176,7 @@ def test_duplication_invariants(tmp_path, rescore, strategy, params):
     assert t["strategies"][name]["duplicated_count"] == copies.num_rows
 
 
+@pytest.mark.slow
 def test_duplication_is_the_same_with_shuffled_input(tmp_path, rescore):
     """Other files, row groups, read units and buckets, rows in reverse: the same rows and copies.
     (The same chain with two worker processes: tests/pipelines/test_runners.py, multi-process.)"""
@@ -187,6 +191,7 @@ def test_duplication_is_the_same_with_shuffled_input(tmp_path, rescore):
     assert a.num_rows == b.num_rows and a.equals(b)
 
 
+@pytest.mark.slow
 def test_the_seed_changes_which_groups_are_copied(tmp_path, rescore):
     rows = multi_step_rows(5, batches=6)
     glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=9, schema=SCHEMA_MULTI_STEP)
@@ -212,6 +217,7 @@ def test_string_task_copies_get_new_task_names(tmp_path, rescore):
     assert doc["totals"]["rows_duplicated"] == len(copies)
 
 
+@pytest.mark.slow
 def test_stage_metrics_per_batch(tmp_path, rescore):
     rows, doc, _ = _run(tmp_path, rescore, "reward_variance,grpo,duplicate_informative",
                         {"reward_variance.variance_threshold": 0.01, "std_threshold": 0.3})
@@ -227,6 +233,7 @@ def test_stage_metrics_per_batch(tmp_path, rescore):
     assert t["groups_filtered"] == sum(s["filtered_groups"] for s in stages.values())
 
 
+@pytest.mark.slow
 def test_algorithm_preset_runs_from_the_command_line(tmp_path, rescore):
     rows, _, _ = _run(tmp_path, rescore, "grpo", {})
     doc, out = rescore(str(tmp_path / "in" / "*.parquet"), "--algorithm", "multi_step_grpo", "--set", "enable_step_norm=true",
@@ -238,6 +245,7 @@ def test_algorithm_preset_runs_from_the_command_line(tmp_path, rescore):
     assert all(_close(got[i]["score"], s) for i, (s, _, _) in expected["scored"].items())
 
 
+@pytest.mark.slow
 def test_on_policy_distill_token_advantages(tmp_path, rescore):
     rows = multi_step_rows(9)
     for i, r in enumerate(rows):
@@ -260,6 +268,7 @@ def test_on_policy_distill_token_advantages(tmp_path, rescore):
     assert doc["totals"]["rows_rejected"] == 1
 
 
+@pytest.mark.slow
 def test_on_policy_distill_without_teacher_logprobs_says_what_is_needed(tmp_path, rescore):
     from rescore.schemas import SchemaError
 

@@ -93,6 +93,7 @@ def test_task_stats_match_polars_on_two_worker_processes(tmp_path):
         assert sorted(os.listdir(out)) == ["_SUCCESS", "task_batch_stats.parquet", "task_stats.json", "task_stats.parquet"]
 
 
+@pytest.mark.slow
 def test_task_stats_errors_are_one_line_and_write_nothing(tmp_path):
     _write_experience(str(tmp_path / "exp"), files=1)
     pq.write_table(pa.table({"batch": [0], "task": [0]}), tmp_path / "bad.parquet")

@@ -74,6 +74,7 @@ def test_the_batches_are_the_scored_rows_in_order(outputs, which):
     assert torch.equal(first["advantages"], first["score"][:, None] * first["response_mask"].float())
 
 
+@pytest.mark.slow
 def test_shuffling_is_seeded_by_seed_and_epoch_and_keeps_every_row_once(outputs):
     import rescore
     from rescore.torch import ScoredBatches
@@ -102,6 +103,7 @@ def test_shuffling_is_seeded_by_seed_and_epoch_and_keeps_every_row_once(outputs)
         assert batch["responses"][b, :r].tolist() == row["tokens"][row["prompt_length"]:]
 
 
+@pytest.mark.slow
 def test_drop_last_fixed_widths_and_dataloader_workers(outputs):
     from torch.utils.data import DataLoader
 
@@ -118,6 +120,7 @@ def test_drop_last_fixed_widths_and_dataloader_workers(outputs):
     assert got == sorted(tuple(b["input_ids"][0].tolist()) for b in ScoredBatches(outputs[0], batch_size=7))
 
 
+@pytest.mark.slow
 def test_trl_layout(outputs):
     import rescore
     from rescore.torch import ScoredBatches

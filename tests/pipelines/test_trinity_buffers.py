@@ -155,6 +155,7 @@ def test_buffer_in_parallel_ranges_scores_like_grpo(tmp_path, rescore, monkeypat
         assert r["trinity_blob"][:4] == b"TRXP"
 
 
+@pytest.mark.slow
 def test_bad_blobs_are_rejected_with_reasons_and_nothing_runs(tmp_path, rescore):
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
     marker = tmp_path / "pwned"
@@ -206,6 +207,7 @@ def bad_source_runs(tmp_path_factory):
     return {tuple(args): (code, err, d) for (args, _), (code, err), d in zip(BAD_SOURCES, runs, dirs)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", BAD_SOURCES)
 def test_bad_source_is_one_line_exit_2(bad_source_runs, args, message):
     code, stderr, d = bad_source_runs[tuple(args)]
@@ -227,6 +229,7 @@ def _read_buffer(url, name):
     return meta, blobs
 
 
+@pytest.mark.slow
 def test_output_db_holds_every_scored_row_once(tmp_path, rescore):
     url = _sample_buffer(tmp_path / "buffer.db", batches=2, tasks=4, runs=4)
     out_url = f"sqlite:///{tmp_path}/scored.db"
@@ -254,6 +257,7 @@ def test_output_db_holds_every_scored_row_once(tmp_path, rescore):
     assert doc["totals"]["rows_duplicated"] > 0
 
 
+@pytest.mark.slow
 def test_output_table_is_refused_then_replaced_atomically(tmp_path, rescore):
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
     out_url = f"sqlite:///{tmp_path}/scored.db"
@@ -303,6 +307,7 @@ def _tables(db):
     return names
 
 
+@pytest.mark.slow
 def test_output_db_checks_every_input_file_before_running(tmp_path):
     """A later input file without token ids: exit 2 before anything runs, the finished run kept."""
     from rescore.pipelines.sample import make_experience, write_files
@@ -325,6 +330,7 @@ def test_output_db_checks_every_input_file_before_running(tmp_path):
     assert not os.path.exists(tmp_path / "mix.db") or not _tables(tmp_path / "mix.db")
 
 
+@pytest.mark.slow
 def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescore, monkeypatch):
     """A table created by another writer during the run: ConfigError, staging tables dropped,
     and the Parquet output published before the buffer no longer claims success."""
@@ -350,6 +356,7 @@ def test_buffer_failure_leaves_no_success_and_no_staging_tables(tmp_path, rescor
     assert _tables(tmp_path / "scored.db") == {"t"}  # the other writer's table; no staging tables
 
 
+@pytest.mark.slow
 def test_source_input_is_validated_before_staging_and_source_removed(tmp_path):
     url = _sample_buffer(tmp_path / "buffer.db", batches=1, tasks=3, runs=4)
     base = ["--input", url, "--input-table", "experience", "--algorithm", "grpo", RUNNER]
@@ -389,6 +396,7 @@ def _procs(runs):
     return [subprocess.CompletedProcess([], code, "", err) for code, err in runs]
 
 
+@pytest.mark.slow
 def test_verl_input_failing_after_staging_removes_source(tmp_path):
     from rescore.pipelines.sample import main as sample
 
@@ -402,6 +410,7 @@ def test_verl_input_failing_after_staging_removes_source(tmp_path):
     assert not (tmp_path / "v1" / "_source").exists()
 
 
+@pytest.mark.slow
 def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
     from rescore.pipelines.sample import make_experience, write_files
 
@@ -419,6 +428,7 @@ def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
         np.testing.assert_array_equal(t["advantages"].numpy(), np.asarray(row["advantages"], np.float32))
 
 
+@pytest.mark.slow
 def test_sample_buffer_command(tmp_path):
     proc, again = _procs(run_many(tmp_path, [
         ["sample", "--format", "trinity-sql", "--output", str(tmp_path / "b.db"), "--batches", "1", "--tasks", "2", "--runs", "3"],
@@ -476,6 +486,7 @@ def test_async_driver_names_from_trinity_configs_map_to_sync_drivers():
     eng.dispose()
 
 
+@pytest.mark.slow
 def test_hostile_rows_are_rejected_and_the_run_scores_the_rest(tmp_path, rescore):
     """Issue 28, defect 6: blobs whose safetensors header lies, an `info` nested 100,000 deep,
     text in SQLite's numeric columns, text that is not UTF-8, a blob column holding a number:

@@ -64,6 +64,7 @@ def reference(exps, strategy, eps=1e-6):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["grpo", "rloo"])
 def test_trinity_writes_rescore_rescores_trinity_reads(tmp_path, strategy):
     from rescore.pipelines.cli import run
@@ -114,6 +115,7 @@ def test_rescore_blob_is_what_trinity_deserialises(tmp_path):
         np.testing.assert_array_equal(e.logprobs.numpy(), np.asarray(row["logprobs"], np.float32))
 
 
+@pytest.mark.slow
 def test_unset_batch_and_string_tasks_group_as_trinity_does(tmp_path):
     """EID() leaves batch "" (one batch for all such rows, as Trinity's tid '/task' groups them)."""
     from rescore.pipelines.cli import run

@@ -44,6 +44,7 @@ def test_groups_by_step_and_prompt_and_scores_scalar(tmp_path, rescore):
     assert reasons == ["bad_json", "bad_reward", "missing_field"]
 
 
+@pytest.mark.slow
 def test_sample_rollouts_and_refusals(tmp_path):
     (code, _), (run, run_err), (text_only, text_only_err), (none, none_err) = run_many(tmp_path, [
         ["sample", "--format", "verl-rollouts", "--output", str(tmp_path / "r"), "--batches", "2", "--tasks", "3"],
@@ -128,6 +129,7 @@ def test_a_truncated_last_line_is_one_rejected_row():
     assert rows[1]["source_error"].startswith("truncated_line: line 2, the last, has no newline")
 
 
+@pytest.mark.slow
 def test_odd_lines_are_rejected_rows_and_the_run_scores_the_rest(tmp_path, rescore):
     """End to end: every line verl could write is kept whole; each bad line is one rejected row
     with its reason and the run succeeds (exit 0, _SUCCESS)."""

@@ -150,19 +150,3 @@ def test_each_call_follows_its_own_plans():
     assert expand_copies(table, first, pa.int64())[0].num_rows == 4
     assert expand_copies(table, plans(0), pa.int64())[0].num_rows == 2
     assert expand_copies(table, first, pa.int64())[0].num_rows == 4
-
-
-def test_benchmark_script_runs(tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/expand_copies.py", "--batches", "1", "50", "--rows", "400", "--repeats", "1", "--other-batches", "7"],
-        cwd=root, capture_output=True, text=True, timeout=300, check=True,
-    )
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [x["batches"] for x in lines] == [1, 50]
-    assert all(x["rows_out"] > x["rows"] and x["loop_s"] > 0 and x["vectorised_s"] > 0 for x in lines)

@@ -169,6 +169,7 @@ _NUMBERS = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from([0, -1, 2**63
                      st.floats(allow_nan=True), st.text(max_size=3), st.none(), st.booleans())
 
 
+@pytest.mark.slow
 @_FUZZ
 @given(st.fixed_dictionaries({}, optional={
     "dtype": st.sampled_from([*trxp._ST_DTYPES, "I128", "", "f32"]),
@@ -216,12 +217,14 @@ def test_fuzz_random_jsonl(data):
     _check_lines(data)
 
 
+@pytest.mark.slow
 @_FUZZ
 @given(st.lists(mutated(VALID_LINE), min_size=1, max_size=4), st.booleans())
 def test_fuzz_mutated_jsonl(lines, newline_at_end):
     _check_lines(b"\n".join(lines) + (b"\n" if newline_at_end else b""))
 
 
+@pytest.mark.slow
 @_FUZZ
 @given(st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),

@@ -147,3 +147,20 @@ def test_segment_sum_is_position_independent():
     offsets = np.array([0, 5, 42, 53, 90])
     sums = segment_sum(values, offsets)
     assert sums[1] == sums[3]
+
+
+def test_null_list_elements_are_null_value_rejections(tmp_path):
+    from rescore.schemas.validation import check_rows
+
+    table = pa.table({
+        "batch": [0, 0, 0, 0], "task": [1, 1, 1, 1], "run": [0, 1, 2, 3], "reward": [1.0, 0.0, 0.5, 0.2],
+        "tokens": pa.array([[1, 2, None], [1, 2, 3], [1, 2, 3], [1, 2, 3]], pa.list_(pa.int64())),
+        "prompt_length": [1, 1, 1, 1],
+        "logprobs": pa.array([[-0.1, -0.2], [None, -0.1], [-0.1, -0.1], [-0.1, -0.1]], pa.list_(pa.float32())),
+    })
+    used = check_rows(table, needs=("logprobs",))
+    assert used.ok.tolist() == [False, False, True, True]
+    assert used.reasons[0] == "null_value: tokens has a null element"
+    assert used.reasons[1].startswith("null_value: logprobs has a null element")
+    unused = check_rows(table)  # logprobs the strategy does not read are passed through
+    assert unused.ok.tolist() == [False, True, True, True]

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -50,6 +51,7 @@ def test_grpo_scores_have_zero_mean_per_group(rows):
         assert abs(float(part.sum())) <= 1e-9 * len(part) * max(1.0, float(part.abs().max()))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(groups(), st.floats(min_value=-100, max_value=100))
 def test_grpo_is_shift_invariant(rows, shift):

@@ -9,6 +9,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 
 import rescore.transforms.strategies as strategies
 from rescore.transforms.strategies import algorithms
@@ -63,11 +65,13 @@ print(json.dumps({"torch": "torch" in sys.modules, "names": len(resolved), "pres
     assert out["error"] == "grpo: parameter 'std_cal_level' must be one of group, batch, got 'global'"
 
 
+@pytest.mark.slow
 def test_option_parsing_does_not_import_torch():
     out = _imported("import json, sys\nimport rescore.pipelines.config\nprint(json.dumps('torch' in sys.modules))")
     assert out is False
 
 
+@pytest.mark.slow
 def test_creating_a_strategy_loads_its_math():
     out = _imported(
         "import json, sys\nfrom rescore.transforms.strategies import create\n"

@@ -1,4 +1,4 @@
-"""The token broadcast on the host (numpy) gives torch's float32 values bit for bit."""
+"""The token broadcast on the host (numpy) gives torch's float32 values bit for bit; under a zero mask it is +0.0."""
 
 import numpy as np
 import pytest
@@ -34,3 +34,11 @@ def test_host_broadcast_is_torch_bit_for_bit(mask_dtype):
 def test_host_broadcast_values():
     got = token_advantages_host(np.array([0.5, -2.0]), np.array([2, 3]), np.array([1, 0, 1, 1, 0], np.int8))
     assert got.tolist() == [0.5, 0.0, -2.0, -2.0, 0.0]
+
+
+def test_zero_mask_gives_positive_zero():
+    from rescore.transforms.strategies.tokens import token_advantages
+
+    out = token_advantages(torch.tensor([-1.5, 2.0], dtype=torch.float64), torch.tensor([3, 2]), torch.tensor([0, 1, 0, 0, 1]))
+    assert out.tolist() == [0.0, -1.5, 0.0, 0.0, 2.0]
+    assert not torch.signbit(out[[0, 2, 3]]).any()  # +0.0, never -0.0

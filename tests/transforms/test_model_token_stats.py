@@ -37,6 +37,7 @@ def _direct(model, tokens, prompt_length):
     return np.array(lp), np.array(ent), np.array(s2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["teacher", "student"], ids=["llama", "gpt2"])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_token_stats_equal_a_direct_forward_pass(models, which, side):
@@ -86,6 +87,7 @@ def test_logprob_model_token_stats_ref_model_and_correction_end_to_end(models, t
     assert doc["models"]["columns"] == ["logprobs", "entropy", "sum_pi_squared", "ref_logprobs"]
 
 
+@pytest.mark.slow
 def test_entropy_without_logprob_model_is_a_one_line_error(tmp_path, capsys):
     from rescore.pipelines.cli import main
 

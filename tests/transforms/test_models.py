@@ -92,6 +92,7 @@ def _key(r):
 # --- the math, without Beam ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["teacher", "student"], ids=["llama", "gpt2"])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_response_logprobs_equal_a_direct_forward_pass(models, which, side):
@@ -108,6 +109,7 @@ def test_response_logprobs_equal_a_direct_forward_pass(models, which, side):
             assert (values < 0).all()
 
 
+@pytest.mark.slow
 def test_padding_side_and_batch_company_do_not_change_a_row(models):
     model = _load("lm", models["teacher"])
     row = np.arange(3, 15)
@@ -117,6 +119,7 @@ def test_padding_side_and_batch_company_do_not_change_a_row(models):
         np.testing.assert_allclose(with_long_neighbour, alone, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pad_id", [0, None], ids=["batched", "no-pad-token"])
 def test_reward_scores_equal_a_direct_forward_pass(models, pad_id):
     model = _load("reward", models["reward"])
@@ -127,6 +130,7 @@ def test_reward_scores_equal_a_direct_forward_pass(models, pad_id):
     assert np.std(want) > 0  # the rows are told apart
 
 
+@pytest.mark.slow
 def test_reward_fn_signature_and_failures(tmp_path, monkeypatch):
     (tmp_path / "verifiers.py").write_text(
         "def by_tokens(response_tokens, reward):\n    return reward + len(response_tokens)\n"
@@ -150,6 +154,7 @@ def test_reward_fn_signature_and_failures(tmp_path, monkeypatch):
 # --- the pipeline, end to end ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_teacher_logprobs_and_on_policy_distill_end_to_end(models, tmp_path, rescore):
     rows = _rows(4)
     glob = _write(rows, str(tmp_path / "in"))
@@ -178,6 +183,7 @@ def test_teacher_logprobs_and_on_policy_distill_end_to_end(models, tmp_path, res
     assert scored[(0, 9, 0)]["teacher_logprobs"] == [] and scored[(0, 9, 0)]["advantages"] == []
 
 
+@pytest.mark.slow
 def test_reward_model_replaces_reward_before_grouping(models, tmp_path, rescore):
     rows = _rows(5, too_long=False)
     glob = _write(rows, str(tmp_path / "in"), files=3)
@@ -195,6 +201,7 @@ def test_reward_model_replaces_reward_before_grouping(models, tmp_path, rescore)
     assert pq.read_schema(sorted(p for p in (tmp_path / "out").iterdir() if p.name.startswith("scored-"))[0]).field("reward").type == pa.float32()
 
 
+@pytest.mark.slow
 def test_reward_fn_over_decoded_text_and_logprob_model(models, tmp_path, rescore, monkeypatch):
     (tmp_path / "my_verifier.py").write_text(
         "def count_w1(prompt, response, task):\n"
@@ -221,6 +228,7 @@ def test_reward_fn_over_decoded_text_and_logprob_model(models, tmp_path, rescore
     assert set(doc["totals"]["reject_reasons"]) <= {"model_reward"}
 
 
+@pytest.mark.slow
 def test_one_model_copy_shared_across_processes(models, tmp_path, rescore, monkeypatch):
     """The GPU path's sharing (Beam large_model: one copy per machine, called through a proxy
     from every SDK process), forced on the CPU: the same values as a direct forward pass."""
@@ -252,6 +260,7 @@ def _cli(*args, block_transformers=False):
     return subprocess.run([sys.executable, "-c", code, *args, RUNNER], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_flags_fail_with_one_line(models, tmp_path, capsys):
     glob = _write(_rows(7), str(tmp_path / "in"))
     no_tokens = str(tmp_path / "plain" / "a.parquet")
@@ -288,6 +297,7 @@ def test_flags_fail_with_one_line(models, tmp_path, capsys):
     assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_model_runs_print_one_line_or_nothing_on_the_real_stderr(models, tmp_path):
     """`python -m rescore` with --teacher-model: no transformers progress bar ("Loading weights")
     and no Beam "Resource module is not available" warning around the one error line, and
@@ -315,6 +325,7 @@ def test_model_runs_print_one_line_or_nothing_on_the_real_stderr(models, tmp_pat
 # --- Dataflow job graph and the GPU ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dataflow_gpu_job_graph_hints_only_the_model_stage(models, tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs the [gcp] extra")
     from rescore.pipelines.cli import run
@@ -355,6 +366,7 @@ def test_dataflow_gpu_job_graph_hints_only_the_model_stage(models, tmp_path):
         assert any(n.startswith(step) for n in names), step
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none here)")
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-4), ("bfloat16", 0.15), ("float16", 0.05)])
 def test_cuda_logprobs_match_fp32_cpu(models, dtype, atol):
@@ -371,6 +383,7 @@ def test_cuda_logprobs_match_fp32_cpu(models, dtype, atol):
 # --- the benchmark script runs (tiny sizes), so its README command cannot rot ------------------
 
 
+@pytest.mark.slow
 def test_model_stage_benchmark_runs_and_agrees_with_the_plain_loop():
     import json
 

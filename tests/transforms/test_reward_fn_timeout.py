@@ -63,6 +63,7 @@ def _row(task, run, n=3):
     return {"response_tokens": list(range(n)), "task": task, "run": run}
 
 
+@pytest.mark.slow
 def test_a_hanging_call_is_rejected_and_its_worker_killed_with_everything_it_started(verifier):
     v = VerifierProcess("hanging_verifier:answer", 1.0)
     started = time.monotonic()
@@ -81,6 +82,7 @@ def test_a_hanging_call_is_rejected_and_its_worker_killed_with_everything_it_sta
     assert v.pid is None and not _alive(pid)
 
 
+@pytest.mark.slow
 def test_the_limit_is_per_call_and_a_closed_worker_leaves(verifier):
     v = VerifierProcess("hanging_verifier:slow", 1.0)
     assert v([{"run": r} for r in range(5)]) == [(float(r), None) for r in range(5)]  # 1.5 s in all, 0.3 s each
@@ -90,6 +92,7 @@ def test_the_limit_is_per_call_and_a_closed_worker_leaves(verifier):
     assert not _alive(pid)
 
 
+@pytest.mark.slow
 def test_a_worker_whose_parent_is_killed_leaves_on_its_own(verifier, tmp_path):
     """The parent is SIGKILLed while its worker runs an endless loop: the worker notices its
     parent is gone and exits (no process is left behind)."""
