@@ -36,10 +36,7 @@ def not_a_bool(group):
 def user_module(tmp_path, monkeypatch):
     (tmp_path / "my_group_filters.py").write_text(textwrap.dedent(USER_MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
-    sys.modules.pop("my_group_filters", None)
-    from rescore.transforms.strategies import user_filter
-
-    user_filter._LOADED.clear()
+    sys.modules.pop("my_group_filters", None)  # the module as this test wrote it
     return tmp_path
 
 

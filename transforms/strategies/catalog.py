@@ -812,6 +812,8 @@ class RewardSumParams(StrategyParams):
 
 # --- a user's group filter (user_filter.py) ------------------------------------------------------
 
+GROUP_FILTER_FLAG = "--group-filter"
+
 
 @register(
     "group_filter",
@@ -830,6 +832,6 @@ class GroupFilterParams(StrategyParams):
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
         if values["function"] is not None:
-            from rescore.transforms.strategies.user_filter import load_group_filter
+            from rescore.user_code import load_function  # the run's start: a bad spec is exit 2 here
 
-            load_group_filter(values["function"])
+            load_function(values["function"], GROUP_FILTER_FLAG)

@@ -30,18 +30,14 @@ from torch import Tensor
 from rescore.errors import first_line
 from rescore.user_code import load_function
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.catalog import GroupFilterParams
+from rescore.transforms.strategies.catalog import GROUP_FILTER_FLAG, GroupFilterParams
 from rescore.transforms.strategies.segments import group_stats, per_row
 from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
 
-_LOADED: dict[str, Callable[[dict[str, Any]], Any]] = {}
-
-
 def load_group_filter(spec: str) -> Callable[[dict[str, Any]], Any]:
-    """'package.module:function' -> the function; ConfigError (one line) otherwise."""
-    if spec not in _LOADED:
-        _LOADED[spec] = load_function(spec, "--group-filter")
-    return _LOADED[spec]
+    """'package.module:function' -> the function; ConfigError (one line) otherwise (Python's
+    module cache makes a second load a lookup)."""
+    return load_function(spec, GROUP_FILTER_FLAG)
 
 
 def group_decision(fn: Callable[[dict[str, Any]], Any], group: dict[str, Any]) -> tuple[bool, str | None]:
