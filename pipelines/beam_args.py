@@ -20,30 +20,73 @@ log = logging.getLogger("rescore.pipelines.config")
 DEFAULT_RUNNER = "FnApiRunner"
 
 
-def _check_paths_reach_workers(args: list[str], inputs: list[str], output: str, input_table) -> None:
-    """Dataflow's workers are other machines with no mount of the launcher's disk: a local
-    input or output would be read or published there (or fail half-way); refuse it up front.
-    (Flink and Spark workers may share a mount, which Rescore cannot tell: docs/runners.md.)"""
-    if (_runner_name(args) or "").lower() not in ("dataflowrunner", "dataflow"):
-        return
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+
+
+def _beam_option(args: list[str], name: str) -> str | None:
+    value = None
+    for i, a in enumerate(args):
+        if a == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(f"--{name}="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _is_local_address(address: str) -> bool:
+    """host[:port] (or scheme://host:port) names this machine."""
+    import socket
+
+    host = address.split("://", 1)[-1].split("/", 1)[0]
+    host = host[1:].split("]", 1)[0] if host.startswith("[") else (host.rsplit(":", 1)[0] if host.count(":") == 1 else host)
+    return host.lower() in _LOCAL_HOSTS or host.startswith("127.") or host == socket.gethostname()
+
+
+def _remote_workers(args: list[str]) -> str | None:
+    """Where the runner's workers may be other machines ("FlinkRunner's workers (--flink_master=...)"), else None:
+    Flink with a JobManager elsewhere, Spark with a cluster master, Dask with a scheduler
+    elsewhere, a portable job service elsewhere (Dataflow is checked on its own)."""
+    runner = (_runner_name(args) or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
+    option = {"flink": "flink_master", "spark": "spark_master_url", "dask": "dask_client_address",
+              "portable": "job_endpoint"}.get(runner)
+    if option is None:
+        return None
+    address = _beam_option(args, option)
+    if not address or address in ("[auto]", "[local]", "embed") or address.startswith("local"):
+        return None  # Beam's defaults run the workers on this machine (Spark: local[N])
+    if _is_local_address(address):
+        return None
+    return f"{_runner_name(args)}'s workers (--{option}={address})"
+
+
+def _check_paths_reach_workers(args: list[str], inputs: list[str], output: str, input_table,
+                               shared_filesystem: bool = False) -> None:
+    """A runner whose workers are other machines reads and publishes every path there: a local
+    input or output would be read or published on disks the launcher never sees (or fail
+    half-way). Dataflow's workers never mount the launcher's disk: refused. Flink, Spark, Dask
+    and portable clusters elsewhere may share a mount, which Rescore cannot tell: refused unless
+    `--shared-filesystem` says so (docs/runners.md, "What a cluster changes")."""
     if any(a in ("--dry_run=True", "--dry_run=true") for a in args):
         return  # the job graph is built, nothing runs
     paths = [("--output", output)] + ([] if input_table else [("--input", i) for i in inputs])
-    for flag, path in paths:
-        if "://" not in path:
-            raise ConfigError(
-                f"{flag} {path!r} is a local path, which DataflowRunner's workers cannot reach: use gs://BUCKET/..."
-            )
+    local = [(flag, path) for flag, path in paths if "://" not in path]
+    if not local:
+        return
+    flag, path = local[0]
+    if (_runner_name(args) or "").lower() in ("dataflowrunner", "dataflow"):
+        raise ConfigError(
+            f"{flag} {path!r} is a local path, which DataflowRunner's workers cannot reach: use gs://BUCKET/..."
+        )
+    where = _remote_workers(args)
+    if where and not shared_filesystem:
+        raise ConfigError(
+            f"{flag} {path!r} is a local path, which {where} may not reach: use gs://, s3:// or hdfs://, "
+            "or pass --shared-filesystem if every worker mounts it at the same path"
+        )
 
 
 def _runner_name(args: list[str]) -> str | None:
-    runner = None
-    for i, a in enumerate(args):
-        if a == "--runner" and i + 1 < len(args):
-            runner = args[i + 1]
-        elif a.startswith("--runner="):
-            runner = a.split("=", 1)[1]
-    return runner
+    return _beam_option(args, "runner")
 
 
 def _import_runner_options(args: list[str]) -> str | None:

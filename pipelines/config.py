@@ -132,7 +132,8 @@ def parse_args(argv: list[str]) -> RunConfig:
 
     beam_args = pipeline_option_flags(config.get("pipeline_options") or {}) + rest
     _check_beam_args(beam_args)
-    _check_paths_reach_workers(beam_args, [str(i) for i in inputs], str(output), values["input_table"])
+    _check_paths_reach_workers(beam_args, [str(i) for i in inputs], str(output), values["input_table"],
+                               values["shared_filesystem"])
     cfg = RunConfig(
         **values,
         inputs=[str(i) for i in inputs],

@@ -126,6 +126,11 @@ class RunConfig(StepSettings):
         0.0, metavar="SECONDS", check=_seconds, plain=True,
         help="when another run is writing the same --output, wait up to SECONDS for it (default 0: refuse at once)",
     )
+    shared_filesystem: bool = option(
+        False, plain=True,
+        help="local --input/--output paths are on a filesystem every worker of a Flink, Spark, Dask or portable "
+        "cluster mounts at the same path (else such a run is refused: docs/runners.md)",
+    )
     quiet: bool = option(False, yaml=None, plain=True, help="no summary on stderr")
     log_level: str = option(
         "WARNING", yaml=None, choices=LOG_LEVELS, plain=True,

@@ -144,37 +144,179 @@ def fetch_flink() -> Path:
 
 
 def fetch() -> None:
+    """Fetch what is missing. Holds an flock on the cache while it works, so a second fetch (CI
+    fetching in the background while the tests start, two test processes) waits for the first
+    and then finds everything in place."""
+    import fcntl
+
     cache_dir().mkdir(parents=True, exist_ok=True)
-    fetch_flink()
-    fetch_job_server()
+    with open(cache_dir() / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fetch_flink()
+        fetch_job_server()
 
 
 # ---------------------------------------------------------------------------------------- cluster
 
-_BOOT = """#!{python}
-# Beam SDK worker boot for --environment_type=PROCESS (what the SDK container's boot does).
-import argparse, os, sys, tempfile
-import grpc
-from google.protobuf import json_format, text_format
-from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc, endpoints_pb2
+_ZYGOTE = r"""
+# Beam SDK workers for --environment_type=PROCESS, forked from one process that has imported
+# Beam, torch and Rescore once (`sdk_worker`, the command each TaskManager runs, asks it for a
+# worker; Python's own forkserver does the same for multiprocessing). A worker does what the
+# SDK container's boot does: asks the runner's provision service for the pipeline options, then
+# runs Beam's sdk_worker_main. `--direct ARGS` boots one worker in this process (the fallback).
+import array, importlib, json, os, select, signal, socket, struct, sys, tempfile, traceback
 
-ap = argparse.ArgumentParser()
-for name in ("id", "provision_endpoint", "control_endpoint", "logging_endpoint", "artifact_endpoint", "semi_persist_dir"):
-    ap.add_argument("--" + name, default="")
-a, _ = ap.parse_known_args()
-with grpc.insecure_channel(a.provision_endpoint) as channel:
-    info = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel).GetProvisionInfo(
-        beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=[("worker_id", a.id)]).info
-def descriptor(url):
-    return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
-os.environ["WORKER_ID"] = a.id
-os.environ["PIPELINE_OPTIONS"] = json_format.MessageToJson(info.pipeline_options)
-os.environ["CONTROL_API_SERVICE_DESCRIPTOR"] = descriptor(info.control_endpoint.url or a.control_endpoint)
-os.environ["LOGGING_API_SERVICE_DESCRIPTOR"] = descriptor(info.logging_endpoint.url or a.logging_endpoint)
-os.environ["RUNNER_CAPABILITIES"] = " ".join(info.runner_capabilities)
-os.environ["SEMI_PERSISTENT_DIRECTORY"] = a.semi_persist_dir or tempfile.mkdtemp(prefix="beam-worker-")
-from apache_beam.runners.worker import sdk_worker_main
-sdk_worker_main.main(sys.argv[:1])
+PRELOAD = ("grpc", "google.protobuf.json_format", "apache_beam.runners.worker.sdk_worker_main", "torch",
+           "rescore.transforms.read", "rescore.transforms.score", "rescore.transforms.write",
+           "rescore.transforms.finalize")
+
+
+def boot(argv):
+    import argparse
+    import grpc
+    from google.protobuf import json_format, text_format
+    from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc, endpoints_pb2
+
+    ap = argparse.ArgumentParser()
+    for name in ("id", "provision_endpoint", "control_endpoint", "logging_endpoint", "artifact_endpoint",
+                 "semi_persist_dir"):
+        ap.add_argument("--" + name, default="")
+    a, _ = ap.parse_known_args(argv)
+    with grpc.insecure_channel(a.provision_endpoint) as channel:
+        info = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel).GetProvisionInfo(
+            beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=[("worker_id", a.id)]).info
+
+    def descriptor(url):
+        return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
+
+    os.environ["WORKER_ID"] = a.id
+    os.environ["PIPELINE_OPTIONS"] = json_format.MessageToJson(info.pipeline_options)
+    os.environ["CONTROL_API_SERVICE_DESCRIPTOR"] = descriptor(info.control_endpoint.url or a.control_endpoint)
+    os.environ["LOGGING_API_SERVICE_DESCRIPTOR"] = descriptor(info.logging_endpoint.url or a.logging_endpoint)
+    os.environ["RUNNER_CAPABILITIES"] = " ".join(info.runner_capabilities)
+    os.environ["SEMI_PERSISTENT_DIRECTORY"] = a.semi_persist_dir or tempfile.mkdtemp(prefix="beam-worker-")
+    from apache_beam.runners.worker import sdk_worker_main
+    sdk_worker_main.main(sys.argv[:1])
+
+
+def _worker(request, fds):
+    for i, fd in enumerate(fds):  # the TaskManager's pipes for the command it started
+        os.dup2(fd, i)
+    for fd in fds:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = request["argv"]
+    code = 0
+    try:
+        boot(request["argv"][1:])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _supervise(conn):
+    # the request: 4-byte length (with the client's stdin, stdout, stderr attached), then JSON
+    fds = array.array("i")
+    head, ancillary, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    (size,) = struct.unpack("!I", head)
+    payload = b""
+    while len(payload) < size:
+        chunk = conn.recv(size - len(payload))
+        if not chunk:
+            os._exit(1)
+        payload += chunk
+    request = json.loads(payload)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _worker(request, list(fds))
+    for fd in fds:
+        os.close(fd)
+    while True:  # the client's exit is the worker's: a client killed (EOF) takes its worker along
+        readable, _, _ = select.select([conn], [], [], 0.2)
+        if readable and not conn.recv(1):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os._exit(0)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
+            os._exit(0)
+
+
+def serve(path):
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            print(f"sdk_zygote: not preloaded: {name} ({e})", file=sys.stderr, flush=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if os.path.exists(path):
+        os.unlink(path)
+    server.bind(path + ".tmp")
+    server.listen(64)
+    os.rename(path + ".tmp", path)  # clients find it only once the imports are done
+    server.settimeout(1.0)
+    print(f"sdk_zygote: serving on {path}", file=sys.stderr, flush=True)
+    while True:
+        try:  # reap finished supervisors (so their CPU time counts in this process's children's)
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        conn.settimeout(None)
+        if os.fork() == 0:
+            server.close()
+            try:
+                _supervise(conn)
+            finally:
+                os._exit(1)
+        conn.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:  # --direct ARGS...
+        sys.argv = [sys.argv[0], *sys.argv[2:]]
+        boot(sys.argv[1:])
+"""
+
+_BOOT = """#!{python} -S
+# Beam SDK worker for --environment_type=PROCESS: asks sdk_zygote.py (SOCKET) for one, forked from
+# a process that has imported Beam, torch and Rescore already, and exits with its exit status;
+# killed, it takes the worker along. Where the zygote is not up, it boots the worker itself.
+import array, json, os, socket, struct, sys
+
+try:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("{socket}")
+except OSError:
+    os.execv("{python}", ["{python}", "{zygote}", "--direct", *sys.argv[1:]])
+payload = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+s.sendmsg([struct.pack("!I", len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+s.sendall(payload)
+code = b""
+while len(code) < 4:
+    chunk = s.recv(4 - len(code))
+    if not chunk:
+        sys.exit(1)
+    code += chunk
+sys.exit(struct.unpack("!i", code)[0])
 """
 
 
@@ -257,6 +399,18 @@ class Cluster:
         except OSError:
             return -1
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds the cluster's processes (JVMs, SDK workers) have used so far, with the
+        children they have reaped (Linux /proc)."""
+        total = 0.0
+        for p in self.state["processes"]:
+            try:
+                fields = Path(f"/proc/{p['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+        return total
+
     def stop(self) -> None:
         for p in reversed(self.state["processes"]):
             try:
@@ -301,8 +455,10 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
     conf = workdir / "conf"
     conf.mkdir(exist_ok=True)
     rpc, rest, blob = free_port(), free_port(), free_port()
+    zygote, sock = workdir / "sdk_zygote.py", workdir / "sdk_zygote.sock"
+    zygote.write_text(_ZYGOTE)
     boot = workdir / "sdk_worker"
-    boot.write_text(_BOOT.replace("{python}", python))
+    boot.write_text(_BOOT.replace("{python}", python).replace("{zygote}", str(zygote)).replace("{socket}", str(sock)))
     boot.chmod(0o755)
     (conf / "flink-conf.yaml").write_text("\n".join([
         "jobmanager.rpc.address: localhost", f"jobmanager.rpc.port: {rpc}", "jobmanager.bind-host: localhost",
@@ -328,7 +484,9 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
                      "appender.console.layout.type = PatternLayout\n"
                      "appender.console.layout.pattern = %d{HH:mm:ss,SSS} %-5p %-60c %x - %m%n\n")
     jvm_common = [f"-Dlog4j.configurationFile=file:{log4j}"]
-    processes = []
+    # the SDK workers' parent (killed with the cluster: the workers stay in its process group)
+    processes = [{"role": "sdk_zygote", "pid": _spawn([python, str(zygote), "--serve", str(sock)],
+                                                       workdir / "log" / "sdk_zygote.log")}]
     jm_jvm, jm_dyn = _bash_java_utils(home, conf, "GET_JM_RESOURCE_PARAMS")
     processes.append({"role": "jobmanager", "pid": _spawn(
         ["java", *jm_jvm, *jvm_common, "-cp", cp,

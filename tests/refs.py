@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fcntl
+import functools
 import importlib.util
 import os
 import subprocess
@@ -36,6 +38,31 @@ def cache_dir() -> str:
     return os.environ.get("RESCORE_REFS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rescore-refs")
 
 
+_locked_depth = 0
+
+
+def cache_locked(fn):
+    """Run `fn` holding an flock on the cache: test processes side by side (pytest -n 2) each
+    download and unpack into the same cache; one does it, the others wait and find it done."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        global _locked_depth
+        if _locked_depth:  # already held by this process (flock would wait for itself)
+            return fn(*args, **kwargs)
+        os.makedirs(cache_dir(), exist_ok=True)
+        with open(os.path.join(cache_dir(), ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            _locked_depth += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _locked_depth -= 1
+
+    return wrapped
+
+
+@cache_locked
 def _unpacked() -> str:
     root = cache_dir()
     src = os.path.join(root, "src")
@@ -234,6 +261,7 @@ EXTRA_WHEELS = {
 3.12, so it is fetched as a wheel for 3.12: only pure Python is read from it)."""
 
 
+@cache_locked
 def _extra_unpacked(name: str) -> str:
     requirement, prefix = EXTRA_WHEELS[name]
     root = os.path.join(cache_dir(), "extra")

@@ -30,6 +30,7 @@ from refs import RefsUnavailable, _exec_file, _extract, _module, _stubs
 WHEELS = {"trl": "trl==1.16.0", "skyrl": "skyrl==0.3.0", "openrlhf": "openrlhf==0.11.2"}
 
 
+@refs.cache_locked
 def _wheel_src(key: str) -> str:
     """The unpacked wheel of WHEELS[key] (downloaded once)."""
     root = os.path.join(refs.cache_dir(), "offpolicy")

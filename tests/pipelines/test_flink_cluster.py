@@ -3,8 +3,9 @@ Beam's FlinkRunner and job server: the same bytes as in-process, work on both Ta
 and a TaskManager killed with kill -9 mid-run ends in a correct output or no `_SUCCESS`.
 
 The cluster comes from `run_configs/flink_local.py` (Flink's jars from PyPI, Beam's Flink job
-server from Maven Central, cached in `~/.cache/rescore/flink`), started once for this module.
-Without Java or Maven (or where the jars cannot be fetched) every test here skips, saying why.
+server from Maven Central, cached in `~/.cache/rescore/flink`), started once for the session.
+Without Java or Maven (or where the jars cannot be fetched) every test here skips, saying why;
+RESCORE_CLUSTER_TESTS=0 turns them off.
 """
 
 import importlib.util
@@ -19,7 +20,7 @@ import pytest
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # under pytest-xdist, `--dist loadfile` runs them in one process: one cluster
 
 _spec = importlib.util.spec_from_file_location("flink_local", os.path.join(ROOT, "run_configs", "flink_local.py"))
 flink_local = importlib.util.module_from_spec(_spec)
@@ -36,14 +37,13 @@ CASES = {
 @pytest.fixture(scope="session")
 def flink(tmp_path_factory):
     """One local Flink cluster for the session; torn down (every JVM and SDK worker) at the end."""
-    if os.environ.get("RESCORE_CLUSTER_TESTS") != "1":
-        pytest.skip("the Flink cluster tests are opt-in (RESCORE_CLUSTER_TESTS=1): they start a cluster and take"
-                    " 5-15 minutes on a 2-core machine, past CI's budget (tests/README.md)")
+    if os.environ.get("RESCORE_CLUSTER_TESTS") == "0":
+        pytest.skip("RESCORE_CLUSTER_TESTS=0: the Flink and Prism cluster tests are turned off")
     why = flink_local.missing_tools()
     if why:
         pytest.skip(why)
     try:
-        flink_local.fetch()
+        flink_local.fetch()  # waits for a fetch in progress (.ci/run starts one in the background)
     except (subprocess.CalledProcessError, OSError) as e:
         pytest.skip(f"could not fetch Flink's jars or Beam's Flink job server: {e}")
     cluster = flink_local.start(tmp_path_factory.mktemp("flink"), taskmanagers=2, slots=2)
@@ -71,6 +71,13 @@ def _in_process(experience, out, args):
     return _files(out)
 
 
+def _own_cpu_seconds():
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def _flink_jobs(cluster, since_ms):
     jobs = cluster.get("/jobs/overview")["jobs"]
     return sorted((j for j in jobs if j["start-time"] >= since_ms), key=lambda j: j["start-time"])
@@ -93,9 +100,12 @@ def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_pat
     args = CASES[case]
     expected = _in_process(experience, str(tmp_path / "local"), args)
     since = int(time.time() * 1000)
+    cpu = flink.cpu_seconds() + _own_cpu_seconds()
     out = str(tmp_path / "flink")
     doc = run(["--config", os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience,
                "--output", out, *args, *flink.beam_args(parallelism=4)])
+    print(f"Flink run: {time.time() - since / 1000:.0f} s wall, "  # shown by -rP (docs/runners.md's figures)
+          f"{flink.cpu_seconds() + _own_cpu_seconds() - cpu:.0f} CPU-s (cluster, SDK workers, job server, launcher)")
     assert doc["totals"]["rows_read"] == sum(1 for _ in multi_step_rows(31))
     assert os.path.exists(os.path.join(out, "_SUCCESS"))
     got = _files(out)

@@ -2,6 +2,7 @@
 version into ~/.cache/rescore/prism/ (no download at run time): the same bytes as in-process.
 Without the binary the run refuses in one line (exit 2) instead of downloading it."""
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -16,28 +17,47 @@ from rescore.pipelines.config import parse_args, prism_binary
 CHAIN = ["--strategy", "reward_variance,grpo,duplicate_informative", "--set", "std_cal_level=batch"]
 
 
+def _build_prism(target):
+    """`go install` Prism at this Beam's version into `target` (a temporary GOBIN, then one
+    rename, so a half-copied binary is never found); returns why it failed, or None."""
+    staging = target + ".tmp"
+    build = subprocess.run(
+        ["go", "install", f"github.com/apache/beam/sdks/v2/go/cmd/prism@v{apache_beam.__version__}"],
+        env={**os.environ, "GOBIN": staging}, capture_output=True, text=True, timeout=1500,
+    )
+    if build.returncode != 0:
+        return f"`go install` of Prism failed: {(build.stderr.strip().splitlines() or ['(no output)'])[-1]}"
+    os.makedirs(target, exist_ok=True)
+    os.replace(os.path.join(staging, "prism"), os.path.join(target, "prism"))
+    shutil.rmtree(staging, ignore_errors=True)
+    return None
+
+
 @pytest.fixture(scope="session")
-def prism(tmp_path_factory):
-    """The Prism binary for this Beam, built with `go install` once (cached), or a skip saying why."""
-    try:
-        return prism_binary()
-    except ConfigError:
-        pass
-    if os.environ.get("RESCORE_CLUSTER_TESTS") != "1":
-        pytest.skip("no Prism binary built, and building one is opt-in (RESCORE_CLUSTER_TESTS=1): `go install`"
-                    " takes up to 16 minutes on a 2-core machine (docs/runners.md has the command)")
-    if shutil.which("go") is None:
-        pytest.skip("`go` is not on PATH (Prism is built from Beam's Go module with `go install`)")
+def prism():
+    """The Prism binary for this Beam, built with `go install` once (cached), or a skip saying why.
+
+    The build holds an flock on the cache (as .ci/run's background build does with flock(1)),
+    so a test process waits for a build in progress instead of starting a second one."""
+    if os.environ.get("RESCORE_CLUSTER_TESTS") == "0":
+        pytest.skip("RESCORE_CLUSTER_TESTS=0: the Prism and Flink cluster tests are turned off")
     target = os.path.dirname(
         os.environ.get("RESCORE_PRISM")
         or os.path.join(os.path.expanduser("~"), ".cache", "rescore", "prism", f"bin-{apache_beam.__version__}", "prism")
     )
-    build = subprocess.run(
-        ["go", "install", f"github.com/apache/beam/sdks/v2/go/cmd/prism@v{apache_beam.__version__}"],
-        env={**os.environ, "GOBIN": target}, capture_output=True, text=True, timeout=1500,
-    )
-    if build.returncode != 0:
-        pytest.skip(f"`go install` of Prism failed: {build.stderr.strip().splitlines()[-1:]}")
+    lock_dir = os.path.dirname(target)
+    os.makedirs(lock_dir, exist_ok=True)
+    with open(os.path.join(lock_dir, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for a build in progress (.ci/run starts one)
+        try:
+            return prism_binary()
+        except ConfigError:
+            pass
+        if shutil.which("go") is None:
+            pytest.skip("`go` is not on PATH (Prism is built from Beam's Go module with `go install`)")
+        why = _build_prism(target)
+    if why:
+        pytest.skip(why)
     return prism_binary()
 
 
