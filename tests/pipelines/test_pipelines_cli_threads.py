@@ -11,14 +11,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Stands in for rescore.pipelines.rescore: reports what the entry point had done when it got there.
+# The job module (Beam, torch) is stood in for by an empty module, and the command that would run
+# after it by a report of what the console entry point had done when it got there.
 PROBE = """
 import os, sys, types
-fake = types.ModuleType("rescore.pipelines.rescore")
-fake.cli = lambda: print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("OPENBLAS_NUM_THREADS"), "torch" in sys.modules)
-sys.modules["rescore.pipelines.rescore"] = fake
+sys.modules["rescore.pipelines.rescore"] = types.ModuleType("rescore.pipelines.rescore")
 from rescore.pipelines import cli
 assert "numpy" not in sys.modules, "numpy imported before the entry point ran"
+cli.run_command_line = lambda prefetch=None: sys.exit(print(  # the command never returns
+    os.environ.get("OMP_WAIT_POLICY"), os.environ.get("OPENBLAS_NUM_THREADS"), "torch" in sys.modules))
 cli.main()
 """
 
