@@ -31,6 +31,7 @@ def test_a_failure_in_worker_processes_is_one_line(data, tmp_path):
     script (a process of its own: batched.py calls main(), not it) drops them after a failure."""
     code, lines = finish(start("--input", data["glob"], "--output", str(tmp_path / "out"), "--strategy", "grpo",
                                "--direct_running_mode=multi_processing", "--direct_num_workers=2",
+                               "--progress-seconds", "3600",  # a loaded machine: no progress line before the error
                                fault=f"fail_once:{tmp_path / 'marker'}"))
     assert code == 1 and "injected fault in ScoreGroups" in one_error(lines)
 
