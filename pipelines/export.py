@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import shutil
 import sys
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rescore.errors import ConfigError, InputError, NotFinishedOutputError, last_line
-from rescore.transforms.files.layout import SUCCESS
 from rescore.transforms.rows import export as ex
 
 EXPORT_JSON = "export.json"
@@ -84,15 +82,15 @@ def run(argv: list[str]) -> dict:
         raise ConfigError("--rule, --k and --threshold are for --format sft")
     if args.format == "sft" and (args.min_margin != 0.0 or args.ties != "first"):
         raise ConfigError("--min-margin and --ties are for --format dpo")
-    if not args.min_margin >= 0:
-        raise ConfigError(f"--min-margin must be >= 0, got {args.min_margin}")
+    if not 0 <= args.min_margin < math.inf:
+        raise ConfigError(f"--min-margin must be a finite number >= 0, got {args.min_margin}")
+    if args.threshold is not None and not math.isfinite(args.threshold):  # export.json is strict JSON
+        raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
     out = args.output
-    if "://" in out:
-        raise ConfigError("rescore export writes a local --output")
-    if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
-        raise ConfigError(f"{out} already holds a finished export; pass --overwrite to replace it")
-    if os.path.abspath(out) == os.path.abspath(args.source):
-        raise ConfigError("--output must not be the source output")
+    from rescore.pipelines import command_output
+
+    command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
+                         overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
     from rescore.pipelines.load import load_scored
 
     table = load_scored(args.source)
@@ -103,44 +101,30 @@ def run(argv: list[str]) -> dict:
     if args.format == "sft":
         rule = ex.SftRule(args.rule, args.by, args.k, args.threshold)
         rows, outcome = ex.select_sft(table, rule) if table.num_rows else ([], ex.np.zeros(0, dtype=ex.np.int8))
-        data = ex.sft_table(table, rows, args.by, decode) if table.num_rows else None
+        data = ex.sft_table(table, rows, args.by, decode)
     else:
         rule = ex.DpoRule(args.by, args.min_margin, args.ties)
         pairs, outcome = ex.select_dpo(table, rule) if table.num_rows else ([], ex.np.zeros(0, dtype=ex.np.int8))
-        data = ex.dpo_table(table, pairs, args.by, decode) if table.num_rows else None
+        data = ex.dpo_table(table, pairs, args.by, decode)
     counts = ex.counts(outcome)
     if sum(counts.values()) != table.num_rows:  # cannot happen: every row has one outcome
         raise RuntimeError(f"export accounting: {sum(counts.values())} outcomes for {table.num_rows} rows")
     name = f"{args.format}.{args.file_format}"
-    staging = os.path.join(out, STAGING)
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    records = 0 if data is None else data.num_rows
-    if data is not None:
-        if args.file_format == "parquet":
-            pq.write_table(data, os.path.join(staging, name))
-        else:
-            with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
-                for row in data.to_pylist():
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    staging = command_output.stage(out, STAGING)
+    if args.file_format == "parquet":  # no rows: a valid empty Parquet file with the schema
+        pq.write_table(data, os.path.join(staging, name))
     else:
-        open(os.path.join(staging, name), "w").close()
+        with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+            for row in data.to_pylist():
+                f.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
     doc = {
-        "source": args.source, "format": args.format, "file": name, "records": records,
+        "source": args.source, "format": args.format, "file": name, "records": data.num_rows,
         "rule": {k: v for k, v in vars(rule).items()}, "tokenizer": args.tokenizer,
         "rows_read": table.num_rows, "rows": counts, "output": out,
     }
     with open(os.path.join(staging, EXPORT_JSON), "w") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-    from rescore.pipelines.task_stats import publish
-
-    stale = [f for f in ("sft.parquet", "sft.jsonl", "dpo.parquet", "dpo.jsonl") if f != name and os.path.exists(os.path.join(out, f))]
-    if stale:  # an earlier export of another kind: never a finished export with its file beside this one
-        if os.path.exists(os.path.join(out, SUCCESS)):
-            os.remove(os.path.join(out, SUCCESS))
-        for f in stale:
-            os.remove(os.path.join(out, f))
-    publish(staging, out, [name, EXPORT_JSON])
+        json.dump(doc, f, indent=2, sort_keys=True, allow_nan=False)
+    command_output.publish(staging, out, [name, EXPORT_JSON])
     return doc
 
 
