@@ -309,6 +309,29 @@ def env_default(f: Field) -> Any:
     return value
 
 
+ARROW_DECAY_ENV = "RESCORE_ARROW_DECAY_MS"
+MAX_ARROW_DECAY_MS = 86_400_000
+"""The longest jemalloc decay RESCORE_ARROW_DECAY_MS may set: a day (-1 keeps freed pages for ever)."""
+
+
+def arrow_decay_ms(default: int) -> int:
+    """RESCORE_ARROW_DECAY_MS (pipelines/cli.py sets Arrow's jemalloc decay from it), checked like
+    a flag: a whole number from -1 (never hand pages back) to MAX_ARROW_DECAY_MS; ConfigError
+    otherwise (a value past a C ssize_t would reach jemalloc as an OverflowError traceback)."""
+    text = os.environ.get(ARROW_DECAY_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{ARROW_DECAY_ENV} must be a whole number of milliseconds (-1: never), got {text!r}") from None
+    if not -1 <= value <= MAX_ARROW_DECAY_MS:
+        raise ConfigError(
+            f"{ARROW_DECAY_ENV} must be -1 (never) or 0 to {MAX_ARROW_DECAY_MS:,} milliseconds (a day), got {text!r}"
+        )
+    return value
+
+
 def value_of(f: Field, args: argparse.Namespace, config: dict[str, Any]) -> tuple[Any, bool]:
     """(the option's checked value, whether the command line or the YAML gave it)."""
     o = spec(f)
