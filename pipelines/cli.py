@@ -348,6 +348,8 @@ def run_command_line(prefetch: "Prefetch | None" = None) -> None:
         import atexit
 
         atexit._run_exitfuncs()
+    if "rescore.transforms.verifier" in sys.modules:  # what an in-process verifier started ends with the command
+        sys.modules["rescore.transforms.verifier"].end_in_process()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -253,6 +253,26 @@ def contain(read_fd: int, write_fd: int, spec: str, parent: int) -> None:
     os._exit(code)
 
 
+_IN_PROCESS: list[int] = []
+"""The pid of this process once it has become the subreaper of an in-process verifier's children."""
+
+
+def contain_in_process() -> None:
+    """--reward-fn-timeout 0: the verifier runs in this process. Make this process the subreaper of
+    what the verifier starts (a child in its own session whose parent exits comes back here), so
+    that end_in_process() finds and ends it when the command ends."""
+    if os.getpid() not in _IN_PROCESS and _become_subreaper():
+        _IN_PROCESS.append(os.getpid())
+
+
+def end_in_process() -> None:
+    """When the `rescore` command ends (pipelines/cli.py, just before its os._exit): kill and reap
+    every process still below this one, if an in-process verifier ran here. Nothing else of the
+    run is left by then (Beam's workers and job servers are stopped before)."""
+    if os.getpid() in _IN_PROCESS:
+        _kill_below(os.getpid(), {}, deadline=5.0)
+
+
 def _reap(state: dict) -> None:
     """Kill a worker process and everything it started, and wait for it (no zombie)."""
     proc = state.get("proc")
