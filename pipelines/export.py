@@ -97,6 +97,8 @@ def run(argv: list[str]) -> dict:
     missing = [c for c in (*ex.NEEDED, args.by) if c not in table.column_names]
     if missing and table.num_rows:
         raise InputError(f"{args.source}: the scored rows have no {', '.join(dict.fromkeys(missing))} column (export needs token ids)")
+    if table.num_rows:
+        _check_values(args.source, table, args.format, args.by)
     decode = _decoder(args.tokenizer)
     if args.format == "sft":
         rule = ex.SftRule(args.rule, args.by, args.k, args.threshold)
@@ -126,6 +128,32 @@ def run(argv: list[str]) -> dict:
         json.dump(doc, f, indent=2, sort_keys=True, allow_nan=False)
     command_output.publish(staging, out, [name, EXPORT_JSON])
     return doc
+
+
+MAX_VALUE = 8.98e307
+"""A reward or score beyond ±this could make a DPO margin (best - worst) overflow float64."""
+
+
+def _check_values(source: str, table, fmt: str, by: str) -> None:
+    """The values export ranks by and publishes (reward, score): a finished Rescore output holds
+    only finite ones; a file that breaks that is refused before anything is written (exit 2),
+    never ranked by a NaN or published as one. For dpo, none so large that a margin overflows."""
+    import pyarrow.compute as pc
+
+    for column in dict.fromkeys(("reward", by, "score")):
+        if column not in table.column_names:
+            continue
+        values = pc.cast(table[column], "float64")
+        finite = pc.is_finite(values)  # null where the value is null
+        bad = int(pc.sum(pc.invert(finite)).as_py() or 0)
+        if column in ("reward", by):  # a row is ranked by it: a null cannot be
+            bad += values.null_count
+        if bad:
+            raise InputError(f"{source}: {bad} scored rows have a {column} that is not a finite number "
+                             "(null, NaN or infinite), which a finished Rescore output never holds")
+        top = pc.max(pc.abs(values)).as_py()
+        if fmt == "dpo" and column in ("reward", by) and top is not None and top > MAX_VALUE:
+            raise InputError(f"{source}: a {column} beyond ±{MAX_VALUE:g}: a DPO margin between two rows would overflow")
 
 
 def main(argv: list[str]) -> int:

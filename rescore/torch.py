@@ -197,8 +197,9 @@ class ScoredBatches(IterableDataset):
             action = response_valid.copy()
         response_mask = action * response_valid
         advantages = _finite(_padded(rows["advantages"], lengths, R, np.float32, name="advantages"), "advantages")
-        score = (rows["score"].to_numpy(zero_copy_only=False).astype(np.float32) if "score" in rows.column_names
-                 else np.zeros(B, np.float32))
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf: refused by _finite
+            score = _finite(rows["score"].to_numpy(zero_copy_only=False).astype(np.float32), "score") if "score" in rows.column_names \
+                else np.zeros(B, np.float32)
         logprobs = None
         if self.old_log_probs:
             logprobs = torch.from_numpy(_finite(_padded(rows["logprobs"], lengths, R, np.float32, name="logprobs"), "logprobs"))
@@ -239,7 +240,8 @@ class ScoredBatches(IterableDataset):
 
 def _lists(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    values = pc.list_flatten(array).to_numpy(zero_copy_only=False).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused by _finite
+        values = pc.list_flatten(array).to_numpy(zero_copy_only=False).astype(dtype)
     offsets = np.asarray(pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False), np.int64)
     bounds = np.concatenate([[0], np.cumsum(offsets)])
     return [values[bounds[i]:bounds[i + 1]] for i in range(len(offsets))]
