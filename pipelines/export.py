@@ -23,7 +23,7 @@ import sys
 
 import pyarrow.parquet as pq
 
-from rescore.errors import ConfigError, InputError, NotFinishedOutputError, last_line
+from rescore.errors import ConfigError, InputError, LockBusy, NotFinishedOutputError, last_line
 from rescore.transforms.rows import export as ex
 
 EXPORT_JSON = "export.json"
@@ -91,6 +91,16 @@ def run(argv: list[str]) -> dict:
 
     command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
                          overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
+    from rescore.transforms.files import lock
+
+    with lock.acquire(out):  # one run or export at a time per output (a second one: exit 2, naming the holder)
+        command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
+                             overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
+        return _export(args, out)
+
+
+def _export(args, out: str) -> dict:
+    from rescore.pipelines import command_output
     from rescore.pipelines.load import load_scored
 
     table = load_scored(args.source)
@@ -159,7 +169,7 @@ def _check_values(source: str, table, fmt: str, by: str) -> None:
 def main(argv: list[str]) -> int:
     try:
         doc = run(argv)
-    except (ConfigError, InputError, NotFinishedOutputError) as e:
+    except (ConfigError, InputError, NotFinishedOutputError, LockBusy) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (one line; nothing was published)

@@ -39,8 +39,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rescore.errors import RUN_FAILURES, ConfigError, InputError, last_line
-from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
+from rescore.errors import RUN_FAILURES, ConfigError, InputError, LockBusy, last_line
+from rescore.transforms.files.layout import DELTA_LOG, LOCK, SCORED_FILES, SUCCESS
 from rescore.transforms.files.layout import STAGING as RUN_STAGING
 from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS, TASK_STATS_VIEW
 from rescore.transforms.rows import task_stats as ts
@@ -154,7 +154,6 @@ def run(argv: list[str]) -> dict:
         raise ConfigError("rescore task-stats writes a local --output")
     from rescore.pipelines import command_output
     from rescore.pipelines.beam_args import pipeline_args
-    from rescore.transforms.files import ownership
 
     # The run command's parser of runner arguments, and its cluster-path refusal (one for every command).
     beam_args = pipeline_args(beam_args, inputs=args.input, output=out, shared_filesystem=args.shared_filesystem,
@@ -162,6 +161,22 @@ def run(argv: list[str]) -> dict:
     band = _band(args.band, args.prompt_list, args.input, out)
     if args.incremental:
         command_output.claim_table(out, "--output", sources=args.input)
+    elif os.path.isdir(os.path.join(out, DELTA_LOG)):
+        raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
+    else:  # checked before the lock creates anything (and again under it)
+        command_output.claim(out, "--output", command_output.TASK_STATS_NAMES, sources=args.input, overwrite=args.overwrite,
+                             what="task statistics", legacy=(STATS_JSON, ("input_files", "rows_read", "tasks")))
+    from rescore.transforms.files import lock
+
+    with lock.acquire(out):  # one run at a time per output (a second one: exit 2, naming the holder)
+        return _run_locked(args, ks, beam_args, band, out)
+
+
+def _run_locked(args, ks: tuple[int, ...], beam_args: list[str], band, out: str) -> dict:
+    from rescore.pipelines import command_output
+    from rescore.transforms.files import ownership
+
+    if args.incremental:
         doc = run_incremental(args, ks, beam_args)
         if band is not None:
             doc["prompt_list"] = {"path": args.prompt_list, "tasks": write_prompt_list(
@@ -282,7 +297,7 @@ def _table_state(out: str) -> tuple[int | None, dict | None]:
     """(version, the latest commit's task-stats state) of an incremental table, (None, None)
     where there is no table yet."""
     if not os.path.isdir(os.path.join(out, DELTA_LOG)):
-        if os.path.exists(out) and os.listdir(out):
+        if os.path.exists(out) and [n for n in os.listdir(out) if n != LOCK]:  # the output lock is ours
             raise ConfigError(f"{out} is not empty and not an incremental task-stats table; pick another --output")
         return None, None
     from deltalake import DeltaTable
@@ -423,7 +438,7 @@ def _task_view_counts(out: str) -> dict:
 def main(argv: list[str]) -> int:
     try:
         doc = run(argv)
-    except (ConfigError, InputError) as e:
+    except (ConfigError, InputError, LockBusy) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except RUN_FAILURES as e:
