@@ -68,7 +68,6 @@ def offline(monkeypatch):
     from apache_beam.options.pipeline_options import GoogleCloudOptions
     from google.cloud.dataflow_v1beta3 import types
 
-
     cap = Captured()
 
     def stage_file(self, gcs_or_local_path, file_name, stream, mime_type=None, total_size=None):
