@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--file-format", "--file_format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument("--overwrite", action="store_true", help="replace a finished export in --output")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--wait-for-lock", "--wait_for_lock", type=float, default=0.0, metavar="SECONDS",
+                   help="when another run or export is writing --output, wait up to SECONDS for it (default 0: refuse at once)")
     return p
 
 
@@ -86,6 +88,8 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"--min-margin must be a finite number >= 0, got {args.min_margin}")
     if args.threshold is not None and not math.isfinite(args.threshold):  # export.json is strict JSON
         raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
+    if not 0 <= args.wait_for_lock < math.inf:
+        raise ConfigError(f"--wait-for-lock must be a number of seconds >= 0, got {args.wait_for_lock}")
     out = args.output
     from rescore.pipelines import command_output
 
@@ -93,7 +97,7 @@ def run(argv: list[str]) -> dict:
                          overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
     from rescore.transforms.files import lock
 
-    with lock.acquire(out):  # one run or export at a time per output (a second one: exit 2, naming the holder)
+    with lock.acquire(out, args.wait_for_lock):  # one run or export at a time per output (a second one: exit 2, naming the holder)
         command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
                              overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
         return _export(args, out)

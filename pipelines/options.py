@@ -53,9 +53,15 @@ def _seconds(flag: str, value: Any) -> str | None:
     return None
 
 
+MIN_PROGRESS_SECONDS = 0.1
+"""The shortest interval between progress lines (a smaller one, 1e-320, printed a line per loop)."""
+
+
 def _interval(flag: str, value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < float("inf"):
         return f"{flag} must be a number of seconds > 0, got {value!r}"
+    if value < MIN_PROGRESS_SECONDS:
+        return f"{flag} must be at least {MIN_PROGRESS_SECONDS:g} seconds, got {value!r}"
     return None
 
 

@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--band", help="LO,HI: with --prompt-list, the tasks with LO < pass rate < HI")
     p.add_argument("--prompt-list", "--prompt_list", help="write the ids of the tasks inside --band here, one per line")
     p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.add_argument("--wait-for-lock", "--wait_for_lock", type=float, default=0.0, metavar="SECONDS",
+                   help="when another run or export is writing --output, wait up to SECONDS for it (default 0: refuse at once)")
     p.add_argument("--shared-filesystem", "--shared_filesystem", action="store_true",
                    help="local --input/--output paths are on a filesystem every worker of a Flink, Spark, Dask or "
                         "portable cluster mounts at the same path (else such a run is refused, as the run command does)")
@@ -149,6 +151,8 @@ def run(argv: list[str]) -> dict:
         raise ConfigError(f"--beta-m must be a finite number > 0, got {args.beta_m}")
     if not math.isfinite(args.threshold):  # task_stats.json is strict JSON: no NaN, no Infinity
         raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
+    if not 0 <= args.wait_for_lock < math.inf:
+        raise ConfigError(f"--wait-for-lock must be a number of seconds >= 0, got {args.wait_for_lock}")
     out = args.output
     if "://" in out:
         raise ConfigError("rescore task-stats writes a local --output")
@@ -168,7 +172,7 @@ def run(argv: list[str]) -> dict:
                              what="task statistics", legacy=(STATS_JSON, ("input_files", "rows_read", "tasks")))
     from rescore.transforms.files import lock
 
-    with lock.acquire(out):  # one run at a time per output (a second one: exit 2, naming the holder)
+    with lock.acquire(out, args.wait_for_lock):  # one run at a time per output (a second one: exit 2, naming the holder)
         return _run_locked(args, ks, beam_args, band, out)
 
 

@@ -166,8 +166,16 @@ def commands(tmp_path_factory):
         ["task-stats", "--input", str(exp), "--output", str(exp / "stats")],                                     # 12
         ["task-stats", "--input", str(exp), "--output", str(tmp / "own"), "--quiet"],                            # 13
         ["report", src, "--to", str(charts)],                                                                    # 14
+        e + [src, "--output", str(tmp / "locked"), "--format", "sft"],                                          # 15
+        (["--input", str(exp), "--output", str(tmp / "r1"), "--strategy", "grpo"], {"RESCORE_READ_AHEAD_MB": "1e308"}),  # 16
+        (["--input", str(exp), "--output", str(tmp / "r2"), "--strategy", "grpo"],
+         {"RESCORE_READ_AHEAD_MB": None, "RESCORE_PROGRESS_SECONDS": "1e-320"}),                                 # 17
     ]
-    return tmp, run_many(tmp / "logs", runs), before
+    from rescore.transforms.files import lock
+
+    with lock.acquire(str(tmp / "locked")):  # another export holds this one
+        results = run_many(tmp / "logs", runs)
+    return tmp, results, before
 
 
 def _one_line_exit_2(result, *words):
@@ -226,3 +234,12 @@ def test_rescore_env_values_are_range_checked_like_flags(value):
                                "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("rescore: error: RESCORE_ARROW_DECAY_MS must be"), proc.stderr
+
+
+def test_one_export_at_a_time_and_env_values_in_range(commands):
+    tmp, results, _ = commands
+    _one_line_exit_2(results[15], "being written by another run")
+    assert not (tmp / "locked" / "sft.parquet").exists()
+    _one_line_exit_2(results[16], "RESCORE_READ_AHEAD_MB must be at most")  # was exit 1 after the work
+    _one_line_exit_2(results[17], "RESCORE_PROGRESS_SECONDS must be at least 0.1 seconds")  # was a line per loop
+    assert not (tmp / "r1").exists() and not (tmp / "r2").exists()
