@@ -287,22 +287,16 @@ def _reap(state: dict) -> None:
         return None
     # The keeper (contain) kills and reaps everything below it, then exits; its process group is
     # SIGKILLed only where it does not (it is idle in a poll loop, so it does).
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        return proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:  # pragma: no cover - the keeper is idle and quick
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not take this long
-        return None
+    for kill, sig, wait in ((os.kill, signal.SIGTERM, 15), (os.killpg, signal.SIGKILL, 30)):
+        try:
+            kill(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:  # pragma: no cover - the keeper is idle and quick; SIGKILL quicker
+            continue
+    return None
 
 
 class VerifierProcess:
