@@ -193,3 +193,20 @@ def _check_runner_extra(beam_args: list[str]) -> None:
             "--runner DataflowRunner needs the [gcp] extra where the job is launched (a --dry_run=True too): "
             "pip install 'rescore[gcp]' (from the repository: .venv/bin/pip install '.[gcp]')"
         ) from None
+
+
+def pipeline_args(args: list[str], *, inputs: list[str], output: str, input_table=None,
+                  shared_filesystem: bool = False, log_level: str = "WARNING") -> list[str]:
+    """The one entry point for the runner arguments of every command that runs Beam (the run
+    command and `rescore task-stats`): `args` are the arguments that are not the command's own
+    flags, in any spelling (`--runner X`, `--runner=X`, a YAML's pipeline_options turned into
+    flags). Every check, before any work (ConfigError, exit 2, one line): each is a Beam
+    pipeline option (a typo is refused with a did-you-mean), the runner's module imports, local
+    paths with a cluster elsewhere are refused unless `shared_filesystem`, the runner's extra is
+    installed. Returns the arguments Beam is given: with the local runner Rescore pins where none
+    is named, and the SDK workers' log level."""
+    _check_beam_args(args)
+    _check_paths_reach_workers(args, inputs, output, input_table, shared_filesystem)
+    final = _with_worker_log_level(_with_default_runner(args), log_level)
+    _check_runner_extra(final)
+    return final

@@ -348,6 +348,8 @@ def run_command_line(prefetch: "Prefetch | None" = None) -> None:
         import atexit
 
         atexit._run_exitfuncs()
+    if "rescore.transforms.verifier" in sys.modules:  # what an in-process verifier started ends with the command
+        sys.modules["rescore.transforms.verifier"].end_in_process()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -367,14 +369,15 @@ freed and the next unit's decode: ~1.8M faults, ~2.5 s less system time, peak me
 def keep_freed_pages() -> None:
     """Set Arrow's jemalloc decay (RESCORE_ARROW_DECAY_MS, default 3000 ms) before pyarrow makes
     its first arena; nothing where Arrow's default pool is another allocator."""
+    from rescore.pipelines.options import arrow_decay_ms
+
+    try:  # checked whatever the pool, like every RESCORE_* value (pipelines/options.py)
+        decay = arrow_decay_ms(DEFAULT_DECAY_MS)
+    except errors.ConfigError as e:
+        sys.stderr.write(f"rescore: error: {e}\n")
+        raise SystemExit(2) from None
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") != "jemalloc":
         return
-    chosen = os.environ.get(DECAY_ENV, "").strip()
-    try:
-        decay = int(chosen) if chosen else DEFAULT_DECAY_MS
-    except ValueError:
-        sys.stderr.write(f"rescore: error: {DECAY_ENV} must be a whole number of milliseconds (-1: never), got {chosen!r}\n")
-        raise SystemExit(2) from None
     import pyarrow as pa  # the job imports it anyway; the decay must be set before any allocation
 
     try:

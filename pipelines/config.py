@@ -21,6 +21,7 @@ from rescore.pipelines.beam_args import (  # noqa: F401  (DEFAULT_RUNNER, prism_
     _check_runner_extra,
     _with_default_runner,
     _with_worker_log_level,
+    pipeline_args,
     prism_binary,
 )
 from rescore.pipelines.config_files import load_yaml, pipeline_option_flags, shipped_configs  # noqa: F401
@@ -131,9 +132,8 @@ def parse_args(argv: list[str]) -> RunConfig:
         raise ConfigError("--input-table reads a Trinity-RFT SQL buffer; it takes no --input-format")
 
     beam_args = pipeline_option_flags(config.get("pipeline_options") or {}) + rest
-    _check_beam_args(beam_args)
-    _check_paths_reach_workers(beam_args, [str(i) for i in inputs], str(output), values["input_table"],
-                               values["shared_filesystem"])
+    beam_args = pipeline_args(beam_args, inputs=[str(i) for i in inputs], output=str(output), input_table=values["input_table"],
+                              shared_filesystem=values["shared_filesystem"], log_level=values["log_level"])
     cfg = RunConfig(
         **values,
         inputs=[str(i) for i in inputs],
@@ -143,14 +143,13 @@ def parse_args(argv: list[str]) -> RunConfig:
         algorithm=algorithm,
         buckets_chosen="buckets" in given,
         wait=not args.no_wait,
-        beam_args=_with_worker_log_level(_with_default_runner(beam_args), values["log_level"]),
+        beam_args=beam_args,
         models=model_options(args, config.get("models")),
     )
     if cfg.incremental and cfg.models.enabled:  # the model stage is not wired into incremental runs
         flags = [f"--{k.replace('_', '-')}" for k in ("teacher_model", "logprob_model", "reward_model", "reward_fn")
                  if getattr(cfg.models, k)]
         raise ConfigError(f"{' and '.join(flags)} cannot be used with --incremental (the model stage runs only in one-shot runs); drop --incremental to run the model stage (docs/models.md)")
-    _check_runner_extra(cfg.beam_args)
     if cfg.run_name and not cfg.incremental:
         raise ConfigError("--run-name names an --incremental run; pass --incremental or drop --run-name")
     return cfg

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
-import shutil
 import sys
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rescore.errors import ConfigError, InputError, NotFinishedOutputError, last_line
-from rescore.transforms.files.layout import SUCCESS
+from rescore.errors import ConfigError, InputError, LockBusy, NotFinishedOutputError, last_line
 from rescore.transforms.rows import export as ex
 
 EXPORT_JSON = "export.json"
@@ -57,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--file-format", "--file_format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument("--overwrite", action="store_true", help="replace a finished export in --output")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--wait-for-lock", "--wait_for_lock", type=float, default=0.0, metavar="SECONDS",
+                   help="when another run or export is writing --output, wait up to SECONDS for it (default 0: refuse at once)")
     return p
 
 
@@ -84,70 +84,96 @@ def run(argv: list[str]) -> dict:
         raise ConfigError("--rule, --k and --threshold are for --format sft")
     if args.format == "sft" and (args.min_margin != 0.0 or args.ties != "first"):
         raise ConfigError("--min-margin and --ties are for --format dpo")
-    if not args.min_margin >= 0:
-        raise ConfigError(f"--min-margin must be >= 0, got {args.min_margin}")
+    if not 0 <= args.min_margin < math.inf:
+        raise ConfigError(f"--min-margin must be a finite number >= 0, got {args.min_margin}")
+    if args.threshold is not None and not math.isfinite(args.threshold):  # export.json is strict JSON
+        raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
+    if not 0 <= args.wait_for_lock < math.inf:
+        raise ConfigError(f"--wait-for-lock must be a number of seconds >= 0, got {args.wait_for_lock}")
     out = args.output
-    if "://" in out:
-        raise ConfigError("rescore export writes a local --output")
-    if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
-        raise ConfigError(f"{out} already holds a finished export; pass --overwrite to replace it")
-    if os.path.abspath(out) == os.path.abspath(args.source):
-        raise ConfigError("--output must not be the source output")
+    from rescore.pipelines import command_output
+
+    command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
+                         overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
+    from rescore.transforms.files import lock
+
+    with lock.acquire(out, args.wait_for_lock):  # one run or export at a time per output (a second one: exit 2, naming the holder)
+        command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
+                             overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
+        return _export(args, out)
+
+
+def _export(args, out: str) -> dict:
+    from rescore.pipelines import command_output
     from rescore.pipelines.load import load_scored
 
     table = load_scored(args.source)
     missing = [c for c in (*ex.NEEDED, args.by) if c not in table.column_names]
     if missing and table.num_rows:
         raise InputError(f"{args.source}: the scored rows have no {', '.join(dict.fromkeys(missing))} column (export needs token ids)")
+    if table.num_rows:
+        _check_values(args.source, table, args.format, args.by)
     decode = _decoder(args.tokenizer)
     if args.format == "sft":
         rule = ex.SftRule(args.rule, args.by, args.k, args.threshold)
         rows, outcome = ex.select_sft(table, rule) if table.num_rows else ([], ex.np.zeros(0, dtype=ex.np.int8))
-        data = ex.sft_table(table, rows, args.by, decode) if table.num_rows else None
+        data = ex.sft_table(table, rows, args.by, decode)
     else:
         rule = ex.DpoRule(args.by, args.min_margin, args.ties)
         pairs, outcome = ex.select_dpo(table, rule) if table.num_rows else ([], ex.np.zeros(0, dtype=ex.np.int8))
-        data = ex.dpo_table(table, pairs, args.by, decode) if table.num_rows else None
+        data = ex.dpo_table(table, pairs, args.by, decode)
     counts = ex.counts(outcome)
     if sum(counts.values()) != table.num_rows:  # cannot happen: every row has one outcome
         raise RuntimeError(f"export accounting: {sum(counts.values())} outcomes for {table.num_rows} rows")
     name = f"{args.format}.{args.file_format}"
-    staging = os.path.join(out, STAGING)
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    records = 0 if data is None else data.num_rows
-    if data is not None:
-        if args.file_format == "parquet":
-            pq.write_table(data, os.path.join(staging, name))
-        else:
-            with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
-                for row in data.to_pylist():
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    staging = command_output.stage(out, STAGING)
+    if args.file_format == "parquet":  # no rows: a valid empty Parquet file with the schema
+        pq.write_table(data, os.path.join(staging, name))
     else:
-        open(os.path.join(staging, name), "w").close()
+        with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+            for row in data.to_pylist():
+                f.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
     doc = {
-        "source": args.source, "format": args.format, "file": name, "records": records,
+        "source": args.source, "format": args.format, "file": name, "records": data.num_rows,
         "rule": {k: v for k, v in vars(rule).items()}, "tokenizer": args.tokenizer,
         "rows_read": table.num_rows, "rows": counts, "output": out,
     }
     with open(os.path.join(staging, EXPORT_JSON), "w") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-    from rescore.pipelines.task_stats import publish
-
-    stale = [f for f in ("sft.parquet", "sft.jsonl", "dpo.parquet", "dpo.jsonl") if f != name and os.path.exists(os.path.join(out, f))]
-    if stale:  # an earlier export of another kind: never a finished export with its file beside this one
-        if os.path.exists(os.path.join(out, SUCCESS)):
-            os.remove(os.path.join(out, SUCCESS))
-        for f in stale:
-            os.remove(os.path.join(out, f))
-    publish(staging, out, [name, EXPORT_JSON])
+        json.dump(doc, f, indent=2, sort_keys=True, allow_nan=False)
+    command_output.publish(staging, out, [name, EXPORT_JSON])
     return doc
+
+
+MAX_VALUE = 8.98e307
+"""A reward or score beyond ±this could make a DPO margin (best - worst) overflow float64."""
+
+
+def _check_values(source: str, table, fmt: str, by: str) -> None:
+    """The values export ranks by and publishes (reward, score): a finished Rescore output holds
+    only finite ones; a file that breaks that is refused before anything is written (exit 2),
+    never ranked by a NaN or published as one. For dpo, none so large that a margin overflows."""
+    import pyarrow.compute as pc
+
+    for column in dict.fromkeys(("reward", by, "score")):
+        if column not in table.column_names:
+            continue
+        values = pc.cast(table[column], "float64")
+        finite = pc.is_finite(values)  # null where the value is null
+        bad = int(pc.sum(pc.invert(finite)).as_py() or 0)
+        if column in ("reward", by):  # a row is ranked by it: a null cannot be
+            bad += values.null_count
+        if bad:
+            raise InputError(f"{source}: {bad} scored rows have a {column} that is not a finite number "
+                             "(null, NaN or infinite), which a finished Rescore output never holds")
+        top = pc.max(pc.abs(values)).as_py()
+        if fmt == "dpo" and column in ("reward", by) and top is not None and top > MAX_VALUE:
+            raise InputError(f"{source}: a {column} beyond ±{MAX_VALUE:g}: a DPO margin between two rows would overflow")
 
 
 def main(argv: list[str]) -> int:
     try:
         doc = run(argv)
-    except (ConfigError, InputError, NotFinishedOutputError) as e:
+    except (ConfigError, InputError, NotFinishedOutputError, LockBusy) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  (one line; nothing was published)

@@ -53,9 +53,15 @@ def _seconds(flag: str, value: Any) -> str | None:
     return None
 
 
+MIN_PROGRESS_SECONDS = 0.1
+"""The shortest interval between progress lines (a smaller one, 1e-320, printed a line per loop)."""
+
+
 def _interval(flag: str, value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < float("inf"):
         return f"{flag} must be a number of seconds > 0, got {value!r}"
+    if value < MIN_PROGRESS_SECONDS:
+        return f"{flag} must be at least {MIN_PROGRESS_SECONDS:g} seconds, got {value!r}"
     return None
 
 
@@ -306,6 +312,29 @@ def env_default(f: Field) -> Any:
     problem = spec(f).check(name, value) if spec(f).check else None
     if problem:
         raise ConfigError(problem)
+    return value
+
+
+ARROW_DECAY_ENV = "RESCORE_ARROW_DECAY_MS"
+MAX_ARROW_DECAY_MS = 86_400_000
+"""The longest jemalloc decay RESCORE_ARROW_DECAY_MS may set: a day (-1 keeps freed pages for ever)."""
+
+
+def arrow_decay_ms(default: int) -> int:
+    """RESCORE_ARROW_DECAY_MS (pipelines/cli.py sets Arrow's jemalloc decay from it), checked like
+    a flag: a whole number from -1 (never hand pages back) to MAX_ARROW_DECAY_MS; ConfigError
+    otherwise (a value past a C ssize_t would reach jemalloc as an OverflowError traceback)."""
+    text = os.environ.get(ARROW_DECAY_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{ARROW_DECAY_ENV} must be a whole number of milliseconds (-1: never), got {text!r}") from None
+    if not -1 <= value <= MAX_ARROW_DECAY_MS:
+        raise ConfigError(
+            f"{ARROW_DECAY_ENV} must be -1 (never) or 0 to {MAX_ARROW_DECAY_MS:,} milliseconds (a day), got {text!r}"
+        )
     return value
 
 

@@ -76,10 +76,6 @@ def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> 
     doc = load_metrics(output)
     data = read_run(output)
     os.makedirs(to, exist_ok=True)
-    html_path = os.path.join(to, REPORT_HTML)
-    if os.path.exists(html_path) and not _is_report(html_path):
-        raise ReportError(f"{html_path} is not a Rescore report, and Rescore replaces only its own files: "
-                          "move it away or pass --to another directory")
     for old in report_files(to):  # charts of an earlier report that this one may not draw
         os.remove(old)
     paths, captions = draw(doc, data, lambda name: os.path.join(to, report_chart(name)), solved_at)
@@ -102,6 +98,22 @@ def _check_target(to: str) -> None:
         ownership.check_output_path(to, "--to")
     except ownership.OutputError as e:
         raise ReportError(str(e)) from None
+    html_path = os.path.join(to, REPORT_HTML)
+    if os.path.exists(html_path) and not _is_report(html_path):
+        raise ReportError(f"{html_path} is not a Rescore report, and Rescore replaces only its own files: "
+                          "move it away or pass --to another directory")
+    # A chart name is Rescore's where the directory's ledger lists it or the directory holds a
+    # Rescore report (MARKER); else it is the user's, and neither deleted nor replaced.
+    try:
+        ledger = ownership.read_ledger(to) if os.path.isdir(to) else None
+    except ownership.OutputError as e:
+        raise ReportError(str(e)) from None
+    if not _is_report(html_path):
+        charts = [report_chart(name) for name in (*CHARTS, *OPTIONAL_CHARTS)]
+        theirs = [c for c in charts if os.path.exists(os.path.join(to, c)) and c not in (ledger or [])]
+        if theirs:
+            raise ReportError(f"{os.path.join(to, theirs[0])} is not Rescore's, and Rescore replaces only its own files: "
+                              "move it away or pass --to another directory")
 
 
 def _own(directory: str, paths) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import shutil
 import sys
@@ -38,8 +39,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rescore.errors import RUN_FAILURES, ConfigError, InputError, last_line
-from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
+from rescore.errors import RUN_FAILURES, ConfigError, InputError, LockBusy, last_line
+from rescore.transforms.files.layout import DELTA_LOG, LOCK, SCORED_FILES, SUCCESS
 from rescore.transforms.files.layout import STAGING as RUN_STAGING
 from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS, TASK_STATS_VIEW
 from rescore.transforms.rows import task_stats as ts
@@ -70,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--band", help="LO,HI: with --prompt-list, the tasks with LO < pass rate < HI")
     p.add_argument("--prompt-list", "--prompt_list", help="write the ids of the tasks inside --band here, one per line")
     p.add_argument("--quiet", action="store_true", help="no summary line")
+    p.add_argument("--wait-for-lock", "--wait_for_lock", type=float, default=0.0, metavar="SECONDS",
+                   help="when another run or export is writing --output, wait up to SECONDS for it (default 0: refuse at once)")
+    p.add_argument("--shared-filesystem", "--shared_filesystem", action="store_true",
+                   help="local --input/--output paths are on a filesystem every worker of a Flink, Spark, Dask or "
+                        "portable cluster mounts at the same path (else such a run is refused, as the run command does)")
     p.add_argument("--incremental", action="store_true",
                    help="keep --output as a Delta Lake table of task-batch groups; rescan only the batches new, "
                         "changed or deleted input files touch (docs/curating.md)")
@@ -138,21 +144,43 @@ def _task_type(files: list[str]) -> pa.DataType:
 
 def run(argv: list[str]) -> dict:
     args, beam_args = _parser().parse_known_args(argv)
-    bad = [a for a in beam_args if not a.startswith("--")]
-    if bad:
-        raise ConfigError(f"unexpected argument {bad[0]!r}")
     ks = _ks(args.k)
     if not 0 <= args.lamb <= 1:
         raise ConfigError(f"--lamb must be between 0 and 1, got {args.lamb}")
-    if args.beta_m is not None and not args.beta_m > 0:
-        raise ConfigError(f"--beta-m must be > 0, got {args.beta_m}")
-    if args.threshold != args.threshold:
-        raise ConfigError("--threshold must be a number")
+    if args.beta_m is not None and not 0 < args.beta_m < math.inf:
+        raise ConfigError(f"--beta-m must be a finite number > 0, got {args.beta_m}")
+    if not math.isfinite(args.threshold):  # task_stats.json is strict JSON: no NaN, no Infinity
+        raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
+    if not 0 <= args.wait_for_lock < math.inf:
+        raise ConfigError(f"--wait-for-lock must be a number of seconds >= 0, got {args.wait_for_lock}")
     out = args.output
     if "://" in out:
         raise ConfigError("rescore task-stats writes a local --output")
+    from rescore.pipelines import command_output
+    from rescore.pipelines.beam_args import pipeline_args
+
+    # The run command's parser of runner arguments, and its cluster-path refusal (one for every command).
+    beam_args = pipeline_args(beam_args, inputs=args.input, output=out, shared_filesystem=args.shared_filesystem,
+                              log_level="WARNING")
+    band = _band(args.band, args.prompt_list, args.input, out)
     if args.incremental:
-        band = _band(args.band, args.prompt_list)
+        command_output.claim_table(out, "--output", sources=args.input)
+    elif os.path.isdir(os.path.join(out, DELTA_LOG)):
+        raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
+    else:  # checked before the lock creates anything (and again under it)
+        command_output.claim(out, "--output", command_output.TASK_STATS_NAMES, sources=args.input, overwrite=args.overwrite,
+                             what="task statistics", legacy=(STATS_JSON, ("input_files", "rows_read", "tasks")))
+    from rescore.transforms.files import lock
+
+    with lock.acquire(out, args.wait_for_lock):  # one run at a time per output (a second one: exit 2, naming the holder)
+        return _run_locked(args, ks, beam_args, band, out)
+
+
+def _run_locked(args, ks: tuple[int, ...], beam_args: list[str], band, out: str) -> dict:
+    from rescore.pipelines import command_output
+    from rescore.transforms.files import ownership
+
+    if args.incremental:
         doc = run_incremental(args, ks, beam_args)
         if band is not None:
             doc["prompt_list"] = {"path": args.prompt_list, "tasks": write_prompt_list(
@@ -160,27 +188,20 @@ def run(argv: list[str]) -> dict:
         return doc
     if os.path.isdir(os.path.join(out, DELTA_LOG)):
         raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
-    if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
-        raise ConfigError(f"{out} already holds finished task statistics; pass --overwrite to replace them")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"--output {out} is a file")
-    band = _band(args.band, args.prompt_list)
+    command_output.claim(out, "--output", command_output.TASK_STATS_NAMES, sources=args.input, overwrite=args.overwrite,
+                         what="task statistics", legacy=(STATS_JSON, ("input_files", "rows_read", "tasks")))
     files = resolve_inputs(args.input)
+    ownership.check_not_input(out, files)
+    if band is not None and os.path.realpath(args.prompt_list) in {os.path.realpath(f) for f in files}:
+        raise ConfigError(f"--prompt-list {args.prompt_list} is an input file")
     task_type = _task_type(files)
 
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
 
     from rescore.transforms.task_stats import SKIPPED, TASK_STATS_FILE, GROUP_STATS_FILE, ComputeTaskStats
 
-    try:
-        options = PipelineOptions(beam_args)
-        options.get_all_options(retain_unknown_options=False)
-    except (SystemExit, Exception) as e:  # noqa: BLE001  (argparse inside Beam exits)
-        raise ConfigError(f"bad Beam pipeline option in {' '.join(beam_args)}") from e
-    staging = os.path.abspath(os.path.join(out, STAGING))
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
+    options = _pipeline_options(beam_args)
+    staging = os.path.abspath(command_output.stage(out, STAGING))
     with beam.Pipeline(options=options) as p:
         _ = (p | "Files" >> beam.Create(files)
              | "ComputeTaskStats" >> ComputeTaskStats(staging, task_type, args.threshold, ks, args.lamb, args.beta_m))
@@ -199,15 +220,18 @@ def run(argv: list[str]) -> dict:
         "tasks": tasks, "groups": groups, "output": out,
     }
     with open(os.path.join(staging, STATS_JSON), "w") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-    publish(staging, out, [TASK_STATS_FILE, GROUP_STATS_FILE, STATS_JSON])
+        json.dump(doc, f, indent=2, sort_keys=True, allow_nan=False)
+    command_output.publish(staging, out, [TASK_STATS_FILE, GROUP_STATS_FILE, STATS_JSON])
     if band is not None:
         doc["prompt_list"] = {"path": args.prompt_list, "tasks": write_prompt_list(
             os.path.join(out, TASK_STATS_FILE), args.prompt_list, *band)}
     return doc
 
 
-def _band(text: str | None, prompt_list: str | None) -> tuple[float, float] | None:
+def _band(text: str | None, prompt_list: str | None, inputs: list[str], out: str) -> tuple[float, float] | None:
+    """(LO, HI) of --band, and --prompt-list checked as a file this command may write, before any
+    work: not a directory, not under a file, not in a place it cannot create or write, not an input
+    nor inside the --output it publishes (exit 2, one line)."""
     if (text is None) != (prompt_list is None):
         raise ConfigError("--band and --prompt-list go together")
     if text is None:
@@ -218,6 +242,29 @@ def _band(text: str | None, prompt_list: str | None) -> tuple[float, float] | No
         raise ConfigError(f"--band takes LO,HI (two numbers), got {text!r}") from None
     if not 0 <= lo < hi <= 1:
         raise ConfigError(f"--band needs 0 <= LO < HI <= 1, got {text!r}")
+    from rescore.pipelines import command_output
+    from rescore.transforms.files.layout import LEDGER
+    from rescore.transforms.files.ownership import creation_problem
+
+    flag = f"--prompt-list {prompt_list}"
+    if "://" in prompt_list:
+        raise ConfigError(f"{flag}: the prompt list is a local file")
+    if os.path.isdir(prompt_list):
+        raise ConfigError(f"{flag} is a directory, not a file")
+    if os.path.lexists(prompt_list) and not os.path.exists(prompt_list):
+        raise ConfigError(f"{flag} is a symlink to a path that does not exist")
+    if not os.path.exists(prompt_list):
+        problem = creation_problem(prompt_list)
+        if problem:
+            raise ConfigError(f"{flag}: {problem}")
+    elif not os.access(os.path.dirname(os.path.abspath(prompt_list)), os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: its directory is not writable")
+    real = os.path.realpath(prompt_list)
+    if os.path.dirname(real) == os.path.realpath(out) and os.path.basename(real) in (
+            *command_output.TASK_STATS_NAMES, SUCCESS, LEDGER, DELTA_LOG, TASK_STATS_VIEW):
+        raise ConfigError(f"{flag} is one of the files task-stats publishes in --output {out}")
+    if any(os.path.realpath(i) == real for i in inputs):
+        raise ConfigError(f"{flag} is an input")
     return lo, hi
 
 
@@ -254,7 +301,7 @@ def _table_state(out: str) -> tuple[int | None, dict | None]:
     """(version, the latest commit's task-stats state) of an incremental table, (None, None)
     where there is no table yet."""
     if not os.path.isdir(os.path.join(out, DELTA_LOG)):
-        if os.path.exists(out) and os.listdir(out):
+        if os.path.exists(out) and [n for n in os.listdir(out) if n != LOCK]:  # the output lock is ours
             raise ConfigError(f"{out} is not empty and not an incremental task-stats table; pick another --output")
         return None, None
     from deltalake import DeltaTable
@@ -392,23 +439,10 @@ def _task_view_counts(out: str) -> dict:
     return {"tasks": pq.read_metadata(path).num_rows if os.path.exists(path) else 0}
 
 
-def publish(staging: str, out: str, names: list[str]) -> None:
-    """Move the staged files in (each rename atomic), then _SUCCESS last; an earlier _SUCCESS
-    goes first, so a reader never sees a mix of two runs under _SUCCESS."""
-    success = os.path.join(out, SUCCESS)
-    if os.path.exists(success):
-        os.remove(success)
-    for name in names:
-        os.replace(os.path.join(staging, name), os.path.join(out, name))
-    shutil.rmtree(staging, ignore_errors=True)
-    with open(success, "w"):
-        pass
-
-
 def main(argv: list[str]) -> int:
     try:
         doc = run(argv)
-    except (ConfigError, InputError) as e:
+    except (ConfigError, InputError, LockBusy) as e:
         print(f"rescore: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except RUN_FAILURES as e:

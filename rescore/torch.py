@@ -18,15 +18,34 @@ layout="verl" (default), the tensors of verl's `DataProto.batch`:
                                    all ones without one), 0 on padding
     advantages      [B, R] float32 Rescore's token advantages, 0 on padding
     returns         [B, R] float32
-    old_log_probs   [B, R] float32 the logged behaviour log-probs (only where the output has them)
+    old_log_probs   [B, R] float32 the logged behaviour log-probs (see `old_log_probs` below)
     score           [B]    float32 the row's scalar score
 
-layout="trl", the keys of TRL's GRPO-family trainers (`_generate_and_score_completions`):
+layout="trl", the keys TRL 1.16's GRPO-family trainers build in `_generate_and_score_completions`
+and read in `_compute_loss`, with TRL's own meaning:
     prompt_ids, prompt_mask            [B, P] left-padded
-    completion_ids, completion_mask    [B, R] right-padded (completion_mask: the action mask)
-    advantages                         [B] float32: the row's scalar `score` (TRL's advantages
-                                       are one per sequence)
-    old_per_token_logps                [B, R] float32 (only where the output has logprobs)
+    completion_ids                     [B, R] right-padded
+    completion_mask                    [B, R] int64: 1 on EVERY real completion token (tool and
+                                       observation tokens included: TRL concatenates it with
+                                       prompt_mask as the forward pass's attention mask), 0 on padding
+    tool_mask                          [B, R] int64: the row's action_mask (1 where the model
+                                       generated the token, 0 on tool/environment tokens; all ones
+                                       without one), padded with 1 as TRL pads it; TRL's loss mask
+                                       is completion_mask * tool_mask
+    advantages                         [B, R] float32: Rescore's token advantages, 0 on padding
+                                       (TRL takes [B] or [B, T]; a token-level estimator's values
+                                       stay per token)
+    num_items_in_batch                 [] int64: the loss tokens of this batch,
+                                       (completion_mask * tool_mask).sum(), which TRL's dapo/cispo/
+                                       vespo losses divide by (TRL sums it over processes: with
+                                       several ranks, all-reduce it the same way)
+    old_per_token_logps                [B, R] float32 (see `old_log_probs` below)
+
+old_log_probs (verl's `old_log_probs`, TRL's `old_per_token_logps`): None (default) gives them in
+EVERY batch where the output has a `logprobs` column, and in none where it has not; a column with
+some rows null is refused when the loader is made (ValueError, one line), since a key present in
+some batches and missing from others breaks a trainer mid-epoch. True requires them, False leaves
+them out. Non-finite advantages, returns or log-probs are refused the same way (ValueError).
 
 Every batch also carries `batch`, `task`, `run`, `step` (and `copy_index` where there is one)
 as lists, so a row can be traced back to its experience. Rows come in the order load_scored
@@ -69,6 +88,7 @@ class ScoredBatches(IterableDataset):
         prompt_length: int | None = None,
         response_length: int | None = None,
         storage_options: dict | None = None,
+        old_log_probs: bool | None = None,
     ):
         """source: an output path (read with rescore.load_scored) or its table. prompt_length /
         response_length: pad every batch to these widths (verl's fixed data.max_prompt_length /
@@ -92,6 +112,17 @@ class ScoredBatches(IterableDataset):
         for column in ("tokens", "prompt_length"):
             if table[column].null_count:
                 raise ValueError(f"{table[column].null_count} scored rows have no {column}: training batches need every row's tokens")
+        if old_log_probs is None:
+            old_log_probs = "logprobs" in table.column_names
+            if old_log_probs and table["logprobs"].null_count:
+                raise ValueError(
+                    f"{table['logprobs'].null_count} of {table.num_rows} scored rows have no logprobs, so old log-probs "
+                    "cannot be in every batch: pass old_log_probs=False to leave them out"
+                )
+        elif old_log_probs and ("logprobs" not in table.column_names or table["logprobs"].null_count):
+            missing = table.num_rows if "logprobs" not in table.column_names else table["logprobs"].null_count
+            raise ValueError(f"old_log_probs=True, but {missing} of {table.num_rows} scored rows have no logprobs")
+        self.old_log_probs = bool(old_log_probs)
         self._table = table
         self.batch_size = batch_size
         self.layout = layout
@@ -160,23 +191,29 @@ class ScoredBatches(IterableDataset):
         lengths = [len(r) for r in responses]
         if "action_mask" in rows.column_names and rows["action_mask"].null_count < B:
             action = _padded(rows["action_mask"], lengths, R, np.int64, fill=1, name="action_mask")
-            response_mask = action * response_valid
+            if np.any((action != 0) & (action != 1)):
+                raise ValueError("a scored row's action_mask holds a value other than 0 and 1")
         else:
-            response_mask = response_valid.copy()
-        advantages = _padded(rows["advantages"], lengths, R, np.float32, name="advantages")
-        score = (rows["score"].to_numpy(zero_copy_only=False).astype(np.float32) if "score" in rows.column_names
-                 else np.zeros(B, np.float32))
+            action = response_valid.copy()
+        response_mask = action * response_valid
+        advantages = _finite(_padded(rows["advantages"], lengths, R, np.float32, name="advantages"), "advantages")
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf: refused by _finite
+            score = _finite(rows["score"].to_numpy(zero_copy_only=False).astype(np.float32), "score") if "score" in rows.column_names \
+                else np.zeros(B, np.float32)
         logprobs = None
-        if "logprobs" in rows.column_names and rows["logprobs"].null_count == 0:
-            logprobs = torch.from_numpy(_padded(rows["logprobs"], lengths, R, np.float32, name="logprobs"))
+        if self.old_log_probs:
+            logprobs = torch.from_numpy(_finite(_padded(rows["logprobs"], lengths, R, np.float32, name="logprobs"), "logprobs"))
         ids = {c: rows[c].to_pylist() for c in _IDS if c in rows.column_names}
         if self.layout == "trl":
+            tool_mask = np.where(response_valid == 1, action, 1)  # TRL pads its tool_mask with 1
             out = {
                 "prompt_ids": torch.from_numpy(prompt_ids),
                 "prompt_mask": torch.from_numpy(prompt_mask),
                 "completion_ids": torch.from_numpy(response_ids),
-                "completion_mask": torch.from_numpy(response_mask),
-                "advantages": torch.from_numpy(score),
+                "completion_mask": torch.from_numpy(response_valid),
+                "tool_mask": torch.from_numpy(tool_mask),
+                "advantages": torch.from_numpy(advantages),
+                "num_items_in_batch": torch.tensor(int((response_valid * tool_mask).sum()), dtype=torch.int64),
             }
             if logprobs is not None:
                 out["old_per_token_logps"] = logprobs
@@ -191,7 +228,8 @@ class ScoredBatches(IterableDataset):
             "response_mask": torch.from_numpy(response_mask),
             "advantages": torch.from_numpy(advantages),
             "returns": torch.from_numpy(
-                _padded(rows["returns"], lengths, R, np.float32, name="returns") if "returns" in rows.column_names else advantages.copy()
+                _finite(_padded(rows["returns"], lengths, R, np.float32, name="returns"), "returns")
+                if "returns" in rows.column_names else advantages.copy()
             ),
             "score": torch.from_numpy(score),
         }
@@ -202,7 +240,8 @@ class ScoredBatches(IterableDataset):
 
 def _lists(column: pa.ChunkedArray, dtype) -> list[np.ndarray]:
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    values = pc.list_flatten(array).to_numpy(zero_copy_only=False).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32: inf, refused by _finite
+        values = pc.list_flatten(array).to_numpy(zero_copy_only=False).astype(dtype)
     offsets = np.asarray(pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False), np.int64)
     bounds = np.concatenate([[0], np.cumsum(offsets)])
     return [values[bounds[i]:bounds[i + 1]] for i in range(len(offsets))]
@@ -223,6 +262,12 @@ def _padded(column: pa.ChunkedArray, lengths: list[int], width: int, dtype, fill
             )
         out[b, :len(values)] = values
     return out
+
+
+def _finite(values: np.ndarray, name: str) -> np.ndarray:
+    if not np.isfinite(values).all():
+        raise ValueError(f"a scored row's {name} holds a value that is not a finite float32 (NaN, infinite or beyond ±3.4e38)")
+    return values
 
 
 def _width(lists: list[np.ndarray], fixed: int | None, what: str) -> int:

@@ -32,7 +32,7 @@ from rescore.schemas.lists import flat_list
 from rescore.transforms import device as devices
 from rescore.transforms import inference
 from rescore.transforms.files import storage
-from rescore.transforms.verifier import VerifierProcess
+from rescore.transforms.verifier import VerifierProcess, contain_in_process
 from rescore.transforms.rows.model_columns import UNIT_RECORD, ModelOptions, extend_schema, unit_side_table
 from rescore.transforms.files.row_group_slices import SliceDecoders
 from rescore.transforms.input_plan import InputPlan
@@ -119,6 +119,8 @@ class _Model:
             # With a timeout, every call runs in a worker process that can be killed (a stuck
             # thread cannot); without one, here.
             self.verifier = VerifierProcess(path, reward_fn_timeout) if reward_fn_timeout else None
+            if self.verifier is None:  # in this process: what it starts is still ended with the command
+                contain_in_process()
             self.tokenizer = None
             if self.fn.needs_text:
                 self.tokenizer = inference.require_transformers().AutoTokenizer.from_pretrained(tokenizer)

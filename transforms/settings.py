@@ -133,10 +133,16 @@ def one_of(flag: str, value: Any, choices: tuple[str, ...], what: str) -> str | 
     return None
 
 
+MAX_MEGABYTES = (1 << 43) - 1
+"""The largest MB value a memory option takes: just under 2**63 bytes (more does not fit a byte count)."""
+
+
 def megabytes(flag: str, value: Any) -> str | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 0.0 <= value < math.inf):
         return f"{flag} must be a number of MB >= 0 (0: off), got {value!r}"
+    if value is not None and value > MAX_MEGABYTES:
+        return f"{flag} must be at most {MAX_MEGABYTES:,} MB (8 EiB), got {value!r}"
     return None
 
 

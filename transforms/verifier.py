@@ -6,9 +6,19 @@ A verifier that raises, or returns something that is not a finite number, reject
 the reason. With a timeout (the default, DEFAULT_REWARD_FN_TIMEOUT in rows/model_columns.py),
 the verifier runs in a worker process of its own (VerifierProcess): a call that does not return
 in time rejects its row (`model_reward: reward_fn mod:fn timed out after 60s`), the worker is killed with
-everything it started (its own process group) and a fresh one takes the next row. A thread
-could not do that: Python cannot stop a thread stuck in a loop or a C call. A worker whose
-parent is gone (killed, os._exit) leaves on its own: it watches its parent's pid.
+everything it started and a fresh one takes the next row. A thread could not do that: Python
+cannot stop a thread stuck in a loop or a C call. A worker whose parent is gone (killed,
+os._exit) leaves on its own: it watches its parent's pid.
+
+Containment: the worker process is a keeper (`contain`) that makes itself the child subreaper of
+everything below it (Linux prctl PR_SET_CHILD_SUBREAPER) and forks the process that calls the
+verifier. A process the verifier starts stays below the keeper even when it starts its own
+session (`start_new_session=True`, as sandboxes do) and its parent exits: it is reparented to
+the keeper, not to init, so the keeper always finds it (walking /proc's parent links). When the
+worker stops (a timeout, close(), the verifier's process ending, or Rescore gone) the keeper
+kills every process below it and reaps them before it exits, so nothing a verifier starts
+outlives the run or holds Rescore's stdout/stderr open. (Without prctl, not Linux, a process
+whose parent exits escapes the walk; the keeper's process group is still killed.)
 """
 
 from __future__ import annotations
@@ -121,7 +131,146 @@ def serve(read_fd: int, write_fd: int, spec: str, parent: int) -> None:
             outbox.send(answer)
 
 
-_CHILD = "import sys; from rescore.transforms.verifier import serve; serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))"
+_CHILD = "import sys; from rescore.transforms.verifier import contain; contain(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))"
+
+PR_SET_CHILD_SUBREAPER = 36
+"""linux/prctl.h: orphaned descendants are reparented to this process instead of init."""
+KEEPER_POLL = 0.1
+"""Seconds between the keeper's checks that its verifier process and Rescore still run."""
+
+
+def _become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux); False where it cannot."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """The live (not zombie) processes below `root`, found through /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    zombies: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) < 2:
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        if fields[0] in (b"Z", b"X"):
+            zombies.add(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in zombies:
+            found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _reap_children(statuses: dict[int, int]) -> None:
+    """Reap every ended child of this process, recording its wait status."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        statuses[pid] = status
+
+
+def _kill_below(root: int, statuses: dict[int, int], deadline: float = 10.0) -> None:
+    """SIGKILL every process below `root` (this process), reaping each as it ends, until none
+    is left: a process that forks while it is killed has its child reparented here (the
+    subreaper), and the next round finds it."""
+    import time
+
+    end = time.monotonic() + deadline
+    while True:
+        alive = descendants(root)
+        if not alive or time.monotonic() > end:
+            break
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+        _reap_children(statuses)
+    _reap_children(statuses)
+
+
+def contain(read_fd: int, write_fd: int, spec: str, parent: int) -> None:
+    """The worker process: a keeper (the subreaper of everything below it) and, below it, the
+    process that serves the verifier (serve). The keeper ends only after every process below it
+    is gone, with the verifier process's exit code (its signal re-raised where one ended it)."""
+    import time
+
+    _become_subreaper()
+    stop: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    keeper = os.getpid()
+    child = os.fork()
+    if child == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            serve(read_fd, write_fd, spec, keeper)
+        finally:
+            os._exit(0)
+    os.close(read_fd)  # the verifier's process alone holds the pipes: its end is the parent's EOF
+    os.close(write_fd)
+    statuses: dict[int, int] = {}
+    while child not in statuses and not stop and os.getppid() == parent:
+        _reap_children(statuses)
+        if child not in statuses:
+            time.sleep(KEEPER_POLL)
+    end = time.monotonic() + 0.2  # stopped just as the verifier's process ended: its exit code is the answer
+    while child not in statuses and time.monotonic() < end:
+        _reap_children(statuses)
+        time.sleep(0.005)
+    _kill_below(keeper, statuses)
+    code = os.waitstatus_to_exitcode(statuses[child]) if child in statuses else 1
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(keeper, -code)
+    os._exit(code)
+
+
+_IN_PROCESS: list[int] = []
+"""The pid of this process once it has become the subreaper of an in-process verifier's children."""
+
+
+def contain_in_process() -> None:
+    """--reward-fn-timeout 0: the verifier runs in this process. Make this process the subreaper of
+    what the verifier starts (a child in its own session whose parent exits comes back here), so
+    that end_in_process() finds and ends it when the command ends."""
+    if os.getpid() not in _IN_PROCESS and _become_subreaper():
+        _IN_PROCESS.append(os.getpid())
+
+
+def end_in_process() -> None:
+    """When the `rescore` command ends (pipelines/cli.py, just before its os._exit): kill and reap
+    every process still below this one, if an in-process verifier ran here. Nothing else of the
+    run is left by then (Beam's workers and job servers are stopped before)."""
+    if os.getpid() in _IN_PROCESS:
+        _kill_below(os.getpid(), {}, deadline=5.0)
 
 
 def _reap(state: dict) -> None:
@@ -136,14 +285,18 @@ def _reap(state: dict) -> None:
     state.update(proc=None, send=None, recv=None)
     if proc is None:
         return None
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not take this long
-        return None
+    # The keeper (contain) kills and reaps everything below it, then exits; its process group is
+    # SIGKILLed only where it does not (it is idle in a poll loop, so it does).
+    for kill, sig, wait in ((os.kill, signal.SIGTERM, 15), (os.killpg, signal.SIGKILL, 30)):
+        try:
+            kill(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:  # pragma: no cover - the keeper is idle and quick; SIGKILL quicker
+            continue
+    return None
 
 
 class VerifierProcess:

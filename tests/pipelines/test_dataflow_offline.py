@@ -68,8 +68,6 @@ def offline(monkeypatch):
     from apache_beam.options.pipeline_options import GoogleCloudOptions
     from google.cloud.dataflow_v1beta3 import types
 
-    import rescore.pipelines.config as config
-
     cap = Captured()
 
     def stage_file(self, gcs_or_local_path, file_name, stream, mime_type=None, total_size=None):
@@ -95,7 +93,10 @@ def offline(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", no_network)
     # Option validation reads each bucket's soft-delete policy (a warning only) through GCS.
     monkeypatch.setattr(GoogleCloudOptions, "_warn_if_soft_delete_policy_enabled", lambda self, *a: None)
-    monkeypatch.setattr(config, "_check_paths_reach_workers", lambda *a, **k: None)
+    # (the one parser of runner arguments, beam_args.pipeline_args, holds the check)
+    from rescore.pipelines import beam_args
+
+    monkeypatch.setattr(beam_args, "_check_paths_reach_workers", lambda *a, **k: None)
     return cap
 
 

@@ -81,7 +81,7 @@ def test_exports_succeed_and_errors_are_one_line(exported):
         assert code == 2 and err.startswith("rescore: error: ") and err.count("\n") == 1, err
     assert "--tokenizer" in results[5][1] and "--threshold" in results[6][1] and "not a finished Rescore output" in results[7][1]
     assert "--overwrite" in results[8][1] and "--format sft" in results[9][1]
-    assert sorted(os.listdir(tmp / "dpo")) == ["_SUCCESS", "dpo.parquet", "export.json"]  # the failed overwrite left it
+    assert sorted(os.listdir(tmp / "dpo")) == ["_SUCCESS", "_rescore_files.json", "dpo.parquet", "export.json"]  # the failed overwrite left it
     assert not os.path.exists(tmp / "x")
 
 
@@ -92,7 +92,7 @@ def test_sft_rows_are_the_top_k_without_repeated_responses(exported):
     scored = _scored(tmp)
     ranked = scored.sort(["batch", "task", "reward", "run"], descending=[False, False, True, False]).with_columns(
         rank=pl.col("run").cum_count().over("batch", "task"))
-    want = ranked.filter(pl.col("rank") <= 2).unique(subset=["task", "response"], keep="first", maintain_order=True)
+    want = ranked.filter(pl.col("rank") <= 2).unique(subset=["prompt", "response"], keep="first", maintain_order=True)
     ds = datasets.load_dataset("parquet", data_files=str(tmp / "sft" / "sft.parquet"), split="train")
     got = [(r["batch"], r["task"], r["run"]) for r in ds]
     assert got == want.select("batch", "task", "run").rows()
@@ -133,7 +133,7 @@ def test_dpo_pairs_are_each_groups_best_and_worst(exported):
         assert r["prompt_ids"] + r["chosen_ids"] == chosen["tokens"] and r["prompt_ids"] + r["rejected_ids"] == rejected["tokens"]
         assert (r["prompt"], r["chosen"], r["rejected"]) == tuple(
             tok.decode(x, skip_special_tokens=False) for x in (r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]))
-        key = (r["task"], tuple(r["chosen_ids"]), tuple(r["rejected_ids"]))
+        key = (tuple(r["prompt_ids"]), tuple(r["chosen_ids"]), tuple(r["rejected_ids"]))
         assert key not in seen
         seen.add(key)
     doc = json.load(open(tmp / "dpo" / "export.json"))

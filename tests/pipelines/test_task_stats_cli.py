@@ -90,7 +90,7 @@ def test_task_stats_match_polars_on_two_worker_processes(tmp_path):
     assert a.equals(b)  # identical, bit for bit, on one or two worker processes
     _check(three, strings, 0.5, (2,))
     for out in (one, two, three):
-        assert sorted(os.listdir(out)) == ["_SUCCESS", "task_batch_stats.parquet", "task_stats.json", "task_stats.parquet"]
+        assert sorted(os.listdir(out)) == ["_SUCCESS", "_rescore_files.json", "task_batch_stats.parquet", "task_stats.json", "task_stats.parquet"]
 
 
 @pytest.mark.slow

@@ -127,14 +127,17 @@ def test_trl_layout(outputs):
 
     rows = rescore.load_scored(outputs[0]).to_pylist()[:4]
     batch = next(iter(ScoredBatches(outputs[0], batch_size=4, layout="trl")))
-    assert set(batch) >= {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
-                          "old_per_token_logps"}
-    assert batch["advantages"].tolist() == pytest.approx([r["score"] for r in rows], abs=0)
+    assert set(batch) >= {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages",
+                          "num_items_in_batch", "old_per_token_logps"}
+    width = batch["completion_ids"].shape[1]
     for b, row in enumerate(rows):
         p, r = row["prompt_length"], len(row["tokens"]) - row["prompt_length"]
         assert batch["prompt_ids"][b, batch["prompt_ids"].shape[1] - p:].tolist() == row["tokens"][:p]
-        assert batch["completion_mask"][b].tolist() == [int(m) for m in row["action_mask"]] + [0] * (
-            batch["completion_ids"].shape[1] - r)
+        # TRL's convention: completion_mask every real token, tool_mask the generated ones (padded with 1)
+        assert batch["completion_mask"][b].tolist() == [1] * r + [0] * (width - r)
+        assert batch["tool_mask"][b].tolist() == [int(m) for m in row["action_mask"]] + [1] * (width - r)
+        assert batch["advantages"][b, :r].tolist() == pytest.approx(row["advantages"], rel=1e-6)
         assert batch["old_per_token_logps"][b, :r].tolist() == pytest.approx(row["logprobs"], abs=0)
+    assert batch["num_items_in_batch"].item() == sum(sum(int(m) for m in row["action_mask"]) for row in rows)
     with pytest.raises(ValueError, match="layout must be one of verl, trl"):
         ScoredBatches(outputs[0], layout="openrlhf")

@@ -6,7 +6,10 @@ Every scored row gets exactly one outcome:
     not_chosen    its group's rule did not pick it
     tie           (dpo) its group has no strict best and worst under the tie rule
     below_margin  (dpo) its group's best - worst is below --min-margin
-    duplicate     the same response (sft) or pair (dpo) for the same task was exported already
+    duplicate     the same prompt and response tokens (sft), or the same prompt, chosen and
+                  rejected tokens (dpo), were exported already, whatever the task id: identity
+                  is the content, never an id or a hash; a dpo group whose chosen and rejected
+                  responses are the same tokens is a duplicate too (a pair of one response)
     copy          a row duplication made (copy_index > 0): not a new sample
 Groups are (batch, task); within a group, rows are ranked by the value (reward or score)
 descending, ties by (run, step) ascending, so the choice never depends on file order.
@@ -75,7 +78,7 @@ def select_sft(table: pa.Table, rule: SftRule) -> tuple[list[int], np.ndarray]:
     order, starts, copies, value, task = _groups(table, rule.by)
     outcome[copies] = OUTCOMES.index("copy")
     reward = np.asarray(pc.cast(table["reward"], pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
-    _, responses = _responses(table)
+    prompts, responses = _responses(table)
     seen: set = set()
     exported = []
     for a, b in zip(starts[:-1], starts[1:]):
@@ -88,7 +91,7 @@ def select_sft(table: pa.Table, rule: SftRule) -> tuple[list[int], np.ndarray]:
             top = max(reward[i] for i in rows)
             chosen = [i for i in rows if reward[i] == top and reward[i] > (rule.threshold or 0.0)]
         for i in chosen:
-            key = (_task_key(task[i]), tuple(responses[i]))
+            key = (tuple(prompts[i]), tuple(responses[i]))
             if key in seen:
                 outcome[i] = OUTCOMES.index("duplicate")
                 continue
@@ -103,7 +106,7 @@ def select_dpo(table: pa.Table, rule: DpoRule) -> tuple[list[tuple[int, int]], n
     outcome = np.full(table.num_rows, OUTCOMES.index("not_chosen"), dtype=np.int8)
     order, starts, copies, value, task = _groups(table, rule.by)
     outcome[copies] = OUTCOMES.index("copy")
-    _, responses = _responses(table)
+    prompts, responses = _responses(table)
     seen: set = set()
     pairs = []
     for a, b in zip(starts[:-1], starts[1:]):
@@ -120,7 +123,7 @@ def select_dpo(table: pa.Table, rule: DpoRule) -> tuple[list[tuple[int, int]], n
         if value[best] - value[worst] < rule.min_margin:
             outcome[rows] = OUTCOMES.index("below_margin")
             continue
-        key = (_task_key(task[best]), tuple(responses[best]), tuple(responses[worst]))
+        key = (tuple(prompts[best]), tuple(responses[best]), tuple(responses[worst]))
         if key in seen or responses[best] == responses[worst]:
             outcome[[best, worst]] = OUTCOMES.index("duplicate")
             continue
@@ -135,19 +138,77 @@ def counts(outcome: np.ndarray) -> dict[str, int]:
     return {name: int(c.get(i, 0)) for i, name in enumerate(OUTCOMES)}
 
 
+_IDS = pa.list_(pa.int64())
+
+
+def _type(table: pa.Table, name: str, default: pa.DataType = pa.int64()) -> pa.DataType:
+    return table.schema.field(name).type if name in table.column_names else default
+
+
+def sft_schema(table: pa.Table, text: bool) -> pa.Schema:
+    """The columns of sft.parquet, whatever rows there are (none included): ids typed as the
+    source's, text or token ids."""
+    prompt = pa.string() if text else _IDS
+    fields = [("prompt", prompt), ("completion", prompt), ("input_ids", _IDS), ("completion_mask", pa.list_(pa.int8())),
+              ("prompt_ids", _IDS), ("completion_ids", _IDS), ("batch", _type(table, "batch")),
+              ("task", _type(table, "task")), ("run", _type(table, "run")), ("step", _type(table, "step")),
+              ("reward", pa.float64())]
+    if "score" in table.column_names:
+        fields.append(("score", pa.float64()))
+    return pa.schema(fields)
+
+
+def dpo_schema(table: pa.Table, text: bool) -> pa.Schema:
+    """The columns of dpo.parquet, whatever pairs there are (none included)."""
+    side = pa.string() if text else _IDS
+    return pa.schema([
+        ("prompt", side), ("chosen", side), ("rejected", side), ("prompt_ids", _IDS), ("chosen_ids", _IDS),
+        ("rejected_ids", _IDS), ("batch", _type(table, "batch")), ("task", _type(table, "task")),
+        ("chosen_run", _type(table, "run")), ("rejected_run", _type(table, "run")),
+        ("chosen_step", _type(table, "step")), ("rejected_step", _type(table, "step")),
+        ("chosen_reward", pa.float64()), ("rejected_reward", pa.float64()),
+        ("chosen_score", pa.float64()), ("rejected_score", pa.float64()), ("margin", pa.float64()),
+    ])
+
+
+def _completion_masks(sub: pa.Table, prompts: list, completions: list) -> list[list[int]]:
+    """0 over the prompt, then the row's action_mask over the completion (1 where the model
+    generated the token; tool and environment tokens are 0, so SFT never trains on them), all
+    ones where the row has none."""
+    actions = sub["action_mask"].to_pylist() if "action_mask" in sub.column_names else [None] * sub.num_rows
+    masks = []
+    for p, c, action in zip(prompts, completions, actions):
+        if action is None:
+            action = [1] * len(c)
+        elif len(action) != len(c):
+            from rescore.errors import InputError
+
+            raise InputError(f"a scored row's action_mask has {len(action)} values for {len(c)} response tokens")
+        elif any(v not in (0, 1) for v in action):
+            from rescore.errors import InputError
+
+            raise InputError("a scored row's action_mask holds a value other than 0 and 1")
+        masks.append([0] * len(p) + [int(v) for v in action])
+    return masks
+
+
 def sft_table(table: pa.Table, rows: list[int], by: str, decode=None) -> pa.Table:
     """TRL SFTTrainer / verl SFT columns: prompt and completion (text with `decode`, else the
     token ids), input_ids and completion_mask (TRL's tokenized form, which its
-    DataCollatorForLanguageModeling takes), prompt_ids and completion_ids, with the row's ids,
-    reward and score."""
+    DataCollatorForLanguageModeling takes: 1 on the completion tokens the model generated, the
+    row's action_mask), prompt_ids and completion_ids, with the row's ids, reward and score.
+    No rows: an empty table with the same schema (sft_schema)."""
+    schema = sft_schema(table, decode is not None)
+    if not rows:
+        return schema.empty_table()
     sub = table.take(pa.array(rows, pa.int64()))
     prompts, completions = _responses(sub)
-    ids = pa.list_(pa.int64())
+    ids = _IDS
     columns: dict[str, Any] = {
         "prompt": [decode(p) for p in prompts] if decode is not None else pa.array(prompts, ids),
         "completion": [decode(c) for c in completions] if decode is not None else pa.array(completions, ids),
         "input_ids": pa.array([p + c for p, c in zip(prompts, completions)], ids),
-        "completion_mask": pa.array([[0] * len(p) + [1] * len(c) for p, c in zip(prompts, completions)], pa.list_(pa.int8())),
+        "completion_mask": pa.array(_completion_masks(sub, prompts, completions), pa.list_(pa.int8())),
         "prompt_ids": pa.array(prompts, ids),
         "completion_ids": pa.array(completions, ids),
         "batch": sub["batch"], "task": sub["task"], "run": sub["run"],
@@ -156,7 +217,7 @@ def sft_table(table: pa.Table, rows: list[int], by: str, decode=None) -> pa.Tabl
     }
     if "score" in sub.column_names:
         columns["score"] = pc.cast(sub["score"], pa.float64())
-    return pa.table(columns)
+    return pa.table(columns).cast(schema)
 
 
 def _values(t: pa.Table, name: str) -> pa.Array:
@@ -167,14 +228,17 @@ def dpo_table(table: pa.Table, pairs: list[tuple[int, int]], by: str, decode=Non
     """TRL DPOTrainer columns: prompt, chosen, rejected (text with `decode`, else the token ids),
     prompt_ids, chosen_ids, rejected_ids (TRL's tokenized form, which its
     DataCollatorForPreference takes), with the margin (in `by`) and both rows' ids, rewards and
-    scores."""
+    scores. No pairs: an empty table with the same schema (dpo_schema)."""
+    schema = dpo_schema(table, decode is not None)
+    if not pairs:
+        return schema.empty_table()
     chosen = table.take(pa.array([c for c, _ in pairs], pa.int64()))
     rejected = table.take(pa.array([r for _, r in pairs], pa.int64()))
     prompts, chosen_ids = _responses(chosen)
     _, rejected_ids = _responses(rejected)
     cv = np.asarray(_values(chosen, by).to_numpy(zero_copy_only=False), dtype=np.float64)
     rv = np.asarray(_values(rejected, by).to_numpy(zero_copy_only=False), dtype=np.float64)
-    ids = pa.list_(pa.int64())
+    ids = _IDS
     text = decode is not None
     columns: dict[str, Any] = {
         "prompt": [decode(p) for p in prompts] if text else pa.array(prompts, ids),
@@ -190,4 +254,4 @@ def dpo_table(table: pa.Table, pairs: list[tuple[int, int]], by: str, decode=Non
         "chosen_score": _values(chosen, "score"), "rejected_score": _values(rejected, "score"),
         "margin": pa.array(cv - rv),
     }
-    return pa.table(columns)
+    return pa.table(columns).cast(schema)
