@@ -21,6 +21,10 @@ def _beam():
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    if FileSystems._pipeline_options is None:  # a reader (load_scored, show): the environment's settings
+        from rescore.transforms.files.store_options import use_beam_options
+
+        use_beam_options([], replace=False)
     return FileSystems, CompressionTypes
 
 
@@ -183,4 +187,7 @@ def delete(paths: Iterable[str]) -> None:
 
 
 def list_dir(directory: str, pattern: str = "*") -> list[str]:
-    return [p for p, _ in match(join(directory, pattern))] if exists(directory) else []
+    """The files in `directory` matching `pattern` (an object store has no directories to check)."""
+    if is_local(directory) and not exists(directory):
+        return []
+    return [p for p, _ in match(join(directory, pattern))]
