@@ -189,6 +189,13 @@ def table_options(cfg: RunConfig) -> dict | None:
     return store_options.delta_options(cfg.output, cfg.beam_args)
 
 
+def check_store(cfg: RunConfig) -> None:
+    """An S3 configuration whose Delta commits cannot be atomic: exit 2, one line, before the
+    run writes anything (its lock included)."""
+    if not storage.is_local(cfg.output):
+        store_options.check_settings(cfg.output, store_options.delta_options(cfg.output, cfg.beam_args))
+
+
 def check(cfg: RunConfig, scoring) -> None:
     """What an incremental run refuses before it looks at its input (exit 2, one line)."""
     if cfg.run_name:
@@ -203,7 +210,7 @@ def check(cfg: RunConfig, scoring) -> None:
     if storage.is_local(cfg.output) and os.path.isfile(cfg.output):
         raise ConfigError(f"--output {cfg.output} is a file; incremental output is a directory (a Delta table)")
     so = table_options(cfg)
-    store_options.check_settings(cfg.output, so)
+    check_store(cfg)
     if not is_table(cfg.output, so) and storage.exists(storage.join(cfg.output, SUCCESS)):
         raise ConfigError(
             f"{cfg.output} holds a one-shot run (_SUCCESS); an incremental table needs a directory of its own"

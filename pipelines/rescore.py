@@ -297,6 +297,8 @@ def run_job(cfg: RunConfig, *, prefetch: Prefetch | None = None) -> dict[str, An
     if prefetch is not None and (cfg.incremental or door):
         prefetch.close()  # pipelines/early.py starts none for these runs: nothing would take it
         prefetch = None
+    if cfg.incremental:  # an object store whose commits cannot be atomic: refused before the lock is taken
+        incremental.check_store(cfg)
     if _dry_run(PipelineOptions(cfg.beam_args)) and not door:  # writes nothing: no lock
         return _run_incremental(cfg) if cfg.incremental else _run_once(cfg, prefetch=prefetch)
     with output_lock.acquire(cfg.output, cfg.wait_for_lock):  # one run at a time per output

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
+import os
 import uuid
 import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -153,19 +153,41 @@ def _listed_after(body: bytes, after: str) -> bytes:
 
 
 class XmlWrites:
-    """The proxy, listening on 127.0.0.1 (a free port) in a thread; `url` is its base URL."""
+    """The proxy in a process of its own (delta-rs holds the GIL while it waits for an answer, so
+    a proxy thread in the test's process would never answer it), listening on 127.0.0.1; `url`
+    is its base URL. It dies with the process that started it."""
 
     def __init__(self, upstream_port: int):
-        handler = type("Handler", (_Handler,), {"upstream": ("127.0.0.1", upstream_port)})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        import subprocess
+        import sys
+
+        from servers import _die_with_parent
+
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(upstream_port)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent, text=True)
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            raise RuntimeError(f"the GCS XML proxy did not start (exit {self.proc.poll()})")
+        self.url = line
 
     def __enter__(self) -> "XmlWrites":
-        self.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def main(upstream_port: int) -> None:
+    handler = type("Handler", (_Handler,), {"upstream": ("127.0.0.1", upstream_port)})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(int(sys.argv[1]))
