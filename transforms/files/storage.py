@@ -344,4 +344,26 @@ def delete(paths: Iterable[str]) -> None:
 
 
 def list_dir(directory: str, pattern: str = "*") -> list[str]:
+    """The files in `directory` matching `pattern`. On an object store a directory is a name
+    prefix, not an object: there is nothing to ask exists() about, the listing says it all."""
+    if not is_local(directory):
+        return [p for p, _ in match(join(directory, pattern))]
     return [p for p, _ in match(join(directory, pattern))] if exists(directory) else []
+
+
+def child_names(directory: str) -> list[str]:
+    """The names directly in `directory`, files and directories alike, sorted ([] where it does
+    not exist). On an object store: the first path component of every object under the prefix
+    (`_staging` for `_staging/x.parquet`), as a local listing shows the directory."""
+    if is_local(directory):
+        return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    bucket, key = _bucket_key(directory)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    if directory.startswith("gs://"):
+        found = (b.name for b in gcs_client().list_blobs(bucket, prefix=prefix))
+    elif directory.startswith("s3://"):
+        found = (o["Key"] for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                 for o in page.get("Contents", []))
+    else:
+        found = (p.split("://", 1)[1].partition("/")[2] for p, _ in match(join(directory, "**")))
+    return sorted({name[len(prefix):].split("/", 1)[0] for name in found if name.startswith(prefix) and name != prefix})
