@@ -181,11 +181,9 @@ def _next_state(state: State, chosen: Selection, files: list[InputFile], name: s
 
 def table_options(cfg: RunConfig) -> dict | None:
     """delta-rs's storage options for the run's table: from the Beam arguments and the
-    environment the run's filesystems use (transforms/files/store_options.py). Beam's
-    filesystems get the run's arguments before the run reads the table's directory."""
+    environment the run's filesystems use (transforms/files/store_options.py)."""
     if storage.is_local(cfg.output):
         return None
-    store_options.use_beam_options(cfg.beam_args)
     return store_options.delta_options(cfg.output, cfg.beam_args)
 
 

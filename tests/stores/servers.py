@@ -159,7 +159,8 @@ class GcsServer(_Process):
     @property
     def env(self) -> dict[str, str]:
         """What a client process needs to talk to this server (google-cloud-storage reads it)."""
-        return {"STORAGE_EMULATOR_HOST": self.url, "GOOGLE_CLOUD_PROJECT": GCS_PROJECT}
+        return {"STORAGE_EMULATOR_HOST": self.url, "GOOGLE_CLOUD_PROJECT": GCS_PROJECT,
+                "NO_GCE_CHECK": "True"}  # google-auth: no metadata server to wait for on this machine
 
     beam_args: list[str] = field(default_factory=list)  # GCS needs none: the client reads the env
 
@@ -281,13 +282,19 @@ class Fault:
     """One kind of misbehaviour for the requests that match: method (GET, PUT, POST, DELETE...,
     None: any) and `path` (a substring of the request path and query, None: any). status: answer
     that instead of forwarding; delay: seconds before the first byte of the answer; drop: close
-    the connection without an answer. times: how many matching requests (None: all of them)."""
+    the connection without an answer. strip_header: forward the request without that header (a
+    store that ignores it). edit_query: (old, new) replaced in the forwarded path and query (a
+    store that ignores a query parameter). action: called (no arguments) before the request is forwarded (a
+    test stops the server there). times: how many matching requests (None: all of them)."""
 
     method: str | None = None
     path: str | None = None
     status: int | None = None
     delay: float = 0.0
     drop: bool = False
+    strip_header: str | None = None
+    edit_query: tuple[str, str] | None = None
+    action: object = None
     times: int | None = 1
     hits: int = 0
 
@@ -332,6 +339,8 @@ class FaultProxy:
             def _handle(self):
                 body = self._body()
                 fault = proxy._match(self.command, self.path)
+                if fault is not None and fault.action is not None:
+                    fault.action()
                 if fault is not None and fault.delay:
                     time.sleep(fault.delay)
                 if fault is not None and fault.drop:
@@ -353,8 +362,13 @@ class FaultProxy:
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in ("transfer-encoding", "connection", "keep-alive", "content-length")}
                 headers["Content-Length"] = str(len(body))
+                if fault is not None and fault.strip_header:
+                    headers = {k: v for k, v in headers.items() if k.lower() != fault.strip_header.lower()}
                 try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
+                    path = self.path
+                    if fault is not None and fault.edit_query:
+                        path = path.replace(*fault.edit_query)
+                    conn.request(self.command, path, body=body, headers=headers)
                     answer = conn.getresponse()
                     data = answer.read()
                 except OSError:
