@@ -120,8 +120,9 @@ class _HeldLogs(logging.Handler):
 
 
 def _one_line(text: str) -> str:
-    """A message as one line, whatever it quotes (a path may hold a newline)."""
-    return " ".join(text.splitlines()) if text else text
+    """A message as one line, whatever it quotes (a path may hold a newline; a library's message
+    terminal colours: errors.plain)."""
+    return " ".join(errors.plain(text).splitlines()) if text else text
 
 
 def _log_level(argv: list[str]) -> str:

@@ -44,7 +44,7 @@ from rescore.errors import ConfigError, ConflictError  # noqa: F401  (ConflictEr
 from rescore.pipelines.config import RunConfig
 from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
-from rescore.transforms.files import storage
+from rescore.transforms.files import storage, store_options
 from rescore.transforms.files.delta_table import (
     State,
     check_table_path,
@@ -179,6 +179,21 @@ def _next_state(state: State, chosen: Selection, files: list[InputFile], name: s
 # --- the run: prepare (before the pipeline), publish (after it) -------------------------------
 
 
+def table_options(cfg: RunConfig) -> dict | None:
+    """delta-rs's storage options for the run's table: from the Beam arguments and the
+    environment the run's filesystems use (transforms/files/store_options.py)."""
+    if storage.is_local(cfg.output):
+        return None
+    return store_options.delta_options(cfg.output, cfg.beam_args)
+
+
+def check_store(cfg: RunConfig) -> None:
+    """An S3 configuration whose Delta commits cannot be atomic: exit 2, one line, before the
+    run writes anything (its lock included)."""
+    if not storage.is_local(cfg.output):
+        store_options.check_settings(cfg.output, store_options.delta_options(cfg.output, cfg.beam_args))
+
+
 def check(cfg: RunConfig, scoring) -> None:
     """What an incremental run refuses before it looks at its input (exit 2, one line)."""
     if cfg.run_name:
@@ -192,7 +207,9 @@ def check(cfg: RunConfig, scoring) -> None:
     check_table_path(cfg.output, ConfigError)  # before anything is written there
     if storage.is_local(cfg.output) and os.path.isfile(cfg.output):
         raise ConfigError(f"--output {cfg.output} is a file; incremental output is a directory (a Delta table)")
-    if not is_table(cfg.output) and storage.exists(storage.join(cfg.output, SUCCESS)):
+    so = table_options(cfg)
+    check_store(cfg)
+    if not is_table(cfg.output, so) and storage.exists(storage.join(cfg.output, SUCCESS)):
         raise ConfigError(
             f"{cfg.output} holds a one-shot run (_SUCCESS); an incremental table needs a directory of its own"
         )
@@ -219,6 +236,8 @@ class Increment:
     chash: str
     strategy: str
     rebuild: bool
+    storage_options: dict | None = None
+    """delta-rs's storage options for the table (table_options)"""
 
 
 def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> Increment | dict[str, Any]:
@@ -226,7 +245,8 @@ def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> In
     it; or {"nothing_new": True, "message": ...}. A dry run writes nothing (the work of killed
     runs is left, the work directory not made)."""
     name = cfg.run_name or run_name()
-    state = load_state(cfg.output)
+    so = table_options(cfg)
+    state = load_state(cfg.output, storage_options=so)
     fault_injection.maybe_kill_at("locked")
     rebuild = bool(cfg.overwrite)
     if state.config_hash and state.config_hash != chash and not rebuild:
@@ -243,6 +263,7 @@ def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> In
         name, k = f"{base}-{k}", k + 1
     if not dry_run:
         _clean_work(cfg.output, state)
+        store_options.check_atomic(cfg.output, so, work_dir(cfg.output))  # S3: the store refuses a second create
     files = list_inputs(cfg.inputs)
     out_real = canonical(table_uri(cfg.output)).rstrip("/") + "/"
     for f in files:
@@ -282,7 +303,7 @@ def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> In
     plan = None
     if sources:
         if not rebuild and state.version is not None:
-            check_table_types(cfg.output, [(f.path, f.schema) for f in sources if f.schema is not None])
+            check_table_types(cfg.output, [(f.path, f.schema) for f in sources if f.schema is not None], storage_options=so)
         plan = plan_input([f.path for f in sources], needs=scoring.needs, shard_rows=cfg.shard_rows,
                           skip_bad_files=cfg.skip_bad_files,
                           footers={f.path: (f.fingerprint, f.metadata) for f in sources if f.fingerprint is not None})
@@ -290,7 +311,7 @@ def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> In
             log.warning(warning)
         plan = restrict(plan, chosen.touched, cfg.shard_rows, whole, {f.path: f.metadata for f in sources})
     return Increment(replace(cfg, output=work, incremental=False), cfg.output, name, state, chosen, files, sources,
-                     plan, info, chash, scoring.name, rebuild)
+                     plan, info, chash, scoring.name, rebuild, so)
 
 
 def publish(run: Increment, doc: dict[str, Any]) -> dict[str, Any]:
@@ -302,15 +323,17 @@ def publish(run: Increment, doc: dict[str, Any]) -> dict[str, Any]:
     if run.plan is not None:
         schema = output_schema(run.plan.schema)  # used only when no row is left to commit
     else:  # only deleted files, and no other file holds their batches: remove their rows
-        schema = pa.schema(open_table(output).schema().to_arrow())
+        schema = pa.schema(open_table(output, storage_options=run.storage_options).schema().to_arrow())
     fault_injection.maybe_kill_at("before_commit")
     planned = {u.path: u.fingerprint for u in run.plan.units if u.fingerprint is not None} if run.plan else {}
     _check_unchanged(planned, run.files)
     new_state = _next_state(run.state, chosen, run.files, run.name, run.chash, run.strategy, run.cfg.inputs, run.info,
                             run.rebuild)
-    new_state.rows = rows_after(output, run.state, storage.list_dir(work, SCORED_FILES), chosen.touched, run.rebuild)
+    new_state.rows = rows_after(output, run.state, storage.list_dir(work, SCORED_FILES), chosen.touched, run.rebuild,
+                                run.storage_options)
     data, counted = _scored_reader(work, chosen.touched, schema)
-    version = commit(output, run.state, new_state, chosen.touched, data, rebuild=run.rebuild)
+    version = commit(output, run.state, new_state, chosen.touched, data, rebuild=run.rebuild,
+                     storage_options=run.storage_options)
     fault_injection.maybe_kill_at("after_commit")
     storage.delete(storage.list_dir(work, SCORED_FILES))
     info = run.info

@@ -62,8 +62,13 @@ def kind_of(path: str, storage_options: dict | None = None) -> str:
     else:
         from deltalake import DeltaTable
 
-        if DeltaTable.is_deltatable(path.rstrip("/"), storage_options=storage_options):
-            return "table"
+        from rescore.transforms.files.delta_table import options_for
+
+        try:
+            if DeltaTable.is_deltatable(path.rstrip("/"), storage_options=options_for(path, storage_options)):
+                return "table"
+        except Exception as e:  # noqa: BLE001  (delta-rs raises OSError, DeltaError... for a store it cannot reach)
+            raise OutputError(f"{path}: cannot be reached ({first_line(e)})") from None
     if _exists(_join(path, SUCCESS)):
         return "oneshot"
     if _exists(_join(path, LEGACY_MANIFEST)):

@@ -44,7 +44,7 @@ from rescore.pipelines.progress import Progress
 from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.files import lock as output_lock
-from rescore.transforms.files import ownership, progress_marks, storage
+from rescore.transforms.files import ownership, progress_marks, storage, stores
 from rescore.transforms.files.layout import METRICS, SUCCESS, staging_dir
 from rescore.transforms.input_plan import InputPlan, plan_input
 from rescore.transforms.unit_store import Prefetch, UnitStoreHandle, start_prefetch
@@ -293,10 +293,14 @@ def run_job(cfg: RunConfig, *, prefetch: Prefetch | None = None) -> dict[str, An
     `prefetch`: the first read units the command started decoding (pipelines/early.py)."""
     fault_injection.refresh()  # tests only: a no-op unless they armed a fault
     ownership.check_output_path(cfg.output)
+    if not _dry_run(PipelineOptions(cfg.beam_args)):  # buckets there, credentials work: before any work
+        stores.preflight(stores.run_paths(cfg.inputs, cfg.output, cfg.input_table), cfg.beam_args)
     door = sources.wanted(cfg)  # a Trinity SQL buffer or a verl dump in, or a buffer out
     if prefetch is not None and (cfg.incremental or door):
         prefetch.close()  # pipelines/early.py starts none for these runs: nothing would take it
         prefetch = None
+    if cfg.incremental:  # an object store whose commits cannot be atomic: refused before the lock is taken
+        incremental.check_store(cfg)
     if _dry_run(PipelineOptions(cfg.beam_args)) and not door:  # writes nothing: no lock
         return _run_incremental(cfg) if cfg.incremental else _run_once(cfg, prefetch=prefetch)
     with output_lock.acquire(cfg.output, cfg.wait_for_lock):  # one run at a time per output

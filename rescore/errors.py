@@ -15,6 +15,8 @@ torch.
 
 from __future__ import annotations
 
+import re
+
 
 class ConfigError(ValueError):
     """A bad strategy name or parameter. The message is one line and lists the valid choices."""
@@ -89,12 +91,22 @@ RUN_FAILURES = (RejectBudgetExceeded, ConflictError)
 """Exit 1 with the error's own line (any other exception is exit 1 as `pipeline failed: ...`)."""
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
+
+
+def plain(text: str) -> str:
+    """`text` without terminal escape sequences (colours a library put in its message: delta-rs
+    and object_store colour their error chains) and other control characters but tab."""
+    text = _ANSI.sub("", text)
+    return "".join(ch for ch in text if ch in "\t\n" or ch >= " " and ch != "\x7f")
+
+
 def first_line(error: BaseException | str, *, limit: int | None = None, blank: str | None = None) -> str:
     """The first non-blank line of an error's message, stripped and cut to `limit` characters:
     what a one-line message quotes of an error it did not write (a database driver's, a
     parser's, a user function's). A message with no such line gives `blank`, by default the
     error's class name."""
-    text = error if isinstance(error, str) else str(error)
+    text = plain(error if isinstance(error, str) else str(error))
     line = next((x.strip() for x in text.splitlines() if x.strip()), None)
     if line is None:
         return blank if blank is not None else type(error).__name__
@@ -104,5 +116,5 @@ def first_line(error: BaseException | str, *, limit: int | None = None, blank: s
 def last_line(error: BaseException) -> str:
     """The last non-blank line of an error's message, stripped (a runner's wrapped error ends with
     the step's own), or the error's class name: what `pipeline failed: ...` quotes."""
-    lines = [x.strip() for x in str(error).splitlines() if x.strip()]
+    lines = [x.strip() for x in plain(str(error)).splitlines() if x.strip()]
     return lines[-1] if lines else type(error).__name__

@@ -37,6 +37,15 @@ def table_uri(output: str) -> str:
     return os.path.abspath(output) if storage.is_local(output) else output.rstrip("/")
 
 
+def options_for(output: str, storage_options: dict | None) -> dict | None:
+    """`storage_options` as given, else those the environment gives (transforms/files/store_options.py)."""
+    if storage_options is not None or storage.is_local(output):
+        return storage_options
+    from rescore.transforms.files.store_options import delta_options
+
+    return delta_options(output)
+
+
 # --- opening the table ------------------------------------------------------------------------
 
 
@@ -80,7 +89,7 @@ def open_table(path: str, *, version: int | None = None, storage_options: dict |
 
     check_table_path(path, error)
     try:
-        return DeltaTable(table_uri(path), version=version, storage_options=storage_options)
+        return DeltaTable(table_uri(path), version=version, storage_options=options_for(path, storage_options))
     except Exception as e:  # noqa: BLE001  (delta-rs raises DeltaError, its subclasses, OSError, ValueError...)
         raise error(f"{path}: the Delta table cannot be read ({first_line(e)}); its _delta_log is damaged or "
                     "incomplete") from None
@@ -96,7 +105,10 @@ def is_table(output: str, storage_options: dict | None = None) -> bool:
         return os.path.isdir(os.path.join(output, DELTA_LOG))
     from deltalake import DeltaTable  # object stores have no directories to look for
 
-    return DeltaTable.is_deltatable(table_uri(output), storage_options=storage_options)
+    try:
+        return DeltaTable.is_deltatable(table_uri(output), storage_options=options_for(output, storage_options))
+    except Exception as e:  # noqa: BLE001  (delta-rs raises OSError, DeltaError... for a store it cannot reach)
+        raise InputError(f"{output}: cannot be reached ({first_line(e)})") from None
 
 
 # --- the committed state --------------------------------------------------------------------
@@ -210,7 +222,7 @@ def load_state(output: str, *, storage_options: dict | None = None) -> State:
             f"{output} holds an incremental output of an earlier Rescore (_manifest.json, run=*/ directories); "
             "incremental runs now write a Delta Lake table: start a new --output"
         )
-    if not is_table(output):
+    if not is_table(output, storage_options):
         return State()
     dt = _open(output, storage_options=storage_options)
     state = state_of(output, dt)
@@ -398,6 +410,7 @@ def commit(output: str, state: State, new_state: State, touched: set[int], data,
     props = CommitProperties(custom_metadata={STATE_KEY: json.dumps(new_state.document(), separators=(",", ":"))},
                              max_commit_retries=0)
     uri = table_uri(output)
+    storage_options = options_for(output, storage_options)
     have = None if state.version is None or rebuild else pa.schema(
         _open(output, version=state.version, storage_options=storage_options).schema().to_arrow())
     schema, widened = commit_schema(have, data.schema)
@@ -430,7 +443,8 @@ def commit(output: str, state: State, new_state: State, touched: set[int], data,
     return _open(output, storage_options=storage_options).version()
 
 
-def rows_after(output: str, state: State, scored: list[str], touched: set[int], rebuild: bool) -> list[list[int]]:
+def rows_after(output: str, state: State, scored: list[str], touched: set[int], rebuild: bool,
+               storage_options: dict | None = None) -> list[list[int]]:
     """Rows per batch the table holds after a commit that replaces the `touched` batches by the
     rows of the `scored` files (recorded in the commit, and checked by every reader: a damaged
     `_delta_log` that brings back or loses a file is then an error, not wrong rows): those rows
@@ -444,8 +458,8 @@ def rows_after(output: str, state: State, scored: list[str], touched: set[int], 
             counts = {b: n for lo, hi, n in state.rows for b in range(lo, hi + 1)}
         else:
             batch = pa.schema([("batch", pa.int64())])
-            counts = batch_counts(pa.chunked_array([rb.column(0) for rb in _kept_rows(output, state.version, set(), batch)],
-                                                   pa.int64()))
+            counts = batch_counts(pa.chunked_array([rb.column(0) for rb in _kept_rows(output, state.version, set(), batch,
+                                                                                       storage_options)], pa.int64()))
         counts = {b: n for b, n in counts.items() if b not in touched}
     keep = pa.array(sorted(touched), pa.int64())
     for path in scored:

@@ -12,7 +12,13 @@ Google Cloud Storage (gs://, with google-cloud-storage installed: the `gcp` extr
 object is created with the precondition ifGenerationMatch=0, which GCS applies atomically (one
 creator wins). The holder rewrites it every HEARTBEAT_SECONDS (guarded by its generation); a
 lock whose heartbeat is older than STALE_SECONDS, or whose holder is a dead pid on this host,
-is deleted (guarded by the generation seen) and taken over. Other object stores: the lock is
+is deleted (guarded by the generation seen) and taken over.
+
+S3 (s3://, boto3: the `s3` extra): the same protocol with S3's conditional writes: the lock
+object is created with If-None-Match: * (S3 answers 412 to every creator but one) and refreshed
+with If-Match: ETAG. Right after taking either lock the run tries to create it a second time:
+a store that accepts that ignores the condition (an older S3-compatible server), and the run
+refuses with one line rather than hold a lock that is not one. Other object stores: the lock is
 NOT enforced; Rescore warns and runs (see docs/reliability.md).
 """
 
@@ -30,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from rescore.errors import LockBusy, first_line
+from rescore.errors import LockBusy, OutputError, first_line
 from rescore.transforms.files import storage
 from rescore.transforms.files.layout import LOCK
 
@@ -151,11 +157,14 @@ class GcsLock:
             try:
                 blob.upload_from_string(info, if_generation_match=0)
                 self.generation = blob.generation
+                _check_gcs_atomic(self, output, info)
                 self._thread = threading.Thread(target=self._beat, args=(info,), name="rescore-lock", daemon=True)
                 self._thread.start()
                 return self
             except exceptions.PreconditionFailed:
                 pass
+            except (exceptions.Forbidden, exceptions.Unauthorized) as e:
+                raise OutputError(f"--output {output}: no permission to write {self.path}: {e.code} {first_line(e.message)}") from None
             bucket, _, name = self.path[len("gs://"):].partition("/")
             held = self.client.bucket(bucket).get_blob(name)
             if held is None:
@@ -212,7 +221,155 @@ class GcsLock:
         self.release()
 
 
-def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock:
+def _check_gcs_atomic(lock: GcsLock, output: str, info: str) -> None:
+    """A second create-if-absent of the object just created must be refused (412): a store that
+    accepts it ignores generation preconditions, and two runs would both hold the lock."""
+    from google.api_core import exceptions
+
+    try:
+        lock._blob().upload_from_string(info, if_generation_match=0)
+    except exceptions.PreconditionFailed:
+        return
+    lock._blob().delete()
+    lock.generation = None
+    raise OutputError(
+        f"--output {output}: this Cloud Storage server ignores generation preconditions (ifGenerationMatch=0), "
+        "so the output lock cannot be atomic there; Rescore does not write to it"
+    )
+
+
+@dataclass
+class S3Lock:
+    """The lock object on S3 (see the module doc): created with If-None-Match: * (a conditional
+    write: one creator wins, the others get 412), refreshed with If-Match: ETAG."""
+
+    path: str
+    etag: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _where(self) -> tuple[str, str]:
+        bucket, _, key = self.path[len("s3://"):].partition("/")
+        return bucket, key
+
+    def acquire(self, output: str, wait_seconds: float) -> S3Lock:
+        from botocore.exceptions import ClientError
+
+        client = storage.s3_client()
+        bucket, key = self._where()
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        info = json.dumps(_info())
+        while True:
+            try:
+                self.etag = client.put_object(Bucket=bucket, Key=key, Body=info.encode(), IfNoneMatch="*")["ETag"]
+                self._check_atomic(client, output, info)
+                self._thread = threading.Thread(target=self._beat, args=(info,), name="rescore-lock", daemon=True)
+                self._thread.start()
+                return self
+            except ClientError as e:
+                code = _s3_code(e)
+                if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                    raise OutputError(f"--output {output}: no permission to write {self.path} ({code})") from None
+                if code in ("NotImplemented", "501"):
+                    raise self._not_atomic(output) from None
+                if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    raise
+            try:
+                held = client.get_object(Bucket=bucket, Key=key)
+            except ClientError as e:
+                if storage.not_found(e):
+                    continue  # released meanwhile
+                raise
+            try:
+                holder = json.loads(held["Body"].read())
+                described = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+            except (ValueError, KeyError, TypeError):
+                holder, described = {}, "a run that has not written its details yet"
+            age = (datetime.datetime.now(datetime.timezone.utc) - held["LastModified"]).total_seconds()
+            dead = holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0) or 0))
+            if age > STALE_SECONDS or dead:
+                log.warning("taking over the lock of %s (%s): %s", output, described,
+                            "its process is gone" if dead else f"no heartbeat for {age:.0f} s")
+                self._delete_if(client, held["ETag"])
+                continue
+            if time.monotonic() >= deadline:
+                if wait_seconds > 0:
+                    raise LockBusy(f"{output} is still being written by another run ({described}) after waiting {wait_seconds:g} s")
+                raise LockBusy(f"{output} is being written by another run ({described}); pass --wait-for-lock SECONDS to wait for it")
+            time.sleep(1.0)
+
+    def _not_atomic(self, output: str) -> OutputError:
+        return OutputError(
+            f"--output {output}: this S3 endpoint does not honour conditional writes (If-None-Match), so the "
+            "output lock cannot be atomic there; Rescore does not write to it (AWS S3 and MinIO honour them)"
+        )
+
+    def _check_atomic(self, client, output: str, info: str) -> None:
+        """A second create-if-absent must be refused (412): a store that accepts it ignores
+        If-None-Match, and two runs would both hold the lock."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._where()
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=info.encode(), IfNoneMatch="*")
+        except ClientError as e:
+            if _s3_code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return
+            raise
+        client.delete_object(Bucket=bucket, Key=key)
+        self.etag = None
+        raise self._not_atomic(output)
+
+    def _delete_if(self, client, etag: str) -> None:
+        """Delete the lock object if it is still the one with `etag` (a takeover or a release)."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._where()
+        try:
+            if client.head_object(Bucket=bucket, Key=key)["ETag"] == etag:
+                client.delete_object(Bucket=bucket, Key=key)
+        except ClientError:
+            pass
+
+    def _beat(self, info: str) -> None:
+        from botocore.exceptions import ClientError
+
+        client = storage.s3_client()
+        bucket, key = self._where()
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self.etag = client.put_object(Bucket=bucket, Key=key, Body=info.encode(), IfMatch=self.etag)["ETag"]
+            except ClientError as e:
+                if _s3_code(e) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
+                    log.error("lost the output lock %s: another run took it over", self.path)
+                    return
+                log.warning("could not refresh the output lock %s", self.path, exc_info=True)
+            except Exception:  # noqa: BLE001  (a transient error: try again at the next beat)
+                log.warning("could not refresh the output lock %s", self.path, exc_info=True)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self.etag is None:
+            return
+        try:
+            self._delete_if(storage.s3_client(), self.etag)
+        except Exception:  # noqa: BLE001  (taken over or gone: nothing of ours to remove)
+            pass
+        self.etag = None
+
+    def __enter__(self) -> S3Lock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _s3_code(error) -> str:
+    response = getattr(error, "response", {}) or {}
+    return str(response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode") or "")
+
+
+def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock | S3Lock:
     """Take the output's lock or raise LockBusy naming the holder (after `wait_seconds`)."""
     path = lock_path(output)
     if output.startswith("gs://"):
@@ -222,10 +379,16 @@ def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock:
             gcs = None
         if gcs is not None:
             try:
-                client = gcs.Client()
+                client = storage.gcs_client()  # the credentials and project Beam's GcsIO uses
             except Exception as e:  # noqa: BLE001  (no credentials or project: the run could not write either)
                 raise LockBusy(f"cannot lock {output} on GCS: {first_line(e)}") from None
             return GcsLock(path, client).acquire(output, wait_seconds)
+    if output.startswith("s3://"):
+        try:
+            import boto3  # noqa: F401
+        except ImportError:
+            raise OutputError(f"--output {output} needs the [s3] extra: pip install 'rescore[s3]'") from None
+        return S3Lock(path).acquire(output, wait_seconds)
     if not storage.is_local(output):
         log.warning(
             "%s is on an object store: the output lock is not enforced there; make sure no other "

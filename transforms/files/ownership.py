@@ -34,9 +34,7 @@ from rescore.transforms.files.layout import (
 
 
 def _names(output: str) -> list[str]:
-    if storage.is_local(output):
-        return sorted(os.listdir(output)) if os.path.isdir(output) else []
-    return sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in storage.list_dir(output, "*")})
+    return storage.child_names(output)
 
 
 def read_ledger(output: str) -> list[str] | None:

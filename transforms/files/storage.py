@@ -21,6 +21,10 @@ def _beam():
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    if FileSystems._pipeline_options is None:  # a reader (load_scored, show): the environment's settings
+        from rescore.transforms.files.store_options import use_beam_options
+
+        use_beam_options([], replace=False)
     return FileSystems, CompressionTypes
 
 
@@ -122,15 +126,90 @@ def write_parquet(table: pa.Table, path: str, *, use_dictionary: bool | list[str
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         pq.write_table(table, path, use_dictionary=use_dictionary)
         return
-    fs, codecs = _beam()
-    with fs.create(path, compression_type=codecs.UNCOMPRESSED) as f:
+    with create(path) as f:
         pq.write_table(table, f, use_dictionary=use_dictionary)
 
 
 def create(path: str):
     """A binary file object writing `path` (not local: an object store's upload, visible on close)."""
+    if path.startswith("s3://"):
+        return _S3Upload(path)
     fs, codecs = _beam()
     return fs.create(path, compression_type=codecs.UNCOMPRESSED)
+
+
+# Object stores: the calls Beam's filesystems make in a way a store cannot take are made here
+# with the same client Beam builds from the run's options (transforms/files/stores.py):
+# - S3: Beam's writer is always a multipart upload, and S3 refuses to complete one with no part,
+#   so an empty object (_SUCCESS, a progress mark) cannot be written through it. Here: boto3's
+#   managed upload (one PUT up to its threshold, multipart above), which writes any size.
+# - GCS: Beam renames and deletes through the JSON API's batch endpoint; here, one call per
+#   object (rewrite, then delete), which every GCS server answers, and a "directory" (a prefix)
+#   is deleted object by object.
+
+_clients: dict[str, object] = {}
+
+
+def _options():
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return FileSystems._pipeline_options or PipelineOptions([])  # noqa: SLF001  (what Beam's filesystems use)
+
+
+def s3_client():
+    """boto3's S3 client built as Beam's S3 filesystem builds it (the run's --s3_* options)."""
+    from apache_beam.io.aws.clients.s3.boto3_client import Client
+
+    key = f"s3:{id(_options())}"
+    if key not in _clients:
+        _clients[key] = Client(options=_options()).client
+    return _clients[key]
+
+
+def gcs_client():
+    """google-cloud-storage's client built as Beam's GcsIO builds it (its credentials, project)."""
+    from apache_beam.io.gcp.gcsio import create_storage_client
+
+    key = f"gs:{id(_options())}"
+    if key not in _clients:
+        _clients[key] = create_storage_client(_options())
+    return _clients[key]
+
+
+def _bucket_key(path: str) -> tuple[str, str]:
+    bucket, _, key = path.split("://", 1)[1].partition("/")
+    return bucket, key
+
+
+class _S3Upload(io.RawIOBase):
+    """A write-only file whose bytes become the object `path` at close (boto3's upload_fileobj)."""
+
+    def __init__(self, path: str):
+        import tempfile
+
+        self.path = path
+        self._buffer = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        return self._buffer.write(data)
+
+    def tell(self) -> int:
+        return self._buffer.tell()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._buffer.seek(0)
+            bucket, key = _bucket_key(self.path)
+            s3_client().upload_fileobj(self._buffer, bucket, key)
+        finally:
+            self._buffer.close()
+            super().close()
 
 
 def write_text(path: str, text: str) -> None:
@@ -143,44 +222,152 @@ def write_text(path: str, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return
+    if path.startswith("s3://"):  # one PUT: the object appears whole or not at all
+        bucket, key = _bucket_key(path)
+        s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode("utf-8"))
+        return
     fs, codecs = _beam()
     with fs.create(path, mime_type="text/plain", compression_type=codecs.UNCOMPRESSED) as f:
         f.write(text.encode("utf-8"))
 
 
+def not_found(error: BaseException) -> bool:
+    """An object store's answer that the object (or its bucket) is not there: google-cloud-
+    storage's NotFound, boto3's 404 / NoSuchKey, Beam's S3 filesystem's own messages."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    code = getattr(error, "code", None)
+    if code == 404 and type(error).__name__ == "NotFound":
+        return True
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404 or response.get("Error", {}).get("Code") in ("NoSuchKey", "NoSuchBucket", "404"):
+            return True
+    return type(error).__name__ == "S3ClientError" and getattr(error, "code", None) == 404
+
+
 def read_text(path: str) -> str:
+    """The text of `path`; FileNotFoundError where it does not exist, on every scheme (an
+    object store's client raises its own NotFound)."""
     if is_local(path):
         with open(path, encoding="utf-8") as f:
             return f.read()
+    if path.startswith("s3://"):
+        bucket, key = _bucket_key(path)
+        client = s3_client()
+        try:
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read().decode("utf-8")
+        except client.exceptions.NoSuchKey:
+            raise FileNotFoundError(path) from None
     fs, codecs = _beam()
-    with fs.open(path, compression_type=codecs.UNCOMPRESSED) as f:
-        return io.TextIOWrapper(f, encoding="utf-8").read()
+    try:
+        with fs.open(path, compression_type=codecs.UNCOMPRESSED) as f:
+            return io.TextIOWrapper(f, encoding="utf-8").read()
+    except Exception as e:  # noqa: BLE001  (each store's client has its own NotFound)
+        if not_found(e) or not_found(e.__cause__ or e.__context__ or e):
+            raise FileNotFoundError(path) from e
+        raise
 
 
 def exists(path: str) -> bool:
-    return os.path.exists(path) if is_local(path) else _beam()[0].exists(path)
+    if is_local(path):
+        return os.path.exists(path)
+    if path.startswith("s3://"):  # the run's one client (Beam's filesystem builds one a call)
+        bucket, key = _bucket_key(path)
+        try:
+            s3_client().head_object(Bucket=bucket, Key=key)
+            return True
+        except Exception as e:  # noqa: BLE001  (botocore's ClientError: 404 is "not there")
+            if not_found(e):
+                return False
+            raise
+    return _beam()[0].exists(path)
 
 
 def rename(src: str, dst: str) -> None:
     if is_local(src):
         os.replace(src, dst)
+    elif src.startswith("gs://") and dst.startswith("gs://"):
+        client = gcs_client()
+        (sb, sk), (db, dk) = _bucket_key(src), _bucket_key(dst)
+        source = client.bucket(sb).blob(sk)
+        target = client.bucket(db).blob(dk)
+        token, _, _ = target.rewrite(source)
+        while token is not None:
+            token, _, _ = target.rewrite(source, token=token)
+        source.delete()
+    elif src.startswith("s3://") and dst.startswith("s3://"):
+        client = s3_client()
+        (sb, sk), (db, dk) = _bucket_key(src), _bucket_key(dst)
+        client.copy({"Bucket": sb, "Key": sk}, db, dk)  # managed: multipart copy above 5 GB
+        client.delete_object(Bucket=sb, Key=sk)
     else:
         _beam()[0].rename([src], [dst])
 
 
-def delete(paths: Iterable[str]) -> None:
-    paths = [p for p in paths if exists(p)]
-    if not paths:
+def _object_store_delete(path: str) -> None:
+    """Delete the object `path` and every object under `path`/ (a "directory")."""
+    bucket, key = _bucket_key(path)
+    key = key.rstrip("/")
+    if path.startswith("gs://"):
+        from google.api_core import exceptions
+
+        client = gcs_client()
+        for blob in [*client.list_blobs(bucket, prefix=key + "/"), client.bucket(bucket).blob(key)]:
+            try:
+                blob.delete()
+            except exceptions.NotFound:
+                pass
         return
-    if all(is_local(p) for p in paths):
-        for p in paths:
-            if os.path.isdir(p):
-                shutil.rmtree(p)
-            else:
-                os.remove(p)
-    else:
-        _beam()[0].delete(paths)
+    if path.startswith("s3://"):
+        client = s3_client()
+        keys = [key]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/"):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        for i in range(0, len(keys), 1000):
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+        return
+    fs = _beam()[0]
+    if fs.exists(path):
+        fs.delete([path])
+
+
+def delete(paths: Iterable[str]) -> None:
+    """Delete files and directories (with what they hold); a path that is not there is skipped."""
+    paths = list(paths)
+    local = [p for p in paths if is_local(p) and os.path.exists(p)]
+    for p in local:
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        else:
+            os.remove(p)
+    for p in paths:
+        if not is_local(p):
+            _object_store_delete(p)
 
 
 def list_dir(directory: str, pattern: str = "*") -> list[str]:
+    """The files in `directory` matching `pattern`. On an object store a directory is a name
+    prefix, not an object: there is nothing to ask exists() about, the listing says it all."""
+    if not is_local(directory):
+        return [p for p, _ in match(join(directory, pattern))]
     return [p for p, _ in match(join(directory, pattern))] if exists(directory) else []
+
+
+def child_names(directory: str) -> list[str]:
+    """The names directly in `directory`, files and directories alike, sorted ([] where it does
+    not exist). On an object store: the first path component of every object under the prefix
+    (`_staging` for `_staging/x.parquet`), as a local listing shows the directory."""
+    if is_local(directory):
+        return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    bucket, key = _bucket_key(directory)
+    prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+    if directory.startswith("gs://"):
+        found = (b.name for b in gcs_client().list_blobs(bucket, prefix=prefix))
+    elif directory.startswith("s3://"):
+        found = (o["Key"] for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                 for o in page.get("Contents", []))
+    else:
+        found = (p.split("://", 1)[1].partition("/")[2] for p, _ in match(join(directory, "**")))
+    return sorted({name[len(prefix):].split("/", 1)[0] for name in found if name.startswith(prefix) and name != prefix})
