@@ -282,7 +282,8 @@ class Fault:
     """One kind of misbehaviour for the requests that match: method (GET, PUT, POST, DELETE...,
     None: any) and `path` (a substring of the request path and query, None: any). status: answer
     that instead of forwarding; delay: seconds before the first byte of the answer; drop: close
-    the connection without an answer. strip_header: forward the request without that header (a
+    the connection without an answer. body: the answer's body with `status` (default: a JSON
+    error as GCS writes them; S3 clients read XML: <Error><Code>...). strip_header: forward the request without that header (a
     store that ignores it). edit_query: (old, new) replaced in the forwarded path and query (a
     store that ignores a query parameter). action: called (no arguments) before the request is forwarded (a
     test stops the server there). times: how many matching requests (None: all of them)."""
@@ -292,6 +293,7 @@ class Fault:
     status: int | None = None
     delay: float = 0.0
     drop: bool = False
+    body: bytes | None = None
     strip_header: str | None = None
     edit_query: tuple[str, str] | None = None
     action: object = None
@@ -349,10 +351,10 @@ class FaultProxy:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 if fault is not None and fault.status:
-                    message = b'{"error": {"code": %d, "message": "injected by FaultProxy"}}' % fault.status
+                    message = fault.body or b'{"error": {"code": %d, "message": "injected by FaultProxy"}}' % fault.status
                     proxy._log(self.command, self.path, fault.status)
                     self.send_response(fault.status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", "application/xml" if message.startswith(b"<") else "application/json")
                     self.send_header("Content-Length", str(len(message)))
                     self.end_headers()
                     self.wfile.write(message)

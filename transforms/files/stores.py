@@ -133,7 +133,10 @@ def _check_gcs(flag: str, path: str, bucket: str, prefix: str, options) -> None:
 
 def _gcs_message(error: BaseException) -> str:
     """A google-api-core error in one line: its status and message, not the request URL."""
+    import re
+
     message = getattr(error, "message", None) or first_line(error)
+    message = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", first_line(message))
     code = getattr(error, "code", None)
     return first_line(f"{code} {message}" if code else message)
 
