@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rescore.errors import ConfigError, InputError, NotFinishedOutputError, last_line
-from rescore.transforms.files.layout import SUCCESS
+from rescore.transforms.files.layout import EXPORT, SUCCESS, other_output, other_output_message
 from rescore.transforms.rows import export as ex
 
 EXPORT_JSON = "export.json"
@@ -89,6 +89,9 @@ def run(argv: list[str]) -> dict:
     out = args.output
     if "://" in out:
         raise ConfigError("rescore export writes a local --output")
+    found = other_output(os.listdir(out), EXPORT) if os.path.isdir(out) else None
+    if found:  # never mixed into (nor, with --overwrite, over) another command's output
+        raise ConfigError(other_output_message(out, found))
     if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
         raise ConfigError(f"{out} already holds a finished export; pass --overwrite to replace it")
     if os.path.abspath(out) == os.path.abspath(args.source):

@@ -39,7 +39,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rescore.errors import RUN_FAILURES, ConfigError, InputError, last_line
-from rescore.transforms.files.layout import DELTA_LOG, SCORED_FILES, SUCCESS
+from rescore.transforms.files.layout import (
+    DELTA_LOG,
+    SCORED_FILES,
+    SUCCESS,
+    TASK_STATS_OUTPUT,
+    other_output,
+    other_output_message,
+)
 from rescore.transforms.files.layout import STAGING as RUN_STAGING
 from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS, TASK_STATS_VIEW
 from rescore.transforms.rows import task_stats as ts
@@ -160,6 +167,9 @@ def run(argv: list[str]) -> dict:
         return doc
     if os.path.isdir(os.path.join(out, DELTA_LOG)):
         raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
+    found = other_output(os.listdir(out), TASK_STATS_OUTPUT) if os.path.isdir(out) else None
+    if found:  # never mixed into (nor, with --overwrite, over) another command's output
+        raise ConfigError(other_output_message(out, found))
     if os.path.exists(os.path.join(out, SUCCESS)) and not args.overwrite:
         raise ConfigError(f"{out} already holds finished task statistics; pass --overwrite to replace them")
     if os.path.exists(out) and not os.path.isdir(out):
