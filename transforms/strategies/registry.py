@@ -162,13 +162,9 @@ def names() -> list[str]:
 
 
 def close_match(name: str, choices) -> str | None:
-    """The choice `name` most likely meant: the same but for case (`GRPO`), else the closest by
-    difflib, also ignoring case; None when nothing is close."""
-    by_lower = {c.lower(): c for c in choices}
-    if name.lower() in by_lower:
-        return by_lower[name.lower()]
-    hint = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
-    return by_lower[hint[0]] if hint else None
+    """The choice `name` most likely meant (close_matches' first), or None when nothing is close."""
+    hints = close_matches(name, choices, n=1)
+    return hints[0] if hints else None
 
 
 def close_matches(name: str, choices, n: int = 3) -> list[str]:
