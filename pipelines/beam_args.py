@@ -130,7 +130,7 @@ def _check_beam_args(args: list[str]) -> None:
         did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
         runner_note = f" (runner {_runner_name(args)}'s module did not import: {why_not})" if why_not else ""
         raise ConfigError(
-            f"unknown option {flag!r}{did_you_mean}: not a Rescore flag nor a Beam pipeline option{runner_note}"
+            f"unknown option {flag}{did_you_mean}: not a Rescore flag nor a Beam pipeline option{runner_note}"
         )
 
 

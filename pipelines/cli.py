@@ -35,7 +35,7 @@ if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.pa
     del sys.path[0]  # run as a file (a scheduler's py_file): this folder's rescore.py would shadow the package
 
 from rescore import errors
-from rescore.pipelines.wording import process_seconds
+from rescore.pipelines import wording
 from rescore.transforms.files.layout import FILTERED_FILES
 
 if TYPE_CHECKING:
@@ -145,7 +145,19 @@ def main(argv: list[str] | None = None, *, from_process: bool = False, prefetch:
     if argv is None:
         _console()
     started = time.monotonic()
-    argv = list(argv)
+    # One clock for the progress lines and the summary's wall time: from the process's start
+    # (wording.process_seconds) for the console script, from this call for a Python caller.
+    import rescore
+
+    wording.start_run_clock(rescore._STARTED if from_process else started)
+    try:
+        return _main_logged(list(argv), started, from_process, prefetch)
+    finally:
+        wording.start_run_clock(None, stop=True)  # a later run() without main() keeps its own clock
+
+
+def _main_logged(argv: list[str], started: float, from_process: bool, prefetch: "Prefetch | None") -> int:
+    """main() past its clock: the log records held or streamed, then the command."""
     level = _log_level(argv)
     if argv[:1] in (["sample"], ["report"]) or level in ("DEBUG", "INFO"):
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
@@ -258,7 +270,7 @@ def _main(argv: list[str], held: _HeldLogs | None, started: float, from_process:
         return EXIT_OK
     if not quiet:
         if "totals" in doc:
-            print(_summary(doc, process_seconds() if from_process else time.monotonic() - started), file=sys.stderr)
+            print(_summary(doc, wording.run_seconds()), file=sys.stderr)
         if doc.get("incremental", {}).get("summary"):
             print(doc["incremental"]["summary"], file=sys.stderr)
     return EXIT_OK

@@ -70,7 +70,7 @@ def _strategies(args, config: dict[str, Any], params: dict[str, Any]) -> tuple[l
         return list(preset.strategies), str(algorithm), {**preset.params, **params}
     if not strategy:
         raise ConfigError(
-            f"no strategy: pass --strategy NAME or --algorithm NAME; valid strategies: {', '.join(names())}"
+            f"no strategy: pass --strategy NAME or --algorithm NAME (`rescore strategies` lists all {len(names())})"
         )
     return strategy, None, params
 
@@ -98,6 +98,10 @@ its value); every other option's value is its flag over its YAML key over its de
 def parse_args(argv: list[str]) -> RunConfig:
     args, rest = _parser().parse_known_args(argv)
     config = load_yaml(args.config) if args.config else {}
+    # Every option is known before anything else is checked: a misspelt flag (`--stratgy grpo`)
+    # is named as such, not reported as the missing option it was meant to be.
+    beam_args = pipeline_option_flags(config.get("pipeline_options") or {}) + rest
+    _check_beam_args(beam_args)
 
     params = dict(config.get("params") or {})
     for item in args.set or []:
@@ -131,7 +135,6 @@ def parse_args(argv: list[str]) -> RunConfig:
     if values["input_table"] and values["input_format"] != "parquet":
         raise ConfigError("--input-table reads a Trinity-RFT SQL buffer; it takes no --input-format")
 
-    beam_args = pipeline_option_flags(config.get("pipeline_options") or {}) + rest
     beam_args = pipeline_args(beam_args, inputs=[str(i) for i in inputs], output=str(output), input_table=values["input_table"],
                               shared_filesystem=values["shared_filesystem"], log_level=values["log_level"])
     cfg = RunConfig(

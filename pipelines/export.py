@@ -24,6 +24,7 @@ import sys
 import pyarrow.parquet as pq
 
 from rescore.errors import ConfigError, InputError, LockBusy, NotFinishedOutputError, last_line
+from rescore.transforms.files.layout import EXPORT, other_output, other_output_message
 from rescore.transforms.rows import export as ex
 
 EXPORT_JSON = "export.json"
@@ -93,6 +94,9 @@ def run(argv: list[str]) -> dict:
     out = args.output
     from rescore.pipelines import command_output
 
+    found = other_output(os.listdir(out), EXPORT) if "://" not in out and os.path.isdir(out) else None
+    if found:  # never mixed into (nor, with --overwrite, over) another command's output: name it
+        raise ConfigError(other_output_message(out, found))
     command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],
                          overwrite=args.overwrite, what="an export", legacy=(EXPORT_JSON, ("format", "rows_read", "rows")))
     from rescore.transforms.files import lock

@@ -38,13 +38,14 @@ DEFAULT_PROGRESS_SECONDS = 15.0
 def _strategy_help() -> str:
     from rescore.transforms.strategies.registry import names
 
-    return f"strategy name, or a comma-separated filter,advantage,duplicate chain: {', '.join(names())}"
+    return ("a strategy, or a filter,advantage,duplicate chain after any reward shaping, e.g. "
+            f"reward_variance,grpo,duplicate_informative (`rescore strategies` lists all {len(names())})")
 
 
 def _algorithm_help() -> str:
     from rescore.transforms.strategies import algorithms
 
-    return f"Trinity-RFT algorithm preset: {', '.join(algorithms.names())}"
+    return f"instead of --strategy: a Trinity-RFT algorithm's strategies, one of {', '.join(algorithms.names())}"
 
 
 def _seconds(flag: str, value: Any) -> str | None:
@@ -81,14 +82,14 @@ class RunConfig(StepSettings):
     The fields of StepSettings (transforms/settings.py) are the ones the steps read."""
 
     inputs: list[str] = option(
-        flags=("--input",), dest="input", yaml="input", repeat=True, yaml_check=_input_paths, plain=True,
+        flags=("--input",), dest="input", yaml="input", repeat=True, yaml_check=_input_paths, plain=True, metavar="PATH_OR_GLOB",
         help="input Parquet path, directory or glob (repeatable)",
     )
-    output: str = option(plain=True, help="output directory")
+    output: str = option(plain=True, metavar="DIR", help="output directory")
     strategies: list[str] = option(
-        flags=("--strategy",), dest="strategy", yaml="strategy", repeat=True, plain=True, help=_strategy_help,
+        flags=("--strategy",), dest="strategy", yaml="strategy", repeat=True, plain=True, metavar="NAME", help=_strategy_help,
     )
-    algorithm: str | None = option(None, plain=True, help=_algorithm_help)
+    algorithm: str | None = option(None, plain=True, metavar="NAME", help=_algorithm_help)
     group_filter: str | None = option(
         None, yaml=None, metavar="MODULE:FUNCTION",
         help="your function over each task group's rows: True keeps it (the run's filter stage; docs/strategies.md)",
@@ -98,7 +99,8 @@ class RunConfig(StepSettings):
         help="strategy parameter, KEY or STRATEGY.KEY (JSON value)",
     )
     config: str | None = option(
-        None, yaml=None, help="YAML run config: a file, or the name of a shipped one (`rescore configs` lists them)",
+        None, yaml=None, metavar="FILE_OR_NAME",
+        help="YAML run config: a file, or the name of a shipped one (`rescore configs` lists them)",
     )
     overwrite: bool = option(False, plain=True, help="replace a finished run in --output")
     skip_bad_files: bool = option(
@@ -162,7 +164,20 @@ class RunConfig(StepSettings):
     """--buckets (or the config's `buckets`) was given: no local default replaces it."""
 
 
-STEP_GROUP = "how the pipeline reads, scores and writes"
+COMMON_OPTIONS = ("inputs", "output", "strategies", "algorithm", "params", "config", "overwrite", "quiet")
+"""--help's first group: what a first run needs."""
+HELP_GROUPS = (
+    ("what the output carries", ("group_filter", "keep_filtered", "audit_columns")),
+    ("other inputs and outputs", ("input_table", "input_format", "output_db", "output_table", "incremental", "run_name")),
+    ("bad input, failures and other runs", ("skip_bad_files", "max_reject_fraction", "max_group_rows", "wait_for_lock")),
+    ("runners, devices and performance",
+     ("wait", "shared_filesystem", "device", "accelerator", "buckets", "shard_rows", "io_threads", "unit_cache_mb",
+      "read_ahead_mb")),
+    ("messages", ("log_level", "progress_seconds")),
+)
+"""--help's headings after the common options, and the options under each (by field name); an
+option in none of them is listed under OTHER_GROUP, so none is ever left out."""
+OTHER_GROUP = "other options"
 
 
 def table() -> list[Field]:
@@ -192,21 +207,45 @@ class _Parser(argparse.ArgumentParser):
 
 COMMANDS = """commands:
   rescore --input PATH_OR_GLOB --output DIR --strategy NAME [--set KEY=VALUE ...]
-                                          score experience (the options below)
-  rescore sample --output DIR [--batches N] [--tasks N] [--runs N] [--seed N]
+                                          score experience (rescore --help: every option)
+  rescore --input PATH_OR_GLOB --output DIR --algorithm NAME [--set KEY=VALUE ...]
+                                          the same with a Trinity-RFT algorithm's strategies
+  rescore sample --output DIR [--batches N] [--tasks N] [--runs N] [--steps N]
                                           write sample experience to try it on
   rescore report OUTPUT_DIR [--to DIR] [--solved-at X]
-                                          report.html and charts of a finished run
-  rescore show PATH [--batches]           what an output or an incremental table holds
+                                          report.html and charts of a finished run or a table
+  rescore show OUTPUT_DIR [--batches]     rows, batches, runs and pending input of an output
   rescore task-stats --input SOURCE --output DIR [--threshold X] [--k 1,4,8]
-                                          per-task pass rates, pass@k, Beta posterior (docs/curating.md)
+                                          per-task pass rates, pass@k, Beta posterior
   rescore export OUTPUT_DIR --output DIR --format sft|dpo
-                                          SFT rows or DPO pairs for the next run (docs/curating.md)"""
+                                          SFT rows or DPO pairs for the next run
+  rescore strategies [NAME]               the strategies, or one's parameters and defaults
+  rescore configs                         the run configs that ship with Rescore (--config NAME)"""
+"""The command list: what a bare `rescore` prints (README.md's "Usage" shows the same lines)."""
+
+USAGE = ("rescore --input PATH_OR_GLOB --output DIR (--strategy NAME | --algorithm NAME) [options] [Beam options]\n"
+         "       rescore COMMAND ...   (a bare `rescore` lists the commands)")
 
 
 def usage() -> str:
-    """What a bare `rescore` prints: the usage line and the commands."""
-    return f"{parser().format_usage()}\n{COMMANDS}\n\nrescore --help lists every option; rescore sample --help, rescore report --help, rescore show --help"
+    """What a bare `rescore` prints: the command list."""
+    return (f"usage: rescore COMMAND ...\n\n{COMMANDS}\n\nEvery option of a run: rescore --help; a command's: "
+            "rescore COMMAND --help; docs: README.md and docs/")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help's option lines: each flag once, in its dashed form (`--skip-bad-files`; the
+    underscore spelling Beam's options use, `--skip_bad_files`, is accepted too)."""
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        if action.option_strings[0] == "-h":
+            return ", ".join(action.option_strings)
+        first = action.option_strings[0]
+        if action.nargs == 0:
+            return first
+        return f"{first} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
 def _add(group, f: Field) -> None:
@@ -230,18 +269,29 @@ def _add(group, f: Field) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The `rescore` run command's parser, from the table (and the model stage's flags)."""
+    """The `rescore` run command's parser, from the table (and the model stage's flags). --help
+    lists the common options first, then the rest under headings (HELP_GROUPS)."""
     p = _Parser(
         prog="rescore",
+        usage=USAGE,
         description=f"Rescore logged RL experience: Parquet in, scored Parquet out.\n\n{COMMANDS}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Any other --option is passed to Beam (e.g. --runner, --direct_num_workers).",
+        formatter_class=_HelpFormatter,
+        epilog="Any other --option is passed to Beam (e.g. --runner, --direct_num_workers); a misspelt one is an error.",
         allow_abbrev=False,
     )
-    steps = p.add_argument_group(STEP_GROUP)
-    step_names = {f.name for f in fields(StepSettings)}
-    for f in table():
-        _add(steps if f.name in step_names else p, f)
+    p._optionals.title = "common options"
+    by_name = {f.name: f for f in table()}
+    for name in COMMON_OPTIONS:
+        _add(p, by_name.pop(name))
+    for title, names in HELP_GROUPS:
+        group = p.add_argument_group(title)
+        for name in names:
+            if name in by_name:
+                _add(group, by_name.pop(name))
+    if by_name:
+        group = p.add_argument_group(OTHER_GROUP)
+        for f in by_name.values():
+            _add(group, f)
     add_model_flags(p)
     return p
 

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from rescore.pipelines.wording import plural
+from rescore.pipelines.wording import plural, run_clock_origin
 from rescore.transforms.files import progress_marks
 from rescore.transforms.files.layout import staging_dir
 
@@ -41,7 +41,10 @@ class Progress:
         self._interval = 0.5 if self._tty else (DEFAULT_INTERVAL if interval is None else interval)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._started = time.monotonic()
+        # The command's clock (pipelines/wording.py), which the summary's wall time reads too:
+        # its seconds count the imports and the plan before the pipeline, as the summary's do.
+        origin = run_clock_origin()
+        self._started = time.monotonic() if origin is None else origin
         self._last = ""
         self._printed = 0
         self._seen = (0, 0, 0)
@@ -77,7 +80,8 @@ class Progress:
         return (
             f"rescore: {plural(self._rows, 'row')} in {plural(self._files, 'file')}: "
             f"read {read:,}/{plural(self._units, 'unit')}, {scoring}, "
-            f"written {written:,}/{plural(self._units, 'unit')} ({pct:.0f}%), {time.monotonic() - self._started:.0f} s"
+            f"written {written:,}/{plural(self._units, 'unit')} ({pct:.0f}%), "
+            f"{time.monotonic() - self._started:.{1 if done else 0}f} s"
         )
 
     def _emit(self, line: str, final: bool = False) -> None:

@@ -74,18 +74,24 @@ BATCH_KEYS = ("rows_read", "rows_written", "rows_duplicated", "rows_filtered", "
               "groups_filtered", "groups_duplicated", "groups_zero_std", MEAN_KEY, STD_KEY)
 
 
+def _column_head(key: str) -> str:
+    """A column's header that may wrap after `_` and `/` (`rows_<wbr>duplicated`): a table of
+    a dozen metric columns then fits the page (the class `wrap` lets it) instead of scrolling."""
+    return f'<th>{html.escape(key).replace("_", "_<wbr>").replace("/", "/<wbr>")}</th>'
+
+
 def _offpolicy_table(doc) -> str:
     entries = offpolicy_batches(doc)
     if not entries:
         return ""
     keys = [k for k in OFFPOLICY_KEYS if any(k in m for _, m in entries)]
-    head = "<tr><th>batch</th>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>"
+    head = "<tr><th>batch</th>" + "".join(_column_head(k) for k in keys) + "</tr>"
     rows = "".join(
         f"<tr><td>{fmt(b)}</td>" + "".join(f"<td>{fmt(m.get(k))}</td>" for k in keys) + "</tr>" for b, m in entries
     )
     total = doc["totals"].get("rollout_correction") or {}
     rows += "<tr><th>all</th>" + "".join(f"<td>{fmt(total.get(k))}</td>" for k in keys) + "</tr>"
-    return f'<h2>Off-policy diagnostics per batch</h2><div class="scroll tall"><table id="offpolicy">{head}{rows}</table></div>'
+    return f'<h2>Off-policy diagnostics per batch</h2><div class="scroll tall"><table id="offpolicy" class="wrap">{head}{rows}</table></div>'
 
 
 def _stages_table(doc) -> str:
@@ -129,7 +135,7 @@ def render_html(doc: dict[str, Any], images: dict[str, bytes], captions: dict[st
     captions = captions or {}
     t = doc["totals"]
     totals = "".join(f"<tr><th>{html.escape(k)}</th><td>{fmt(t.get(k))}</td></tr>" for k in TOTAL_KEYS)
-    head = "".join(f"<th>{html.escape(k.replace('group_advantages/', ''))}</th>" for k in ("batch", *BATCH_KEYS))
+    head = "".join(_column_head(k.replace("group_advantages/", "")) for k in ("batch", *BATCH_KEYS))
     rows = "".join(
         "<tr>" + "".join(f"<td>{fmt(b.get(k))}</td>" for k in ("batch", *BATCH_KEYS)) + "</tr>" for b in doc["batches"]
     )
@@ -151,6 +157,7 @@ body {{ font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 11
 table {{ border-collapse: collapse; margin: 0.5em 0; }}
 th, td {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; white-space: nowrap; }}
 th {{ background: #f6f6f6; text-align: left; }} td.left {{ text-align: left; }}
+table.wrap th {{ white-space: normal; vertical-align: bottom; }}
 .scroll {{ max-width: 100%; overflow: auto; margin-bottom: 1.5em; }}
 .scroll.tall {{ max-height: 420px; }} .scroll.tall th {{ position: sticky; top: 0; }}
 .charts {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 1em; }}
@@ -168,7 +175,7 @@ code {{ background: #f3f3f3; padding: 1px 4px; overflow-wrap: anywhere; }} .fail
 {failed}
 <h2>Totals</h2><div class="scroll"><table id="totals">{totals}</table></div>
 <h2>Charts</h2><div class="charts">{figures}</div>
-<h2>Per batch</h2><div class="scroll tall"><table id="batches"><tr>{head}</tr>{rows}</table></div>
+<h2>Per batch</h2><div class="scroll tall"><table id="batches" class="wrap"><tr>{head}</tr>{rows}</table></div>
 {_groups_tables(groups, sizes, solved_at)}
 {_offpolicy_table(doc)}
 <h2>Strategy stages</h2>{_stages_table(doc)}

@@ -4,8 +4,17 @@
                    [--files 2] [--row-group-rows 1000] [--string-tasks] [--seed 0]
     rescore sample --format trinity-sql --output buffer.db [--table experience] [...]
     rescore sample --format verl-rollouts --output rollouts/ [...]
+    rescore sample --output data/reused --logged-by models/student   # docs/offpolicy.md
 
 Rows are shuffled and spread over several files and row groups, as logged experience is.
+
+`--logged-by DIR` writes the same rows with `logprobs` as a rollout engine serving the causal LM
+DIR would have logged them (needs the [models] extra): DIR's own log-probs of each response
+token, off by the engine's numerics (a little noise per token), and one row in ten sampled by an
+older checkpoint (its tokens drift by 0.005 to 0.05 nats each). Refreshing `logprobs` under DIR
+(`--logprob-model DIR`) then gives importance ratios near 1 for most rows and far from 1 for the
+stale ones: what docs/offpolicy.md's correction keeps and rejects. Every other column is the
+default sample's.
 """
 
 from __future__ import annotations
@@ -75,6 +84,40 @@ def make_experience(
     return table.take(pa.array(rng.permutation(n)))
 
 
+ENGINE_NOISE = 0.001
+"""Std of the per-token log-prob noise of --logged-by (the engine's numerics against the
+trainer's): a row's mean log ratio stays well inside verl's geometric bounds [0.999, 1.001]."""
+STALE_SHARE = 0.1
+STALE_DRIFT = (0.005, 0.05)
+"""--logged-by: the share of rows an older checkpoint sampled, and the range of their per-token
+log-prob drift (either sign): outside those bounds."""
+
+
+def logged_by(table: pa.Table, model_dir: str, *, seed: int = 0, batch_rows: int = 32) -> pa.Table:
+    """`table` with `logprobs` as a rollout engine serving `model_dir` would have logged them
+    (module doc): the model's log-probs of the response tokens (transforms/inference.py, the
+    model stage's function, float32 on the CPU), plus ENGINE_NOISE per token, plus a drift on
+    STALE_SHARE of the rows. Deterministic for a seed."""
+    import torch
+
+    from rescore.transforms.inference import load_causal_lm, response_logprobs
+
+    model = load_causal_lm(model_dir, torch.device("cpu"), torch.float32)
+    tokens = table.column("tokens").to_pylist()
+    prompts = table.column("prompt_length").to_numpy()
+    values: list[np.ndarray] = []
+    for start in range(0, len(tokens), batch_rows):
+        rows = [np.asarray(t, dtype=np.int64) for t in tokens[start:start + batch_rows]]
+        values += response_logprobs(model, rows, prompts[start:start + batch_rows])
+    rng = np.random.default_rng([seed, 1])  # its own stream: the other columns stay the default sample's
+    stale = rng.random(len(values)) < STALE_SHARE
+    drift = rng.uniform(*STALE_DRIFT, len(values)) * rng.choice([-1.0, 1.0], len(values))
+    logged = [(v + rng.normal(0.0, ENGINE_NOISE, len(v)) + (drift[i] if stale[i] else 0.0)).astype(np.float32)
+              for i, v in enumerate(values)]
+    column = pa.array(logged, type=table.schema.field("logprobs").type)
+    return table.set_column(table.schema.get_field_index("logprobs"), "logprobs", column)
+
+
 def write_files(table: pa.Table, directory: str, *, files: int = 2, row_group_rows: int = 1000) -> list[str]:
     os.makedirs(directory, exist_ok=True)
     paths = []
@@ -107,10 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-group-rows", type=int, default=100)
     p.add_argument("--string-tasks", action="store_true", help="string task ids instead of integers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logged-by", metavar="DIR",
+                   help="logprobs as a rollout engine serving the causal LM DIR logged them: DIR's log-probs with a "
+                        "little noise, one row in ten from an older checkpoint (docs/offpolicy.md; needs the [models] extra)")
     a = p.parse_args(argv)
     table = make_experience(
         batches=a.batches, tasks=a.tasks, runs=a.runs, steps=a.steps, string_tasks=a.string_tasks, seed=a.seed
     )
+    if a.logged_by:
+        from rescore.errors import ConfigError
+        from rescore.transforms.inference import check_model_dir
+
+        try:
+            check_model_dir(a.logged_by, "--logged-by")
+            table = logged_by(table, a.logged_by, seed=a.seed)
+        except (ConfigError, ImportError) as e:
+            print(f"rescore: error: {e}", file=sys.stderr)
+            return 2
     if a.format != "parquet":
         from rescore.pipelines import sample_formats
 

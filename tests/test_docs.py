@@ -2,11 +2,14 @@
 
 Each page is read in order: its indented code lines (continuation backslashes joined, `&&`
 chains split) and its Python blocks (an indented block starting with `import` or `from`). The
-pages are discovered (every docs/*.md, whoever wrote it), and each runs in a scratch directory
-laid out as the README's quickstart leaves the repository root: `data/sample/` written by
-`rescore sample --output data/sample`, `out/sample/` by the quickstart's run, nothing else (no
-run_configs/: `--config run_configs/NAME.yaml` finds the shipped configs). The steps of a page
-run one after another in its directory, exactly as written, as a reader pasting them would:
+pages are discovered (every docs/*.md, whoever wrote it), and they all run in ONE scratch
+directory, in order (README.md, then docs/*.md by name), as a newcomer reads them in one
+checkout: it starts as the README's quickstart leaves the repository root (`data/sample/`
+written by `rescore sample --output data/sample`, `out/sample/` by the quickstart's run, no
+run_configs/: `--config run_configs/NAME.yaml` finds the shipped configs), and each page sees
+what the pages before it wrote, so a page whose command collides with an earlier page's output
+fails (test_no_command_collides_with_an_earlier_output finds it without running anything). The
+steps of a page run one after another, exactly as written, as a reader pasting them would:
   - `rescore ...` and `.venv/bin/rescore ...` (after `source .venv/bin/activate` they are the
     same command) run in-process and must exit 0;
   - `python -c` / `.venv/bin/python -c` lines and the Python blocks run in a subprocess;
@@ -136,18 +139,27 @@ def test_every_page_is_covered():
     assert any(_rescore_argv(c)[0] == "report" for c in commands) and any("--algorithm" in c for c in commands)
 
 
+@pytest.fixture(scope="session")
+def newcomer(quickstart, models_dir, tmp_path_factory):
+    """ONE working directory for every page, as a newcomer has: the quickstart's, where the pages
+    run in DOCS order (README.md, then docs/*.md) and each sees what the pages before it wrote,
+    so a command that collides with an earlier page's output fails here as it would for them."""
+    scratch = tmp_path_factory.mktemp("docs-newcomer") / "repo"
+    shutil.copytree(quickstart, scratch)
+    if models_dir:
+        os.symlink(models_dir, scratch / "models")
+    return scratch
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", DOCS)
-def test_doc_runs_as_written_in_order(doc, quickstart, models_dir, tmp_path, monkeypatch, capsys):
+def test_doc_runs_as_written_in_order(doc, newcomer, models_dir, tmp_path, monkeypatch, capsys):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from rescore.pipelines.config import parse_args
     from rescore.pipelines.cli import main
 
-    scratch = tmp_path / "repo"
-    shutil.copytree(quickstart, scratch)
-    if models_dir:
-        os.symlink(models_dir, scratch / "models")
+    scratch = newcomer
     monkeypatch.chdir(scratch)
     env = {**os.environ, "PYTHONPATH": ROOT, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "HF_HOME": str(tmp_path / "hf")}
@@ -238,3 +250,56 @@ def test_no_page_uses_inputs_that_the_quickstart_does_not_make():
                 if value in ("exp/*.parquet", "data/*.parquet") or value.startswith("exp/"):
                     stale.append(f"{doc}: {part}")
     assert not stale, "\n".join(stale)
+
+
+def _python_commands(block: str) -> list[list[str]]:
+    """The command lines a Python block runs through `main([...])` (string literals only)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(block)):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "main"
+                and node.args and isinstance(node.args[0], ast.List)
+                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.args[0].elts)):
+            found.append([e.value for e in node.args[0].elts])
+    return found
+
+
+def _writes(argv: list[str]) -> tuple[str, str] | None:
+    """(output directory, which command's output) a command line writes, or None."""
+    def value(flag):
+        return argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
+
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    out = value("--output")
+    if command in ("", "task-stats", "export") and out:
+        kind = {"": "scored run", "task-stats": "task-stats output", "export": "export"}[command]
+        return os.path.normpath(out), kind + (" (incremental)" if "--incremental" in argv else "")
+    return None
+
+
+def test_no_command_collides_with_an_earlier_output():
+    """Read in order (README.md, then docs/*.md), no command writes into a directory another
+    command wrote earlier (a scored run over a task-stats output is refused), nor a finished
+    output of its own kind again without --overwrite (refused too): each command has its own
+    --output. The same rule as the in-order run above, checked in a second."""
+    seen: dict[str, tuple[str, str]] = {}
+    clashes = []
+    for doc in DOCS:
+        for kind, text in _steps(doc):
+            lines = _python_commands(text) if kind == "python" else [_rescore_argv(text)]
+            for argv in lines:
+                if not argv or _synopsis(argv) or (kind == "shell" and any(r in text for r in REMOTE)):
+                    continue
+                written = _writes(argv)
+                if written is None:
+                    continue
+                out, what = written
+                if out in seen:
+                    (where, before) = seen[out]
+                    if before != what:
+                        clashes.append(f"{doc}: {' '.join(argv)}: {out} holds a {before} ({where})")
+                    elif "--overwrite" not in argv and "(incremental)" not in what:
+                        clashes.append(f"{doc}: {' '.join(argv)}: {out} holds a finished {before} ({where}); no --overwrite")
+                seen[out] = (doc, what)
+    assert not clashes, "\n".join(clashes)

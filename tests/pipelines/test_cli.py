@@ -46,13 +46,16 @@ def test_run_writes_outputs_and_a_summary(data_dir):
 
 
 BAD_CONFIGS = [
-        (["--strategy", "nope"], "unknown strategy 'nope'; valid strategies: asymre, bypass_pg_geo_rs, bypass_pg_geo_rs_seq_tis,"),
+        (["--strategy", "nope"], "unknown strategy 'nope'; `rescore strategies` lists all "),
+        (["--strategy", "grpoo"], "unknown strategy 'grpoo' (did you mean 'grpo', 'rloo' or 'gdpo'?); `rescore strategies` lists all "),
         (["--strategy", "grpo", "--set", "gamma=1"], "unknown parameter 'gamma' for strategy 'grpo'; valid parameters:"),
         (["--strategy", "grpo", "--set", "std_cal_level=global"], "parameter 'std_cal_level' must be one of group, batch"),
         (["--strategy", "grpo", "--set", "epsilon"], "--set expects KEY=VALUE"),
-        (["--strategy", "grpo", "--runnr=x"], "unknown option '--runnr'"),
+        (["--strategy", "grpo", "--runnr=x"], "unknown option --runnr (did you mean --runner?)"),
         (["--strategy", "grpo", "--buckets", "0"], "--buckets must be a positive integer"),
-        ([], "no strategy: pass --strategy NAME or --algorithm NAME"),
+        ([], "no strategy: pass --strategy NAME or --algorithm NAME (`rescore strategies` lists all "),
+        # a misspelt flag is named as such, before the strategy it was meant to give is missed
+        (["--stratgy", "grpo"], "unknown option --stratgy (did you mean --strategy?)"),
         (["--strategy", "grpo,reward_variance"], "strategies run in the order filter, advantage, duplicate"),
         (["--strategy", "grpo,opmd"], "at most one advantage strategy per run"),
         (["--strategy", "reward_variance,duplicate_informative", "--set", "variance_threshold=1"],

@@ -55,7 +55,7 @@ def test_first_hour_smalls(sample, tmp_path, monkeypatch, capsys):
         f"rescore: error: no input files match '{csvs}': {csvs} holds 2 other files (.csv: a.csv, b.csv); "
         "Rescore reads Parquet files (*.parquet), or --input-table / --input-format for SQL buffers and verl dumps")
     (code, err) = runs[1]
-    assert code == 2 and err.startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?); valid strategies: ")
+    assert code == 2 and err.startswith("rescore: error: unknown strategy 'GRPO' (did you mean 'grpo'?); `rescore strategies` lists all ")
     (code, err) = runs[2]
     assert code == 2 and "unknown algorithm 'Multi_Step_GRPO' (did you mean 'multi_step_grpo'?)" in err, err
     (code, err) = runs[3]

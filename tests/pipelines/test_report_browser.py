@@ -35,6 +35,9 @@ window.addEventListener("load", () => {
       .filter((e) => !inBox(e) && e.getBoundingClientRect().right > d.clientWidth + 1)
       .map((e) => e.tagName + (e.className ? "." + e.className : "")),
     boxes: [...document.querySelectorAll(".scroll")].map((e) => e.getBoundingClientRect().right <= d.clientWidth + 1),
+    wide: [...document.querySelectorAll("table.wrap")]
+      .filter((t) => t.getBoundingClientRect().width > t.parentElement.clientWidth + 1).map((t) => t.id),
+    batches: document.querySelectorAll("table#batches.wrap").length,
   };
   const pre = document.createElement("pre");
   pre.id = "rescore-probe";
@@ -104,6 +107,8 @@ def test_report_in_chromium(tmp_path, name, batches, tasks, runs, strategy, extr
     assert found["scrollWidth"] <= found["clientWidth"] == WIDTH, found  # no horizontal scroll bar
     assert found["outside"] == [], found  # only the tables' own scroll boxes may be wider inside
     assert all(found["boxes"]), found
+    # the per-batch table (a dozen metric columns) fits the page: no sideways scrolling inside its box
+    assert found["batches"] == 1 and found["wide"] == [], found
     with open(shot, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(shot) > 50_000  # a rendered page, not a blank one

@@ -38,8 +38,8 @@ def _rows(batches: int, string_tasks: bool) -> list[dict]:
 
 def _tables(page: str) -> dict[str, list[list[str]]]:
     out = {}
-    for name, body in re.findall(r'<table id="(\w+)">(.*?)</table>', page, flags=re.S):
-        out[name] = [[html.unescape(c) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, flags=re.S)]
+    for name, body in re.findall(r'<table id="(\w+)"[^>]*>(.*?)</table>', page, flags=re.S):
+        out[name] = [[html.unescape(c.replace("<wbr>", "")) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, flags=re.S)]
                      for row in re.findall(r"<tr>(.*?)</tr>", body, flags=re.S)]
     return out
 

@@ -49,10 +49,15 @@ def test_the_parser_is_the_table():
     assert model == {flag for m in MODEL_FLAGS for flag in m.flags}
     assert [m.key for m in MODEL_FLAGS] == list(YAML_KEYS) and set(YAML_KEYS) == {f.name for f in fields(ModelOptions)}
     assert (YAML_KEYS["batch_size"], YAML_KEYS["entropy"], YAML_KEYS["reward_fn_timeout"]) == (int, bool, float)
-    # the steps' options are a group of their own in --help
-    steps = next(g for g in p._action_groups if g.title == options.STEP_GROUP)
-    assert {o for a in steps._group_actions for o in a.option_strings} == {
-        flag for f in fields(StepSettings) for flag in flags_of(f)}
+    # --help's groups: the common options, then HELP_GROUPS' headings, each option in one of them
+    # (none is left for the catch-all group while the headings cover every declared option)
+    titled = {g.title: {o for a in g._group_actions for o in a.option_strings} for g in p._action_groups if g._group_actions}
+    assert list(titled)[0] == "common options"
+    assert options.OTHER_GROUP not in titled
+    grouped = {name for _, names in options.HELP_GROUPS for name in names} | set(options.COMMON_OPTIONS)
+    assert grouped == {f.name for f in table() if flags_of(f)}
+    for title, names in options.HELP_GROUPS:
+        assert titled[title] == {flag for f in table() if f.name in names for flag in flags_of(f)}, title
 
 
 def test_the_yaml_keys_and_their_types_are_the_table():

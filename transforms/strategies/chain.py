@@ -305,7 +305,7 @@ def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyCha
     must be qualified. Raises ConfigError on anything off.
     """
     if not strategies:
-        raise ConfigError(f"no strategy; valid strategies: {', '.join(names())}")
+        raise ConfigError(f"no strategy (`rescore strategies` lists all {len(names())})")
     specs = [spec(n) for n in strategies]
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy appears twice in {','.join(strategies)}")

@@ -162,20 +162,36 @@ def names() -> list[str]:
 
 
 def close_match(name: str, choices) -> str | None:
-    """The choice `name` most likely meant: the same but for case (`GRPO`), else the closest by
-    difflib, also ignoring case; None when nothing is close."""
+    """The choice `name` most likely meant (close_matches' first), or None when nothing is close."""
+    hints = close_matches(name, choices, n=1)
+    return hints[0] if hints else None
+
+
+def close_matches(name: str, choices, n: int = 3) -> list[str]:
+    """Up to `n` choices `name` may have meant, nearest first: the same but for case alone when
+    there is one (`GRPO`), else the closest by difflib, ignoring case."""
     by_lower = {c.lower(): c for c in choices}
     if name.lower() in by_lower:
-        return by_lower[name.lower()]
-    hint = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
-    return by_lower[hint[0]] if hint else None
+        return [by_lower[name.lower()]]
+    return [by_lower[h] for h in difflib.get_close_matches(name.lower(), list(by_lower), n=n)]
+
+
+def did_you_mean(hints: list[str]) -> str:
+    """' (did you mean 'a'?)', ' (did you mean 'a', 'b' or 'c'?)', or '' for no hint."""
+    if not hints:
+        return ""
+    quoted = [repr(h) for h in hints]
+    return f" (did you mean {quoted[0] if len(quoted) == 1 else ', '.join(quoted[:-1]) + ' or ' + quoted[-1]}?)"
 
 
 def spec(name: str) -> StrategySpec:
+    """The strategy `name`; an unknown name is a ConfigError naming the nearest ones (never all
+    of them: `rescore strategies` lists those)."""
     if name not in _REGISTRY:
-        hint = close_match(name, names())
-        did_you_mean = f" (did you mean {hint!r}?)" if hint else ""
-        raise ConfigError(f"unknown strategy {name!r}{did_you_mean}; valid strategies: {', '.join(names())}")
+        raise ConfigError(
+            f"unknown strategy {name!r}{did_you_mean(close_matches(name, names()))}; "
+            f"`rescore strategies` lists all {len(_REGISTRY)}"
+        )
     return _REGISTRY[name]
 
 
