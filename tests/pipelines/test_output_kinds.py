@@ -40,7 +40,7 @@ def test_each_command_refuses_another_commands_output_naming_it(sample_input, tm
             f"rescore: error: --output {directory} holds {found}: each command writes to a directory of its own; "
             "pick another --output"], (argv, err)
     # nothing was mixed in: each directory holds its own command's files only
-    assert sorted(os.listdir(stats)) == ["_SUCCESS", "task_batch_stats.parquet", "task_stats.json", "task_stats.parquet"]
-    assert sorted(os.listdir(sft)) == ["_SUCCESS", "export.json", "sft.parquet"]
+    assert sorted(os.listdir(stats)) == ["_SUCCESS", "_rescore_files.json", "task_batch_stats.parquet", "task_stats.json", "task_stats.parquet"]
+    assert sorted(os.listdir(sft)) == ["_SUCCESS", "_rescore_files.json", "export.json", "sft.parquet"]
     assert not {"task_stats.json", "export.json", "sft.parquet", "dpo.parquet"} & set(os.listdir(scored))
     assert "metrics.json" in os.listdir(scored) and "_SUCCESS" in os.listdir(scored)
