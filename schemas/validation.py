@@ -60,11 +60,45 @@ def _integers_within(values, low: int, high: int) -> bool:
     return low <= bounds["min"].as_py() and bounds["max"].as_py() <= high
 
 
+def logprob_needs(needs: tuple[str, ...], names) -> list[str]:
+    """The log-prob list columns among `needs` that the table has: every log-prob column a
+    strategy names ends in 'logprobs' (`logprobs`, `teacher_logprobs`, the behaviour policy's
+    `logprobs_original`, a reference model's `ref_logprobs`; the catalog refuses other names)."""
+    return [n for n in dict.fromkeys(needs) if not n.startswith("@") and n.endswith("logprobs") and n in names]
+
+
+def _check_logprob_values(out: _Reasons, n: int, name: str, fl: FlatList) -> None:
+    """Reject the rows of `fl` (a log-prob list column) holding NaN, +-inf or a value > 0."""
+    values = fl.values
+    if len(values) == 0:
+        return
+    if not pa.types.is_floating(values.type) and not pa.types.is_integer(values.type):  # pragma: no cover - schema check
+        return
+    numbers = np.asarray(_np(pc.cast(values, pa.float64()).fill_null(0.0)), dtype=np.float64)
+    finite = np.isfinite(numbers)
+    if finite.all() and numbers.max(initial=-np.inf) <= 0.0:
+        return
+    row_of = row_of_value(fl.offsets)
+    for bad, what in (
+        (np.isnan(numbers), "NaN"), (np.isposinf(numbers), "+inf"), (np.isneginf(numbers), "-inf"), (finite & (numbers > 0), None),
+    ):
+        if not bad.any():
+            continue
+        first = np.full(n, -1, dtype=np.int64)  # each row's first such value, for its reason
+        at = np.flatnonzero(bad)[::-1]
+        first[row_of[at]] = at
+        rows = first >= 0
+        if what is None:
+            out.add(rows, lambda i, name=name, first=first: f"bad_logprobs: {name} holds {float(numbers[first[i]])!r} > 0 (a log-probability is <= 0)")
+        else:
+            out.add(rows, lambda i, name=name, what=what: f"bad_logprobs: {name} contain {what}")
+
+
 def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
     """Validate every row of `table` (whose schema already passed validate_file_schema).
 
-    `needs`: optional columns the strategy uses; their values are checked too (NaN logprobs,
-    null or non-0/1 `expert`)."""
+    `needs`: optional columns the strategy uses; their values are checked too (log-probs that
+    are not finite or above 0, null or non-0/1 `expert`)."""
     n = table.num_rows
     names = table.column_names
     out = _Reasons(n)
@@ -143,33 +177,30 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
                 bad_rows[row_of_value(fl.offsets)[bad_values]] = True
                 out.add(bad_rows, lambda i: "bad_action_mask: action_mask values must be 0 or 1")
 
-    for name in ("logprobs", "teacher_logprobs"):
-        if name not in needs:
-            continue
-        if name not in lists:  # pragma: no cover - the file check refuses this first
-            raise ValueError(f"the strategy needs {name} but the table has none")
-        fl = lists[name]
-        values = np.asarray(_np(fl.values), dtype=np.float64)
-        nan = np.isnan(values)
-        if nan.any():
-            bad_rows = np.zeros(n, dtype=bool)
-            bad_rows[row_of_value(fl.offsets)[nan]] = True
-            out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN")
-
-    for name in needs:  # a reference model's log-probs (kl_penalty): aligned with the response, no NaN
-        if not name.endswith("ref_logprobs") or name not in names:
-            continue
-        fl = flat_list(table[name])
-        out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
-        other = np.where(fl.valid, fl.lengths, -1)
-        mismatch = (other >= 0) & (response_length != other) & ~out.bad
-        out.add(mismatch, lambda i, name=name, other=other: f"length_mismatch: the response has {response_length[i]} tokens but {name} has {other[i]}")
-        values = np.asarray(_np(fl.values), dtype=np.float64)
-        holes = np.isnan(values) | np.asarray(fl.values.is_null().to_numpy(zero_copy_only=False), dtype=bool) if len(values) else np.zeros(0, bool)
-        if holes.any():
-            bad_rows = np.zeros(n, dtype=bool)
-            bad_rows[row_of_value(fl.offsets)[holes]] = True
-            out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN or null")
+    for name in logprob_needs(needs, names):
+        # Log-probs a stage reads (the policy's, the behaviour policy's, a reference or teacher
+        # model's): aligned with the response, every value finite and <= 0. Anything else
+        # (NaN, +-inf, a log-probability above 0) is an input error of the row, never a number
+        # for the math: each stage that reads them (rollout correction, kl_penalty, token
+        # baselines, clipb, distillation) sees only rows that pass here.
+        fl = lists.get(name)
+        if fl is None:  # not a list checked above (a behaviour or reference column)
+            fl = flat_list(table[name])
+            out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
+            other = np.where(fl.valid, fl.lengths, -1)
+            mismatch = (other >= 0) & (response_length != other) & ~out.bad
+            out.add(
+                mismatch,
+                lambda i, name=name, other=other: (
+                    f"length_mismatch: the response has {response_length[i]} tokens but {name} has {other[i]}"
+                ),
+            )
+            if fl.values.null_count:
+                holes = np.asarray(fl.values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+                rows = np.zeros(n, dtype=bool)
+                rows[row_of_value(fl.offsets)[holes]] = True
+                out.add(rows, lambda i, name=name: f"null_value: {name} has a null element")
+        _check_logprob_values(out, n, name, fl)
 
     if "expert" in needs and "expert" in names:
         expert = table["expert"]

@@ -128,7 +128,30 @@ def mean_std(rows: int, reward_sum: int, reward_squares: int) -> tuple[float, fl
     # sum((x - mean)^2) = Q - S^2 / n, exact in rationals
     ss = Fraction(reward_squares, 1 << (2 * SCALE)) - Fraction(reward_sum * reward_sum, rows << (2 * SCALE))
     var = ss / (rows - 1)
-    return float(mean), math.sqrt(float(var)) if var > 0 else 0.0
+    return float(mean), sqrt_fraction(var)
+
+
+def sqrt_fraction(x: Fraction) -> float | None:
+    """sqrt(x) of an exact non-negative rational, as a float: the true std of finite rewards
+    fits a float even where their variance does not (rewards 1e200, -1e200, 0: variance 1e400,
+    std 1e200), nor underflows where it is below the smallest normal; None where the std itself
+    passes the float range (|rewards| near 1.8e308)."""
+    if x <= 0:
+        return 0.0
+    try:
+        f = float(x)
+    except OverflowError:
+        f = math.inf
+    if math.isfinite(f) and f >= 2.0**-1000:  # the variance is a normal float: as always
+        return math.sqrt(f)
+    p, q = x.numerator, x.denominator
+    k = max(0, (128 - (p.bit_length() - q.bit_length())) // 2 + 1)  # 64+ significant bits
+    root = math.isqrt((p << (2 * k)) // q)  # floor(sqrt(x) * 2**k)
+    drop = max(0, root.bit_length() - 64)
+    try:
+        return math.ldexp(float(root >> drop), drop - k)
+    except OverflowError:
+        return None
 
 
 def group_row(task: Any, batch: int, g: GroupSummary, ks: tuple[int, ...], exact: bool = False) -> dict[str, Any]:
@@ -190,7 +213,11 @@ def task_row(task: Any, groups: dict[int, GroupSummary], ks: tuple[int, ...], la
         row[f"pass_at_{k}"] = float(sum(values, Fraction(0)) / len(values)) if values else None
         row[f"pass_at_{k}_groups"] = len(values)
     alpha, beta = beta_posterior(list(groups.items()), lamb, beta_m)
-    row.update(beta_alpha=alpha, beta_beta=beta, beta_mean=alpha / (alpha + beta))
+    with_beta = math.isfinite(alpha) and math.isfinite(beta) and alpha + beta != 0 and math.isfinite(alpha + beta)
+    # Rewards far outside [0, 1] (the estimator's domain) can take it past the float range:
+    # then the three values are null, never inf or NaN.
+    row.update(beta_alpha=alpha if with_beta else None, beta_beta=beta if with_beta else None,
+               beta_mean=alpha / (alpha + beta) if with_beta else None)
     return row
 
 
