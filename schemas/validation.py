@@ -60,11 +60,47 @@ def _integers_within(values, low: int, high: int) -> bool:
     return low <= bounds["min"].as_py() and bounds["max"].as_py() <= high
 
 
+LOGPROB_SUFFIXES = ("logprobs", "logprobs_original")
+
+
+def _not_utf8(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """(n,) bool: the rows of a string column whose bytes are not valid UTF-8; None where every
+    value is (one validating pass in Arrow; the values are only decoded one by one where one is
+    not)."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return None
+    try:
+        column.validate(full=True)
+        return None
+    except pa.ArrowInvalid:
+        pass
+    bad = []
+    for value in column.cast(pa.large_binary()).to_pylist():
+        try:
+            bad.append(value is not None and value.decode("utf-8") is None)
+        except UnicodeDecodeError:
+            bad.append(True)
+    return np.asarray(bad, dtype=bool)
+
+
+def readable_text(table: pa.Table) -> pa.Table:
+    """`table` with every string value that is not valid UTF-8 decoded with U+FFFD in place of
+    the bad bytes (the row's reason keeps them), so that any reader can open what is written."""
+    for i, field in enumerate(table.schema):
+        bad = _not_utf8(table.column(i))
+        if bad is None:
+            continue
+        fixed = [None if v is None else v.decode("utf-8", "replace") for v in table.column(i).cast(pa.large_binary()).to_pylist()]
+        table = table.set_column(i, field, pa.array(fixed, pa.large_string()).cast(field.type))
+    return table
+
+
 def logprob_needs(needs: tuple[str, ...], names) -> list[str]:
     """The log-prob list columns among `needs` that the table has: every log-prob column a
-    strategy names ends in 'logprobs' (`logprobs`, `teacher_logprobs`, the behaviour policy's
-    `logprobs_original`, a reference model's `ref_logprobs`; the catalog refuses other names)."""
-    return [n for n in dict.fromkeys(needs) if not n.startswith("@") and n.endswith("logprobs") and n in names]
+    strategy names ends in 'logprobs' or 'logprobs_original' (`logprobs`, `teacher_logprobs`,
+    the behaviour policy's `logprobs_original`, a reference model's `ref_logprobs`; the catalog
+    refuses other names)."""
+    return [n for n in dict.fromkeys(needs) if not n.startswith("@") and n.endswith(LOGPROB_SUFFIXES) and n in names]
 
 
 def _check_logprob_values(out: _Reasons, n: int, name: str, fl: FlatList) -> None:
@@ -107,6 +143,16 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
         if name in names:
             nulls = _np(table[name].is_null())
             out.add(nulls, lambda i, name=name: f"null_value: {name} is null")
+
+    # Text the job compares (the task id, a string column a strategy reads) must be UTF-8: a
+    # row holding other bytes is rejected with them, never a failed run.
+    for name in ("task", *needs):
+        if name in names and not name.startswith("@"):
+            bad = _not_utf8(table[name])
+            if bad is not None:
+                raw = table[name].cast(pa.large_binary()).to_pylist()
+                category = "bad_task" if name == "task" else "bad_value"
+                out.add(bad, lambda i, name=name, raw=raw, category=category: f"{category}: {name} is not valid UTF-8 ({raw[i][:60]!r})")
 
     if "reward" in names:
         reward = _np(pc.cast(table["reward"], pa.float64()).fill_null(0.0))

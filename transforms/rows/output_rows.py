@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import torch
 
 from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
+from rescore.schemas.validation import readable_text
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.rows import strategy_columns
@@ -189,7 +190,7 @@ def rejected_rows(table: pa.Table, rec: pa.Table, schemas: OutputSchemas) -> pa.
         return None
     rejected = table.take(pa.array(bad)).select(schemas.rejected.names[:-1])
     rejected = rejected.append_column(REJECT_REASON, pa.array(rejected_reasons(rec), pa.string()))
-    return rejected.replace_schema_metadata(schemas.rejected.metadata)
+    return readable_text(rejected).replace_schema_metadata(schemas.rejected.metadata)  # (a bad_task row's bytes)
 
 
 def unit_metrics(rec: pa.Table, copied_batch: pa.Array) -> pa.Table:
