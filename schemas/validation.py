@@ -268,6 +268,8 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
         if name in _NOT_SCALAR or name not in names or (name != need and need not in (f"@optional:{name}", f"@nullable:{name}")):
             continue
         column = table[name]
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            continue  # a token column (log-probs: checked above)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
             continue  # a null status or state id means "none" (Trinity's info.get(key) is None)
         if name == need:
