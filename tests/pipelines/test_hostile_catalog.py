@@ -247,3 +247,38 @@ def test_the_catalog_is_read_from_the_registry():
     listed = {line.split()[0] for line in buf.getvalue().splitlines() if line.startswith("  ")}
     assert listed == {e for e, _ in ENTRIES if not e.startswith("algorithm:")}
     assert {registry.spec(e).kind for e in QUICK if not e.startswith("algorithm:")} == {*registry.KINDS, registry.SHAPE}
+
+
+@st.composite
+def rewards_table(draw) -> pa.Table:
+    sizes = draw(st.lists(st.integers(1, 5), min_size=1, max_size=4))
+    rows = [{"batch": g % 2, "task": ["buckeroo", "plumless", "q"][g % 3], "run": r, "step": 0,
+             "reward": draw(st.sampled_from(HOSTILE) | st.floats(-10, 10))} for g, size in enumerate(sizes) for r in range(size)]
+    return pa.Table.from_pylist(rows)
+
+
+@settings(max_examples=3, derandomize=True, deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(table=rewards_table())
+def test_task_stats_of_hostile_rewards_publishes_only_finite_numbers(tmp_path, capsys, table):
+    """`rescore task-stats` on the same hostile rewards: exit 0, every number it writes finite
+    (or null), task_stats.json strict JSON; the rows it leaves out are the non-finite ones."""
+    from rescore.pipelines.cli import main
+
+    work = tmp_path / "stats-run"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "in").mkdir(parents=True)
+    pq.write_table(table, str(work / "in" / "part-0.parquet"))
+    capsys.readouterr()
+    code = main(["task-stats", "--input", str(work / "in"), "--output", str(work / "out"), RUNNER])
+    assert code == 0, capsys.readouterr().err
+    for name in ("task_stats.parquet", "task_batch_stats.parquet"):
+        for column in (t := pq.read_table(str(work / "out" / name))).column_names:
+            if pa.types.is_floating(t[column].type):
+                bad = [v for v in t[column].to_pylist() if v is not None and not math.isfinite(v)]
+                assert not bad, f"{name}: {column} holds {bad}"
+    with open(work / "out" / "task_stats.json", encoding="utf-8") as f:
+        doc = _strict(f.read())
+    assert all(math.isfinite(v) for _, v in _numbers(doc))
+    finite = sum(1 for v in table["reward"].to_pylist() if math.isfinite(v))
+    assert sum(pq.read_table(str(work / "out" / "task_stats.parquet"))["rows"].to_pylist()) == finite
