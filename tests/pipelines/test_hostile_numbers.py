@@ -207,3 +207,22 @@ def test_a_task_that_is_not_utf8_is_a_rejected_row(tmp_path, rescore):
     rows = pq.read_table(rejected).to_pylist()  # readable: the bytes are in the reason
     assert {r["task"] for r in rows} == {"bad\ufffd"}
     assert {r["reject_reason"] for r in rows} == {"bad_task: task is not valid UTF-8 (b'bad\\xff')"}
+
+
+@pytest.mark.slow
+def test_a_verifier_number_that_is_no_float_gets_one_answer_on_both_paths(tmp_path, monkeypatch):
+    """The worker process (--reward-fn-timeout > 0) and the call in the step (0) answer alike."""
+    from rescore.transforms.verifier import VerifierProcess, call_reward_fn, load_reward_fn
+
+    (tmp_path / "huge_verifier2.py").write_text(VERIFIER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    worker = VerifierProcess("huge_verifier2:huge", 30.0)
+    try:
+        answers = worker([{"task": 1}, {"task": 0}])
+    finally:
+        worker.close()
+    fn = load_reward_fn("huge_verifier2:huge")
+    assert answers == [call_reward_fn(fn, {"task": 1}), call_reward_fn(fn, {"task": 0})]
+    assert answers[0] == (None, "model_reward: reward_fn huge_verifier2:huge returned a int that is not a float64 (OverflowError)")
+    assert answers[1] == (1.0, None)
