@@ -226,3 +226,17 @@ def test_a_verifier_number_that_is_no_float_gets_one_answer_on_both_paths(tmp_pa
     assert answers == [call_reward_fn(fn, {"task": 1}), call_reward_fn(fn, {"task": 0})]
     assert answers[0] == (None, "model_reward: reward_fn huge_verifier2:huge returned a int that is not a float64 (OverflowError)")
     assert answers[1] == (1.0, None)
+
+
+@pytest.mark.parametrize("strategy", ["on_policy_distill", pytest.param("jsd", marks=pytest.mark.slow)])
+def test_a_token_advantage_beyond_float32_rejects_its_row(tmp_path, rescore, strategy):
+    """Log-probs of -1e300 are log-probabilities, but teacher - logprobs = 1e300 is no float32:
+    the row is rejected (non_finite_score), never written as inf under _SUCCESS."""
+    rows = [{"batch": 0, "task": 5, "run": r, "step": 0, "reward": float(r), "tokens": [0, 1, 2], "prompt_length": 1, "action_mask": [1, 1],
+             "logprobs": [-1e300 if r == 0 else -0.5, -0.2], "teacher_logprobs": [-0.1, -0.1]} for r in range(3)]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), str(tmp_path / "in" / "part-0.parquet"))
+    doc, out = rescore(str(tmp_path / "in" / "*.parquet"), "--strategy", strategy, "--max-reject-fraction", "1")
+    assert doc["totals"]["rows_written"] == 2 and doc["totals"]["reject_reasons"] == {"non_finite_score": 1}
+    assert _rejected(out) == {(0, 5, 0): "non_finite_score: advantages is not finite once written (the row's inputs pass the float range)"}
+    _strict(os.path.join(out, "metrics.json"))
