@@ -60,11 +60,81 @@ def _integers_within(values, low: int, high: int) -> bool:
     return low <= bounds["min"].as_py() and bounds["max"].as_py() <= high
 
 
+LOGPROB_SUFFIXES = ("logprobs", "logprobs_original")
+
+
+def _not_utf8(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """(n,) bool: the rows of a string column whose bytes are not valid UTF-8; None where every
+    value is (one validating pass in Arrow; the values are only decoded one by one where one is
+    not)."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return None
+    try:
+        column.validate(full=True)
+        return None
+    except pa.ArrowInvalid:
+        pass
+    bad = []
+    for value in column.cast(pa.large_binary()).to_pylist():
+        try:
+            bad.append(value is not None and value.decode("utf-8") is None)
+        except UnicodeDecodeError:
+            bad.append(True)
+    return np.asarray(bad, dtype=bool)
+
+
+def readable_text(table: pa.Table) -> pa.Table:
+    """`table` with every string value that is not valid UTF-8 decoded with U+FFFD in place of
+    the bad bytes (the row's reason keeps them), so that any reader can open what is written."""
+    for i, field in enumerate(table.schema):
+        bad = _not_utf8(table.column(i))
+        if bad is None:
+            continue
+        fixed = [None if v is None else v.decode("utf-8", "replace") for v in table.column(i).cast(pa.large_binary()).to_pylist()]
+        table = table.set_column(i, field, pa.array(fixed, pa.large_string()).cast(field.type))
+    return table
+
+
+def logprob_needs(needs: tuple[str, ...], names) -> list[str]:
+    """The log-prob list columns among `needs` that the table has: every log-prob column a
+    strategy names ends in 'logprobs' or 'logprobs_original' (`logprobs`, `teacher_logprobs`,
+    the behaviour policy's `logprobs_original`, a reference model's `ref_logprobs`; the catalog
+    refuses other names)."""
+    return [n for n in dict.fromkeys(needs) if not n.startswith("@") and n.endswith(LOGPROB_SUFFIXES) and n in names]
+
+
+def _check_logprob_values(out: _Reasons, n: int, name: str, fl: FlatList) -> None:
+    """Reject the rows of `fl` (a log-prob list column) holding NaN, +-inf or a value > 0."""
+    values = fl.values
+    if len(values) == 0:
+        return
+    if not pa.types.is_floating(values.type) and not pa.types.is_integer(values.type):  # pragma: no cover - schema check
+        return
+    numbers = np.asarray(_np(pc.cast(values, pa.float64()).fill_null(0.0)), dtype=np.float64)
+    finite = np.isfinite(numbers)
+    if finite.all() and numbers.max(initial=-np.inf) <= 0.0:
+        return
+    row_of = row_of_value(fl.offsets)
+    for bad, what in (
+        (np.isnan(numbers), "NaN"), (np.isposinf(numbers), "+inf"), (np.isneginf(numbers), "-inf"), (finite & (numbers > 0), None),
+    ):
+        if not bad.any():
+            continue
+        first = np.full(n, -1, dtype=np.int64)  # each row's first such value, for its reason
+        at = np.flatnonzero(bad)[::-1]
+        first[row_of[at]] = at
+        rows = first >= 0
+        if what is None:
+            out.add(rows, lambda i, name=name, first=first: f"bad_logprobs: {name} holds {float(numbers[first[i]])!r} > 0 (a log-probability is <= 0)")
+        else:
+            out.add(rows, lambda i, name=name, what=what: f"bad_logprobs: {name} contain {what}")
+
+
 def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
     """Validate every row of `table` (whose schema already passed validate_file_schema).
 
-    `needs`: optional columns the strategy uses; their values are checked too (NaN logprobs,
-    null or non-0/1 `expert`)."""
+    `needs`: optional columns the strategy uses; their values are checked too (log-probs that
+    are not finite or above 0, null or non-0/1 `expert`)."""
     n = table.num_rows
     names = table.column_names
     out = _Reasons(n)
@@ -73,6 +143,16 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
         if name in names:
             nulls = _np(table[name].is_null())
             out.add(nulls, lambda i, name=name: f"null_value: {name} is null")
+
+    # Text the job compares (the task id, a string column a strategy reads) must be UTF-8: a
+    # row holding other bytes is rejected with them, never a failed run.
+    for name in ("task", *needs):
+        if name in names and not name.startswith("@"):
+            bad = _not_utf8(table[name])
+            if bad is not None:
+                raw = table[name].cast(pa.large_binary()).to_pylist()
+                category = "bad_task" if name == "task" else "bad_value"
+                out.add(bad, lambda i, name=name, raw=raw, category=category: f"{category}: {name} is not valid UTF-8 ({raw[i][:60]!r})")
 
     if "reward" in names:
         reward = _np(pc.cast(table["reward"], pa.float64()).fill_null(0.0))
@@ -143,33 +223,30 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
                 bad_rows[row_of_value(fl.offsets)[bad_values]] = True
                 out.add(bad_rows, lambda i: "bad_action_mask: action_mask values must be 0 or 1")
 
-    for name in ("logprobs", "teacher_logprobs"):
-        if name not in needs:
-            continue
-        if name not in lists:  # pragma: no cover - the file check refuses this first
-            raise ValueError(f"the strategy needs {name} but the table has none")
-        fl = lists[name]
-        values = np.asarray(_np(fl.values), dtype=np.float64)
-        nan = np.isnan(values)
-        if nan.any():
-            bad_rows = np.zeros(n, dtype=bool)
-            bad_rows[row_of_value(fl.offsets)[nan]] = True
-            out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN")
-
-    for name in needs:  # a reference model's log-probs (kl_penalty): aligned with the response, no NaN
-        if not name.endswith("ref_logprobs") or name not in names:
-            continue
-        fl = flat_list(table[name])
-        out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
-        other = np.where(fl.valid, fl.lengths, -1)
-        mismatch = (other >= 0) & (response_length != other) & ~out.bad
-        out.add(mismatch, lambda i, name=name, other=other: f"length_mismatch: the response has {response_length[i]} tokens but {name} has {other[i]}")
-        values = np.asarray(_np(fl.values), dtype=np.float64)
-        holes = np.isnan(values) | np.asarray(fl.values.is_null().to_numpy(zero_copy_only=False), dtype=bool) if len(values) else np.zeros(0, bool)
-        if holes.any():
-            bad_rows = np.zeros(n, dtype=bool)
-            bad_rows[row_of_value(fl.offsets)[holes]] = True
-            out.add(bad_rows, lambda i, name=name: f"bad_logprobs: {name} contain NaN or null")
+    for name in logprob_needs(needs, names):
+        # Log-probs a stage reads (the policy's, the behaviour policy's, a reference or teacher
+        # model's): aligned with the response, every value finite and <= 0. Anything else
+        # (NaN, +-inf, a log-probability above 0) is an input error of the row, never a number
+        # for the math: each stage that reads them (rollout correction, kl_penalty, token
+        # baselines, clipb, distillation) sees only rows that pass here.
+        fl = lists.get(name)
+        if fl is None:  # not a list checked above (a behaviour or reference column)
+            fl = flat_list(table[name])
+            out.add(~fl.valid, lambda i, name=name: f"null_value: {name} is null")
+            other = np.where(fl.valid, fl.lengths, -1)
+            mismatch = (other >= 0) & (response_length != other) & ~out.bad
+            out.add(
+                mismatch,
+                lambda i, name=name, other=other: (
+                    f"length_mismatch: the response has {response_length[i]} tokens but {name} has {other[i]}"
+                ),
+            )
+            if fl.values.null_count:
+                holes = np.asarray(fl.values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+                rows = np.zeros(n, dtype=bool)
+                rows[row_of_value(fl.offsets)[holes]] = True
+                out.add(rows, lambda i, name=name: f"null_value: {name} has a null element")
+        _check_logprob_values(out, n, name, fl)
 
     if "expert" in needs and "expert" in names:
         expert = table["expert"]
@@ -191,6 +268,8 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
         if name in _NOT_SCALAR or name not in names or (name != need and need not in (f"@optional:{name}", f"@nullable:{name}")):
             continue
         column = table[name]
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            continue  # a token column (log-probs: checked above)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
             continue  # a null status or state id means "none" (Trinity's info.get(key) is None)
         if name == need:

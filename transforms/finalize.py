@@ -15,7 +15,7 @@ from rescore.transforms import fault_injection
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import ownership
 from rescore.transforms.input_plan import InputPlan
-from rescore.transforms.rows.metrics import check_accounting, reject_budget_failure, summarize
+from rescore.transforms.rows.metrics import check_accounting, metrics_json, reject_budget_failure, summarize
 from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.unit_store import UnitStoreHandle
@@ -55,7 +55,8 @@ class _Finalize(beam.DoFn):
             fingerprints.verify(unit.path, unit.fingerprint)
         # Publish: only Rescore's own files are replaced, a finished earlier run only at the end.
         staged = [path for _, paths in sorted(files) for path in paths]
-        text = json.dumps(document, indent=2) + "\n"
+        text = metrics_json(document)  # strict JSON: a non-finite metric is null, never NaN
+        document = json.loads(text)
         where = ownership.publish(self._output, staged, text, failed=bool(failure))
         if self._unit_store is not None:  # the launcher's, where this runs in its process
             # The document as the file holds it (JSON: tuples are lists), for the launcher.

@@ -24,7 +24,7 @@ from rescore.transforms.rows.audit import AUDIT_FIELDS, audit_values, filter_rea
 from rescore.transforms.rows.copies import copy_groups
 from rescore.transforms.rows.groups import batch_stats_per_row, duplicate_records, prepare_bucket, to_grouped_rows
 from rescore.transforms.rows.metrics import OFFPOLICY_PREFIX, group_metrics
-from rescore.transforms.rows.outcomes import scored_outcomes
+from rescore.transforms.rows.outcomes import scored_outcomes, unpublishable
 from rescore.transforms.settings import StepSettings
 from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.segments import segment_sum
@@ -113,21 +113,28 @@ class _ScoreBucket(beam.DoFn):
         progress_marks.mark(self._progress, done)
 
         keep = scores.keep.cpu().numpy()
+        score = None if scores.score is None else scores.score.cpu().numpy()
+        token_scale = None if scores.token_scale is None else scores.token_scale.cpu().numpy()
+        shaped = None if scores.reward is None else scores.reward.cpu().numpy()
+        # A kept row whose advantage cannot be written (NaN, inf, beyond float32) is rejected
+        # with the reason, not kept for copies (rows/outcomes.py unpublishable).
+        bad = unpublishable(keep, score, token_scale, shaped)
         yield from scored_outcomes(
             light,
             keep,
-            None if scores.score is None else scores.score.cpu().numpy(),
-            None if scores.token_scale is None else scores.token_scale.cpu().numpy(),
+            score,
+            token_scale,
             reasons=filter_reasons(self._plan, rows, scores) if self._settings.keep_filtered and not keep.all() else None,
             audit=audit_values(self._plan, rows, scores, per_row_stats) if self._settings.audit_columns else None,
             audit_fields=AUDIT_FIELDS,
-            reward=None if scores.reward is None else scores.reward.cpu().numpy(),
+            reward=shaped,
             row_tokens=scores.row_tokens,
             is_norm=None if scores.is_norm is None else scores.is_norm.cpu().numpy(),
         )
         yield beam.pvalue.TaggedOutput(self.METRICS, self._metrics(rows, scores))
         if scores.informative is not None:
-            kept = segment_sum(scores.keep, rows.offsets).cpu().numpy()
+            still = scores.keep if bad is None else scores.keep & torch.as_tensor(~bad, device=scores.keep.device)
+            kept = segment_sum(still, rows.offsets).cpu().numpy()
             for item in copy_groups(light, rows.offsets.cpu().numpy(), kept, scores.informative.cpu().numpy()):
                 yield beam.pvalue.TaggedOutput(self.COPY_GROUPS, item)
 

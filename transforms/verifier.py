@@ -84,9 +84,13 @@ def call_reward_fn(reward_fn: RewardFn, values: dict[str, Any]) -> tuple[float |
         return None, f"model_reward: reward_fn {reward_fn.spec} raised {type(e).__name__}{': ' + first if first else ''}"
     if isinstance(result, bool) or not isinstance(result, (int, float, np.floating, np.integer)):
         return None, f"model_reward: reward_fn {reward_fn.spec} returned {type(result).__name__}, not a number"
-    if not math.isfinite(float(result)):
-        return None, f"model_reward: reward_fn {reward_fn.spec} returned {float(result)}"
-    return float(result), None
+    try:  # one rule for the worker process and --reward-fn-timeout 0: this call, never the caller
+        value = float(result)
+    except Exception as e:  # noqa: BLE001  (10**400: OverflowError; a number type whose float() raises)
+        return None, f"model_reward: reward_fn {reward_fn.spec} returned a {type(result).__name__} that is not a float64 ({type(e).__name__})"
+    if not math.isfinite(value):
+        return None, f"model_reward: reward_fn {reward_fn.spec} returned {value}"
+    return value, None
 
 
 # --- the worker process ------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from rescore.transforms.rows.output_rows import (
     filtered_rows,
     output_schemas,
     rejected_rows,
-    scored_rows,
+    written_rows,
     shaped_schema,
     shaped_table,
     unit_metrics,
@@ -120,7 +120,7 @@ class _WriteUnit(beam.DoFn):
         table = conform(self._store.read_back(unit), self._plan.schema)
         if self._scoring.shaping:  # the shaped reward is written; the input's as reward_original
             table = shaped_table(table, rec, self._schema)
-        scored, copied_batch = scored_rows(
+        scored, copied_batch, rec = written_rows(  # (rows with an unwritable number: rejected)
             table, rec, self._schemas, self._scoring, copy_plans, self._plan.task_type, self._device
         )
         files = self._write_scored(scored, unit_index)

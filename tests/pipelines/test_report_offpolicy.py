@@ -22,7 +22,7 @@ def _input(tmp_path) -> str:
     rows = random_rows(5, batches=3, max_tasks=4)
     rng = random.Random(5)
     for r in rows:
-        r["logprobs_original"] = [float(f"{lp + rng.gauss(0, 0.3):.6g}") for lp in r["logprobs"]]
+        r["logprobs_original"] = [min(0.0, float(f"{lp + rng.gauss(0, 0.3):.6g}")) for lp in r["logprobs"]]  # log-probs: <= 0
     return write_parquet(rows, str(tmp_path / "in"), files=1, schema=SCHEMA)
 
 

@@ -249,7 +249,7 @@ def test_algorithm_preset_runs_from_the_command_line(tmp_path, rescore):
 def test_on_policy_distill_token_advantages(tmp_path, rescore):
     rows = multi_step_rows(9)
     for i, r in enumerate(rows):
-        r["teacher_logprobs"] = [x + 0.25 * ((i + j) % 3) for j, x in enumerate(r["logprobs"])]
+        r["teacher_logprobs"] = [min(0.0, x + 0.25 * ((i + j) % 3)) for j, x in enumerate(r["logprobs"])]  # log-probs: <= 0
     rows[0]["teacher_logprobs"] = rows[0]["teacher_logprobs"] + [-1.0]  # wrong length: rejected
     schema = SCHEMA_MULTI_STEP.append(pa.field("teacher_logprobs", pa.list_(pa.float32())))
     glob = write_parquet(rows, str(tmp_path / "in"), files=2, row_group_size=9, schema=schema)

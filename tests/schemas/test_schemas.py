@@ -125,7 +125,7 @@ def test_tokens_and_prompt_length_give_the_response_length():
 
 
 def test_nan_logprobs_only_matter_when_the_strategy_ranks():
-    t = _table(reward=[1.0, 2.0], logprobs=[[float("nan")], [0.1]])
+    t = _table(reward=[1.0, 2.0], logprobs=[[float("nan")], [-0.1]])
     assert check_rows(t).ok.all()
     check = check_rows(t, needs=("logprobs",))
     assert check.ok.tolist() == [False, True] and check.reasons[0] == "bad_logprobs: logprobs contain NaN"

@@ -71,7 +71,7 @@ def random_batches(seed: int, *, batches: int = 3, min_group: int = 1, multi_tur
                             "step": step,
                             "reward": reward,
                             "logprobs": logprobs,
-                            "teacher_logprobs": [x + rng.uniform(-1, 1) for x in logprobs],
+                            "teacher_logprobs": [min(0.0, x + rng.uniform(-1, 1)) for x in logprobs],  # log-probs: <= 0
                             "action_mask": mask,
                             "acc": float(rng.random() > 0.5) if kind >= 0.2 else 1.0,
                             "fmt": rng.choice([0.0, 0.5, 1.0]),

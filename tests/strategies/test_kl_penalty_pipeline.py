@@ -49,7 +49,8 @@ def _rows(seed: int) -> list[dict]:
     rng = random.Random(seed)
     for r in rows:
         # ratios up to e^+-25 on some tokens: low_var_kl's clamps are reached
-        r["ref_logprobs"] = [float(f"{lp + (rng.choice([-25.0, 25.0]) if rng.random() < 0.05 else rng.gauss(0, 0.5)):.6g}") for lp in r["logprobs"]]
+        # (log-probabilities, so never above 0: a row holding one is rejected, bad_logprobs)
+        r["ref_logprobs"] = [min(0.0, float(f"{lp + (rng.choice([-25.0, 25.0]) if rng.random() < 0.05 else rng.gauss(0, 0.5)):.6g}")) for lp in r["logprobs"]]
     return rows
 
 

@@ -24,7 +24,7 @@ def _rows(seed: int) -> list[dict]:
     rng = random.Random(seed)
     for r in rows:
         sd = 0.6 if rng.random() < 0.4 else 0.05
-        r["logprobs_original"] = [float(f"{lp + rng.gauss(0, sd):.6g}") for lp in r["logprobs"]]
+        r["logprobs_original"] = [min(0.0, float(f"{lp + rng.gauss(0, sd):.6g}")) for lp in r["logprobs"]]  # log-probs: <= 0
     return rows
 
 

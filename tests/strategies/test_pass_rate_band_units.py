@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from rescore.transforms.rows.keys import task_hash
+from rescore.transforms.rows.task_stats import history_rates
+from rescore.transforms.strategies.features import TASK_HISTORY_COLUMN
 from rescore.transforms.strategies import ConfigError, create
 from rescore.transforms.strategies.base import GroupedRows
 
 
-def _rows(groups):
-    """groups: [(task, [rewards])] -> GroupedRows, one batch."""
+def _rows(groups, task_stats=None):
+    """groups: [(task, [rewards])] -> GroupedRows, one batch; with `task_stats`, each row's
+    task pass rate from that table as the row layer matches it (rows/task_stats.py)."""
     reward = [r for _, rs in groups for r in rs]
     sizes = [len(rs) for _, rs in groups]
     tasks = pa.array([t for t, rs in groups for _ in rs], pa.int64())
@@ -21,7 +24,8 @@ def _rows(groups):
     return GroupedRows(
         reward=torch.tensor(reward, dtype=torch.float64), offsets=torch.tensor(np.concatenate([[0], np.cumsum(sizes)])),
         batch=torch.zeros(n, dtype=torch.int64), run=torch.arange(n), step=torch.zeros(n, dtype=torch.int64),
-        action_tokens=torch.ones(n, dtype=torch.int64), task_key=torch.as_tensor(task_hash(tasks).view(np.int64)))
+        action_tokens=torch.ones(n, dtype=torch.int64), task_key=torch.as_tensor(task_hash(tasks).view(np.int64)),
+        columns={} if task_stats is None else {TASK_HISTORY_COLUMN: torch.as_tensor(history_rates(tasks, task_stats))})
 
 
 GROUPS = [(1, [1, 0, 0, 0]), (2, [1, 1, 0, 0]), (3, [1, 1, 1, 0]), (4, [1, 1, 1, 1]), (5, [0.5, 0.5, 0.5, 0.5])]
@@ -39,7 +43,7 @@ def test_history_band_reads_the_table(tmp_path, unseen):
     pq.write_table(pa.table({"task": pa.array([1, 2, 3, 4], pa.int64()), "pass_rate": [0.9, 0.5, 0.1, 0.3]}),
                    tmp_path / "task_stats.parquet")
     s = create("pass_rate_band", {"lo": 0.2, "hi": 0.6, "task_stats": str(tmp_path), "unseen": unseen})
-    keep = s.score(_rows(GROUPS), None).keep.tolist()
+    keep = s.score(_rows(GROUPS, str(tmp_path)), None).keep.tolist()
     assert keep == [False] * 4 + [True] * 4 + [False] * 4 + [True] * 4 + [unseen == "keep"] * 4
 
 

@@ -128,7 +128,7 @@ def _with_behaviour(rows: list[dict], seed: int, sd: float, calm: float | None =
     rng = random.Random(seed)
     for r in rows:
         sd_row = sd if calm is None or rng.random() < 0.3 else calm
-        r["logprobs_original"] = [float(f"{lp + (rng.gauss(0, sd_row) if k else 0.0):.6g}") for k, lp in enumerate(r["logprobs"])]
+        r["logprobs_original"] = [min(0.0, float(f"{lp + (rng.gauss(0, sd_row) if k else 0.0):.6g}")) for k, lp in enumerate(r["logprobs"])]  # log-probs: <= 0
     return rows
 
 

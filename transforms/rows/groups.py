@@ -14,7 +14,7 @@ import torch
 
 from rescore.errors import GroupTooLarge
 from rescore.transforms.rows.tensors import to_device
-from rescore.transforms.rows.keys import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, task_hash
+from rescore.transforms.rows.keys import EXTRA_PREFIX, ID_KEYS, SORT_KEYS, split_by, string_codes, task_hash
 from rescore.transforms.rows.outcomes import REJECTED, records
 from rescore.schemas.lists import flat_list
 from rescore.transforms.strategies import GroupedRows
@@ -75,13 +75,21 @@ def to_grouped_rows(light: pa.Table, device: torch.device) -> GroupedRows:
         response_length=t("response_length", np.int64) if "response_length" in names else None,
         last_action=t("last_action", bool) if "last_action" in names else None,
         task_key=to_device(task_hash(light["task"].combine_chunks()).view(np.int64), device),
-        columns={
-            n[len(EXTRA_PREFIX) :]: t(n, np.int64 if pa.types.is_integer(light.schema.field(n).type) else np.float64)
-            for n in names
-            if n.startswith(EXTRA_PREFIX) and n not in lists
-        },
+        columns={n[len(EXTRA_PREFIX) :]: _scalar_column(light, n, device) for n in names if n.startswith(EXTRA_PREFIX) and n not in lists},
         token_columns={n[len(EXTRA_PREFIX) :]: _token_column(light[n]) for n in lists},
     )
+
+
+def _scalar_column(light: pa.Table, name: str, device: torch.device):
+    """A light scalar column as a tensor: float64 numbers, int64 integers, and for a string
+    column int64 codes equal exactly where the strings are (rows/keys.py string_codes; 0: null),
+    so rows share a state or a status only where their strings do, whatever their hashes."""
+    type_ = light.schema.field(name).type
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        values = string_codes(light[name])
+    else:
+        values = np.asarray(light[name].to_numpy(zero_copy_only=False), dtype=np.int64 if pa.types.is_integer(type_) else np.float64)
+    return to_device(values, device)
 
 
 def _token_column(column: pa.ChunkedArray) -> TokenColumn:

@@ -8,8 +8,6 @@ row already is (WriteScored).
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,11 +15,11 @@ import pyarrow.compute as pc
 from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
-from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.hashing import exact_codes, mix64, string_keys
 from rescore.transforms.strategies.registry import WHOLE_BATCH  # noqa: F401  (re-exported)
 from rescore.transforms.strategies.features import (  # noqa: F401  (the feature names, re-exported)
     CLIPB_FEATURE, DISCOUNT_COLUMNS, DISCOUNT_FEATURE, KL_FEATURE, NGRAM_FEATURE, NULLABLE_FEATURE, OFFPOLICY_FEATURE,
-    OPTIONAL_FEATURE, TOKEN_BASELINE_FEATURE, discount_params, ngram_column,
+    OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE, TOKEN_BASELINE_FEATURE, discount_params, ngram_column,
 )
 from rescore.transforms.strategies.flat import flat_segment_sum
 
@@ -29,7 +27,7 @@ ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
 EXTRA_PREFIX = "x."
 """Light column `x.NAME` carries the scalar input column NAME a strategy needs (float64 for
-numbers and bools, an int64 hash for strings)."""
+numbers and bools, the string itself for strings: rows/groups.py gives it exact codes)."""
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
@@ -50,7 +48,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
     (int64), response_length (int64), last_action (bool); x.NAME for each scalar column NAME
-    in `needs` (see EXTRA_PREFIX); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
+    in `needs` (see EXTRA_PREFIX; a string column as large_string, null kept); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
     has logprobs; expert (bool) when it has expert.
     """
     with_logprobs = "logprobs" in needs
@@ -151,16 +149,20 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
                 else:
                     columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
             continue
+        if name.startswith(TASK_HISTORY_FEATURE):  # pass_rate_band's history, matched by the exact task
+            from rescore.transforms.rows.task_stats import history_rates
+
+            columns[EXTRA_PREFIX + TASK_HISTORY_COLUMN] = pa.array(history_rates(columns["task"], name[len(TASK_HISTORY_FEATURE) :]))
+            continue
         if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue
         column = valid[name].combine_chunks()
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
             continue  # a token column a strategy reads where rows are written (behaviour log-probs)
         if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
-            # Strings cross as a fixed 64-bit hash; a null as 0 ("none").
-            text = column.cast(pa.string())
-            hashed = task_hash(text.fill_null("")).view(np.int64)
-            columns[EXTRA_PREFIX + name] = pa.array(np.where(np.asarray(text.is_null().to_numpy(zero_copy_only=False), bool), 0, hashed))
+            # Strings cross as themselves (a null as null): the bucket gives them codes that
+            # are equal exactly where the strings are (rows/groups.py), never a hash's say.
+            columns[EXTRA_PREFIX + name] = column.cast(pa.large_string())
         else:
             columns[EXTRA_PREFIX + name] = pc.cast(column, pa.float64())
     return pa.table(columns)
@@ -198,14 +200,24 @@ def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[n
 
 
 def task_hash(task: pa.Array) -> np.ndarray:
-    """(n,) uint64 hash of task ids, the same in every process (unlike Python's hash())."""
+    """(n,) uint64 hash of task ids, the same in every process (unlike Python's hash()): it
+    chooses a shuffle bucket or seeds a draw, never decides that two tasks are one (groups are
+    cut where the task value changes; a task's history is matched by value)."""
     if pa.types.is_integer(task.type):
         return mix64(np.asarray(task.to_numpy(zero_copy_only=False)).view(np.uint64))
     encoded = pc.dictionary_encode(task).combine_chunks() if isinstance(task, pa.ChunkedArray) else pc.dictionary_encode(task)
-    per_value = np.array(
-        [zlib.crc32(s.encode("utf-8")) for s in encoded.dictionary.to_pylist()], dtype=np.uint64
-    )
-    return mix64(per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)])
+    per_value = string_keys(encoded.dictionary.to_pylist())
+    return per_value[np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)]
+
+
+def string_codes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """(n,) int64 codes of a string column (hashing.exact_codes: equal exactly where the
+    strings are equal); 0 for a null ("none")."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    encoded = pc.dictionary_encode(column)
+    codes = np.append(exact_codes(encoded.dictionary.to_pylist()), 0)  # index -1: null
+    index = np.asarray(encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return codes[index]
 
 
 def bucket_of(light: pa.Table, buckets: int, *, whole_batches: bool = False) -> np.ndarray:

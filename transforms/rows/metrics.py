@@ -3,11 +3,15 @@ summarised once into metrics.json.
 
 Counting in the data (not only in Beam counters) makes metrics.json exact on every runner. Group
 means are summed with math.fsum (exactly rounded), so the file does not depend on the order in
-which the pieces arrive.
+which the pieces arrive. No input value can fail the summary: sums beyond the float range are
+taken scaled (`exact_sum`), and metrics.json is strict JSON (`metrics_json`): a metric whose
+value is not a finite float (verl's ppl_ratio of a log-ratio of 800 is e^800) is null, and its
+place is listed under `non_finite_metrics`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -47,6 +51,49 @@ ROW_METRICS = pa.schema(
     [("batch", pa.int64()), ("status", pa.int8()), ("category", pa.string()), ("rows", pa.int64())]
 )
 """Row counts by (batch, outcome, reject category); batch is null where it could not be read."""
+
+
+_SCALE = 2.0**-600
+"""Values are scaled by this power of two where their sum passes the float range: exact for
+every value above 2^-422 (the rest are far below one ulp of such a sum)."""
+
+
+def exact_sum(values) -> float:
+    """math.fsum of `values` (exactly rounded, any order the same float) that never raises:
+    finite values whose sum passes the float range give +-inf, NaN or +inf with -inf give NaN."""
+    values = list(values)
+    try:
+        return math.fsum(values)
+    except OverflowError:  # finite values whose partial sums pass the float range
+        return math.fsum(v * _SCALE for v in values) / _SCALE  # +-inf where the true sum is out of range
+    except ValueError:  # +inf and -inf
+        return math.nan
+
+
+def metrics_json(document: dict) -> str:
+    """`document` as strict JSON text (no NaN, no Infinity: json.dumps(allow_nan=False)): every
+    non-finite float becomes null, and the path of each is listed (sorted) under
+    `non_finite_metrics` (absent where there is none)."""
+    found: list[str] = []
+
+    def clean(value, path: str):
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(path)
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{path}/{k}" if path else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{path}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, np.floating):
+            return clean(float(value), path)
+        if isinstance(value, np.integer):
+            return int(value)
+        return value
+
+    cleaned = clean(document, "")
+    if found:
+        cleaned["non_finite_metrics"] = sorted(found)
+    return json.dumps(cleaned, indent=2, allow_nan=False) + "\n"
 
 
 def group_metrics(batch: np.ndarray, size: np.ndarray, mean: np.ndarray, std: np.ndarray, dropped: dict[str, np.ndarray]) -> pa.Table:
@@ -134,8 +181,8 @@ def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarr
             "groups_filtered": int(groups_filtered[k]),
             "groups_duplicated": int(groups_duplicated[k]),
             "groups_zero_std": int(zero_std[k]),
-            MEAN_KEY: math.fsum(means[lo:hi]) / groups_k if groups_k else None,
-            STD_KEY: math.fsum(stds[lo:hi]) / groups_k if groups_k else None,
+            MEAN_KEY: _mean(means[lo:hi]) if groups_k else None,
+            STD_KEY: _mean(stds[lo:hi]) if groups_k else None,
             "reject_reasons": dict(sorted(reasons[k].items())),
         }
         strategies: dict[str, dict[str, int]] = {}
@@ -155,6 +202,16 @@ def _summaries(n: int, groups: tuple[np.ndarray, pa.Table], rows: tuple[np.ndarr
     return out
 
 
+def _mean(values: list) -> float:
+    """The mean of `values` (None counts as NaN): exactly rounded where the sum fits a float,
+    else from the sum scaled by a power of two, so a mean of finite values is finite."""
+    values = [math.nan if v is None else v for v in values]
+    total = exact_sum(values)
+    if math.isinf(total) and all(math.isfinite(v) for v in values):
+        return exact_sum(v * _SCALE for v in values) / len(values) / _SCALE
+    return total / len(values)
+
+
 def _offpolicy_summaries(n: int, g_key: np.ndarray, g: pa.Table) -> list[dict[str, float] | None] | None:
     """Per key, verl's off-policy metrics from the groups' offpolicy/ sums (exactly rounded
     sums, so arrival order does not matter); None without them."""
@@ -164,7 +221,7 @@ def _offpolicy_summaries(n: int, g_key: np.ndarray, g: pa.Table) -> list[dict[st
 
     present = np.asarray(g[OFFPOLICY_PREFIX + "rows"].is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     values = {
-        k: np.nan_to_num(g[OFFPOLICY_PREFIX + k].to_numpy(zero_copy_only=False).astype(np.float64))
+        k: g[OFFPOLICY_PREFIX + k].fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64)
         for k in METRIC_SUMS
         if OFFPOLICY_PREFIX + k in g.column_names
     }
@@ -173,7 +230,7 @@ def _offpolicy_summaries(n: int, g_key: np.ndarray, g: pa.Table) -> list[dict[st
     out: list[dict[str, float] | None] = []
     for k in range(n):
         chosen = (g_key == k) & present
-        sums = {name: math.fsum(v[chosen].tolist()) for name, v in values.items()}
+        sums = {name: exact_sum(v[chosen].tolist()) for name, v in values.items()}
         if sums["rows"] == 0 or sums["tokens"] == 0:
             out.append(None)
             continue

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,6 +63,38 @@ def rejected_records(row: np.ndarray, batch: pa.Array | pa.ChunkedArray, reasons
     return records(row, batch, REJECTED, reason=reasons, has_score=False)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _writable(values: np.ndarray) -> np.ndarray:
+    """(n,) bool: finite, and finite once written as float32 (advantages and scores are)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (np.abs(values) <= FLOAT32_MAX)
+
+
+def unpublishable(keep: np.ndarray, score: np.ndarray | None, token_scale: np.ndarray | None, reward: np.ndarray | None) -> np.ndarray | None:
+    """(n,) bool: the kept rows whose score, score * token_scale (the advantage written) or
+    shaped reward cannot be published (NaN, +-inf, or beyond float32 where the output is
+    float32: rewards of +-1e300 can give such advantages); None where there is none."""
+    bad = np.zeros(len(keep), dtype=bool)
+    if score is not None:
+        score = np.asarray(score, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            value = score if token_scale is None else score * np.asarray(token_scale, dtype=np.float64)
+        bad |= ~_writable(score) | ~_writable(value)
+    if reward is not None:
+        bad |= ~np.isfinite(np.asarray(reward, dtype=np.float64))
+    bad &= np.asarray(keep, dtype=bool)
+    return bad if bad.any() else None
+
+
+def _unpublishable_reason(i: int, score, token_scale, reward) -> str:
+    if reward is not None and not math.isfinite(float(reward[i])):
+        return f"non_finite_score: the shaped reward is {float(reward[i])} (the row's inputs pass the float range)"
+    value = float(score[i]) * (1.0 if token_scale is None else float(token_scale[i]))
+    return f"non_finite_score: the advantage would be {value:.6g}, beyond float32 (the row's inputs pass the float range)"
+
+
 def scored_outcomes(
     light: pa.Table, keep: np.ndarray, score: np.ndarray | None, token_scale: np.ndarray | None, *,
     reasons: np.ndarray | None = None, audit: dict[str, np.ndarray] | None = None, audit_fields=(),
@@ -78,6 +112,14 @@ def scored_outcomes(
     n = len(keep)
     status = np.where(keep, SCORED, FILTERED).astype(np.int8)
     has_score = score is not None
+    bad = unpublishable(keep, score, token_scale, reward)
+    if bad is not None:  # a number that cannot be written: the row is rejected with it
+        status[bad] = REJECTED
+        why = np.full(n, None, dtype=object) if reasons is None else np.asarray(reasons, dtype=object).copy()
+        for i in np.flatnonzero(bad):
+            why[i] = _unpublishable_reason(i, score, token_scale, reward)
+        reasons = why
+        has_score = True if score is None else ~bad
     out = pa.table(
         {
             "unit": light["unit"], "row": light["row"], "batch": light["batch"], "status": status,
@@ -86,7 +128,9 @@ def scored_outcomes(
         }
     )
     if reasons is not None:
-        out = out.append_column("reason", pa.array(reasons.tolist(), pa.string()))
+        out = out.append_column("reason", pa.array(list(reasons), pa.string()))
+    if not isinstance(has_score, bool):
+        out = out.append_column("has_score", pa.array(has_score))
     if audit:
         for f in audit_fields:
             out = out.append_column(f, pa.array(audit[f.name], f.type, from_pandas=True))  # NaN -> null
@@ -106,7 +150,7 @@ def scored_outcomes(
             part["score"].to_numpy(),
             part["token_scale"].to_numpy(),
             reason=part["reason"].to_pylist() if "reason" in part.column_names else None,
-            has_score=has_score,
+            has_score=has_score if isinstance(has_score, bool) else part["has_score"].to_numpy(zero_copy_only=False),
         )
         for f in audit_fields if audit else ():
             rec = rec.append_column(part.schema.field(f.name), part[f.name])

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import torch
 
 from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
+from rescore.schemas.validation import readable_text
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.transforms.rows.audit import AUDIT_FIELDS, FILTER_REASON
 from rescore.transforms.rows import strategy_columns
@@ -157,6 +158,59 @@ def scored_rows(
     return pa.Table.from_arrays(columns + extra_columns, schema=schemas.scored), copied_batch
 
 
+def written_rows(
+    table: pa.Table, rec: pa.Table, schemas: OutputSchemas, scoring: StrategyChain, copy_plans: dict | None,
+    task_type: pa.DataType, device: torch.device,
+) -> tuple[pa.Table, pa.Array, pa.Table]:
+    """scored_rows, and the records it leaves: a scored row with a number Rescore adds that is
+    not finite once written (a token advantage of a log-prob of -1e300 is beyond float32, where
+    its row's score was not) is rejected with the reason, never published. (scored rows, batch
+    of each copy, the unit's records.)"""
+    scored, copied_batch = scored_rows(table, rec, schemas, scoring, copy_plans, task_type, device)
+    kept = np.flatnonzero(rec["status"].to_numpy() == SCORED)
+    added = [f.name for f in (*SCORE_FIELDS, *schemas.extra) if pa.types.is_floating(_value_type(f.type))]
+    bad = _unwritable(scored.slice(0, len(kept)), added)
+    if bad is None:
+        return scored, copied_batch, rec
+    status = rec["status"].to_numpy().copy()
+    reasons = rec["reason"].to_pylist()
+    for i in np.flatnonzero(bad):
+        status[kept[i]] = REJECTED
+        reasons[kept[i]] = f"non_finite_score: {bad[i]} is not finite once written (the row's inputs pass the float range)"
+    rec = rec.set_column(rec.schema.get_field_index("status"), rec.schema.field("status"), pa.array(status, pa.int8()))
+    rec = rec.set_column(rec.schema.get_field_index("reason"), rec.schema.field("reason"), pa.array(reasons, pa.string()))
+    scored, copied_batch = scored_rows(table, rec, schemas, scoring, copy_plans, task_type, device)
+    return scored, copied_batch, rec
+
+
+def _value_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+
+
+def _unwritable(scored: pa.Table, names: list[str]) -> np.ndarray | None:
+    """(n,) object: for each row of `scored`, the first of `names` holding a NaN or +-inf (None:
+    none); None where no row has one."""
+    out = np.full(scored.num_rows, None, dtype=object)
+    for name in names:
+        if name not in scored.column_names:
+            continue
+        column = scored[name].combine_chunks()
+        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+            finite = pc.fill_null(pc.is_finite(column.flatten()), True)
+            if pc.all(finite).as_py() is not False:
+                continue
+            rows = np.asarray(pc.list_parent_indices(column).to_numpy(zero_copy_only=False))[~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=bool)]
+        else:
+            finite = pc.fill_null(pc.is_finite(column), True)
+            if pc.all(finite).as_py() is not False:
+                continue
+            rows = np.flatnonzero(~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=bool))
+        for r in rows:
+            if out[r] is None:
+                out[r] = name
+    return out if any(v is not None for v in out) else None
+
+
 def _audit_column(rec: pa.Table, field: pa.Field) -> pa.Array:
     """(records,) the unit's `field` audit values: null on rejected rows, and all null where
     every row of the unit was rejected (no record of it carries the column)."""
@@ -189,7 +243,7 @@ def rejected_rows(table: pa.Table, rec: pa.Table, schemas: OutputSchemas) -> pa.
         return None
     rejected = table.take(pa.array(bad)).select(schemas.rejected.names[:-1])
     rejected = rejected.append_column(REJECT_REASON, pa.array(rejected_reasons(rec), pa.string()))
-    return rejected.replace_schema_metadata(schemas.rejected.metadata)
+    return readable_text(rejected).replace_schema_metadata(schemas.rejected.metadata)  # (a bad_task row's bytes)
 
 
 def unit_metrics(rec: pa.Table, copied_batch: pa.Array) -> pa.Table:

@@ -128,7 +128,30 @@ def mean_std(rows: int, reward_sum: int, reward_squares: int) -> tuple[float, fl
     # sum((x - mean)^2) = Q - S^2 / n, exact in rationals
     ss = Fraction(reward_squares, 1 << (2 * SCALE)) - Fraction(reward_sum * reward_sum, rows << (2 * SCALE))
     var = ss / (rows - 1)
-    return float(mean), math.sqrt(float(var)) if var > 0 else 0.0
+    return float(mean), sqrt_fraction(var)
+
+
+def sqrt_fraction(x: Fraction) -> float | None:
+    """sqrt(x) of an exact non-negative rational, as a float: the true std of finite rewards
+    fits a float even where their variance does not (rewards 1e200, -1e200, 0: variance 1e400,
+    std 1e200), nor underflows where it is below the smallest normal; None where the std itself
+    passes the float range (|rewards| near 1.8e308)."""
+    if x <= 0:
+        return 0.0
+    try:
+        f = float(x)
+    except OverflowError:
+        f = math.inf
+    if math.isfinite(f) and f >= 2.0**-1000:  # the variance is a normal float: as always
+        return math.sqrt(f)
+    p, q = x.numerator, x.denominator
+    k = max(0, (128 - (p.bit_length() - q.bit_length())) // 2 + 1)  # 64+ significant bits
+    root = math.isqrt((p << (2 * k)) // q)  # floor(sqrt(x) * 2**k)
+    drop = max(0, root.bit_length() - 64)
+    try:
+        return math.ldexp(float(root >> drop), drop - k)
+    except OverflowError:
+        return None
 
 
 def group_row(task: Any, batch: int, g: GroupSummary, ks: tuple[int, ...], exact: bool = False) -> dict[str, Any]:
@@ -190,7 +213,11 @@ def task_row(task: Any, groups: dict[int, GroupSummary], ks: tuple[int, ...], la
         row[f"pass_at_{k}"] = float(sum(values, Fraction(0)) / len(values)) if values else None
         row[f"pass_at_{k}_groups"] = len(values)
     alpha, beta = beta_posterior(list(groups.items()), lamb, beta_m)
-    row.update(beta_alpha=alpha, beta_beta=beta, beta_mean=alpha / (alpha + beta))
+    with_beta = math.isfinite(alpha) and math.isfinite(beta) and alpha + beta != 0 and math.isfinite(alpha + beta)
+    # Rewards far outside [0, 1] (the estimator's domain) can take it past the float range:
+    # then the three values are null, never inf or NaN.
+    row.update(beta_alpha=alpha if with_beta else None, beta_beta=beta if with_beta else None,
+               beta_mean=alpha / (alpha + beta) if with_beta else None)
     return row
 
 
@@ -224,25 +251,52 @@ def sort_key(row: dict[str, Any]) -> tuple:
 _HISTORY: dict[tuple, tuple] = {}
 
 
-def history_pass_rates(path: str) -> tuple["np.ndarray", "np.ndarray"]:
-    """(sorted int64 task hashes, their pass rates) of a `rescore task-stats` output (its
-    directory or task_stats.parquet); the hashes are rows/keys.py's task_hash, as GroupedRows'
-    task_key. Read once per process and file version."""
+def history_table(path: str) -> tuple[pa.Array, "np.ndarray"]:
+    """(task ids, their pass rates) of a `rescore task-stats` output (its directory or
+    task_stats.parquet), read once per process and file version. ValueError where a task is
+    listed twice (a table `rescore task-stats` did not write)."""
     import os
 
     import numpy as np
     import pyarrow.parquet as pq
 
-    from rescore.transforms.rows.keys import task_hash
-
     table_path = task_stats_table(path)
-    stat = os.stat(table_path)
-    key = (os.path.abspath(table_path), stat.st_mtime_ns, stat.st_size)
+    if "://" in table_path:
+        key = (table_path,)
+    else:
+        stat = os.stat(table_path)
+        key = (os.path.abspath(table_path), stat.st_mtime_ns, stat.st_size)
     if key not in _HISTORY:
         table = pq.read_table(table_path, columns=["task", "pass_rate"])
-        keys = task_hash(table["task"].combine_chunks()).view(np.int64)
-        order = np.argsort(keys, kind="stable")
-        if len(keys) > 1 and (np.diff(keys[order]) == 0).any():
-            raise ValueError(f"{table_path}: two tasks share a task hash; the history filter cannot tell them apart")
-        _HISTORY[key] = (keys[order], table["pass_rate"].to_numpy()[order].astype(np.float64))
+        tasks = table["task"].combine_chunks()
+        if pc.count_distinct(tasks, mode="all").as_py() != len(tasks):
+            counts = pc.value_counts(tasks)
+            twice = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+            raise ValueError(f"{table_path}: task {twice!r} is listed more than once; the history filter cannot tell which pass rate is its")
+        _HISTORY[key] = (tasks, np.asarray(table["pass_rate"].fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64))
     return _HISTORY[key]
+
+
+def history_rates(task: pa.Array | pa.ChunkedArray, path: str) -> "np.ndarray":
+    """(n,) float64: the pass rate of each task of `task` in the history at `path`
+    (history_table), matched by the task's exact value; NaN for a task the table does not hold
+    (also every task where the table's ids are strings and these integers, or the reverse)."""
+    import numpy as np
+
+    tasks, rates = history_table(path)
+    task = task.combine_chunks() if isinstance(task, pa.ChunkedArray) else task
+    common = _common_id_type(task.type, tasks.type)
+    if common is None or len(tasks) == 0:
+        return np.full(len(task), np.nan)
+    at = pc.index_in(task.cast(common), value_set=tasks.cast(common))
+    index = np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.where(index >= 0, np.append(rates, np.nan)[index], np.nan)
+
+
+def _common_id_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        return pa.int64()
+    strings = (pa.types.is_string, pa.types.is_large_string)
+    if any(f(a) for f in strings) and any(f(b) for f in strings):
+        return pa.large_string()
+    return None

@@ -66,5 +66,6 @@ def score_columns(
         nulls = None if valid is None else pa.array(~valid[first:stop])
         chunks.append(pa.ListArray.from_arrays(pa.array(local), pa.array(values), mask=nulls))
     advantages = pa.chunked_array(chunks, type=SCORE_FIELDS[0].type)
-    score32 = pa.array(score.astype(np.float32), mask=None if valid is None else ~valid)
+    with np.errstate(over="ignore"):  # beyond float32: inf, and the row is rejected (output_rows.written_rows)
+        score32 = pa.array(score.astype(np.float32), mask=None if valid is None else ~valid)
     return [advantages, advantages, pa.chunked_array([score32])]

@@ -38,6 +38,12 @@ KL_FEATURE = "@kl_sum:"
 each row's sum over action tokens of the KL estimate between logprobs and ref_logprobs
 (transforms/strategies/shaping.py)."""
 
+TASK_HISTORY_FEATURE = "@task_history:"
+"""Need `@task_history:PATH` (pass_rate_band with task_stats): light column x.task_history_pass_rate,
+the pass rate of the row's task in the `rescore task-stats` output at PATH, matched by the task's
+exact value (NaN: the task is not in the table; rows/task_stats.py history_rates)."""
+TASK_HISTORY_COLUMN = "task_history_pass_rate"
+
 
 def ngram_column(n: int) -> str:
     """The light column of need `@ngram_repeat:N`."""

@@ -41,11 +41,11 @@ from rescore.transforms.strategies.catalog import (
     RewardSTDFilterParams,
     ZeroVarianceFilterParams,
 )
-from rescore.transforms.strategies.hashing import string_key
+from rescore.transforms.strategies.hashing import RESPONSE_TRUNCATED, string_key
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE
 
-TRUNCATED = "response_truncated"
+TRUNCATED = RESPONSE_TRUNCATED  # one of hashing.COMPARED_STRINGS: its code is exact
 
 
 def _metric(rows: GroupedRows, metric: str) -> Tensor:
@@ -148,7 +148,8 @@ class DynamicFiltering(_MetricFilter, DynamicFilteringParams):
 
 
 def truncated_flags(values: Tensor, column_is_hash: bool) -> Tensor:
-    """(n,) bool from the light column: a hash of the status string, or a bool as 0/1."""
+    """(n,) bool from the light column: the status string's exact code (rows/groups.py), or a
+    bool as 0/1."""
     if column_is_hash:
         return values == string_key(TRUNCATED)
     return values != 0
@@ -206,16 +207,13 @@ def in_band(p, lo: float, hi: float):
 
 class PassRateBand(_Filter, PassRateBandParams):
     """Per group (no `task_stats`): the group's own pass rate. With `task_stats`: the task's
-    pass rate over its whole history, looked up by the task's fixed hash; a task missing from
-    the table is kept or dropped by `unseen`. The table is read once per process."""
+    pass rate over its whole history, matched by the task's exact value where the row is read
+    (the need TASK_HISTORY_FEATURE: a hash never decides that two tasks are one); a task
+    missing from the table is kept or dropped by `unseen`. The table is read once per process."""
 
-    needs: tuple[str, ...] = ()
-
-    def _history(self) -> tuple[np.ndarray, np.ndarray]:
-        # I/O where the strategy runs, not math: the row layer reads the table (Arrow)
-        from rescore.transforms.rows.task_stats import history_pass_rates
-
-        return history_pass_rates(self.task_stats)
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return () if self.task_stats is None else (TASK_HISTORY_FEATURE + self.task_stats,)
 
     def _group_rates(self, rows: GroupedRows) -> tuple[np.ndarray, np.ndarray]:
         """(G,) float64 pass rates and (G,) bool known (False: a task missing from the table)."""
@@ -223,11 +221,9 @@ class PassRateBand(_Filter, PassRateBandParams):
         if self.task_stats is None:
             p = pass_rates(rows.reward.detach().cpu(), offsets, self.threshold).numpy()
             return p, np.ones(len(p), dtype=bool)
-        keys, rates = self._history()
-        first = rows.task_key.detach().cpu().numpy()[offsets[:-1].numpy()]
-        at = np.clip(np.searchsorted(keys, first), 0, max(len(keys) - 1, 0))
-        known = (keys[at] == first) if len(keys) else np.zeros(len(first), dtype=bool)
-        p = np.where(known, rates[at] if len(keys) else 0.0, np.nan)
+        # every row of a group has its task's rate: the group's first row says it
+        p = rows.columns[TASK_HISTORY_COLUMN].detach().cpu().numpy()[offsets[:-1].numpy()]
+        known = ~np.isnan(p)
         return p, known
 
     def _keep_groups(self, rows: GroupedRows) -> Tensor:

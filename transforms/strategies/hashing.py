@@ -6,13 +6,16 @@ estimators (strategies/estimators.py: row_keys). It lives with the math so that 
 no Arrow; the row layer imports it from here. Unlike Python's hash(), it is the same in every
 process and on every platform.
 
-`string_key` is the int64 a string value crosses the shuffle as (rows/keys.py task_hash:
-splitmix64 of its CRC-32).
+`string_key` is the int64 a string value is keyed by: splitmix64 of the first 8 bytes of its
+BLAKE2b digest (never a 32-bit CRC: ~77k distinct ids give even odds of a CRC-32 collision, and
+real pairs such as 'buckeroo' / 'plumless' exist). A key may choose a bucket or a seed; it never
+decides that two values are the same: `exact_codes` gives the int64 codes a string column
+crosses into the math as, equal exactly where the strings are equal.
 """
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 
 import numpy as np
 
@@ -36,5 +39,42 @@ def mix64(x) -> np.ndarray:
 
 
 def string_key(text: str) -> int:
-    """The int64 hash of one string value, as the row layer hashes string columns."""
-    return int(mix64(np.uint64(zlib.crc32(text.encode("utf-8")))).view(np.int64))
+    """The int64 key of one string value (`exact_codes` makes it exact within a set of values)."""
+    return int(mix64(np.uint64(_digest64(text))).view(np.int64))
+
+
+def _digest64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def string_keys(values: list[str]) -> np.ndarray:
+    """(n,) uint64: string_key of each value, as unsigned."""
+    return mix64(np.array([_digest64(v) for v in values], dtype=np.uint64))
+
+
+RESPONSE_TRUNCATED = "response_truncated"
+COMPARED_STRINGS = (RESPONSE_TRUNCATED,)
+"""The string values a strategy compares a column's codes with (string_key(value)); a code is
+equal to one of their keys only where the value is that string (`exact_codes`)."""
+
+
+def exact_codes(values: list[str]) -> np.ndarray:
+    """(n,) int64 codes of distinct string `values`: string_key(v), except where two different
+    strings share a key, or a string shares the key of one of COMPARED_STRINGS: then the later
+    one (in sorted order) takes the key of v + NUL * k for the smallest k that is free. Equal
+    codes <=> equal strings, and 0 (a null's code) is never one; the same set of values gives
+    the same codes in every process."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    taken = {string_key(c): c for c in COMPARED_STRINGS}
+    taken[0] = None
+    out = np.zeros(len(values), dtype=np.int64)
+    for i in order:
+        v = values[i]
+        suffix = 0
+        key = string_key(v)
+        while key in taken and taken[key] != v:
+            suffix += 1
+            key = string_key(v + "\0" * suffix)
+        taken[key] = v
+        out[i] = key
+    return out

@@ -455,6 +455,14 @@ def metric_terms(
     return {k: v.numpy().astype(np.float64) for k, v in terms.items()}
 
 
+def _div(a: float, b: float) -> float:
+    """a / b as IEEE floats divide (x / 0 is +-inf or NaN, never ZeroDivisionError)."""
+    if b != 0:
+        return a / b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.float64(a) / np.float64(b))
+
+
 def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[str, float]:
     """verl's compute_offpolicy_metrics of a batch from the sums of metric_terms over its rows
     (and the max / min of log_ppl_diff); with rollout_is weights also compute_is_metrics'
@@ -463,7 +471,7 @@ def metrics_from_sums(sums: dict[str, float], high: float, low: float) -> dict[s
     extra = {}
     if "is_w" in sums:
         mean = sums["is_w"] / (tokens + 1e-8)
-        extra["rollout_is_eff_sample_size"] = 1.0 / (sums["is_w2"] / (mean + 1e-8) ** 2 / (tokens + 1e-8))
+        extra["rollout_is_eff_sample_size"] = _div(1.0, _div(_div(sums["is_w2"], (mean + 1e-8) * (mean + 1e-8)), tokens + 1e-8))
         # compute_is_metrics' rollout_is_mean and rollout_is_std (the applied weights, which are
         # already within [0, upper]; the std 0 for a batch of at most one action token)
         extra["rollout_is_mean"] = mean

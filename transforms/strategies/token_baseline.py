@@ -355,9 +355,11 @@ class OptimalTokenBaseline(OptimalTokenBaselineParams):
     ) -> tuple[np.ndarray, np.ndarray]:
         """(flat advantages (G - B_t) m_t, per-row mean over action tokens); `score` is G and
         `row_tokens` the row's baselines, as score() left them."""
+        lengths, mask = rows.response()
+        if row_tokens is None and len(lengths) == 0:  # a unit none of whose rows is scored
+            return np.zeros(0), np.zeros(0)
         if row_tokens is None:
             raise RuntimeError(f"internal error: {self.name}: no per-token baselines came back with the scores")
-        lengths, mask = rows.response()
         lengths = np.asarray(lengths, dtype=np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -485,6 +487,8 @@ class ClipB(ClipBParams):
         """(T,) the written mask: the input's (or corrected) mask less the tokens clip_B drops."""
         lengths, mask = rows.response()
         lengths = np.asarray(lengths, dtype=np.int64)
+        if row_tokens is None and len(lengths) == 0:  # a unit none of whose rows is scored
+            return mask
         stats = np.asarray(row_tokens.values, dtype=np.float64)[int(row_tokens.offsets[0]) :].reshape(-1, 2)
         s = self._signal(rows, lengths, np.zeros(len(lengths), dtype=bool))
         row = np.repeat(np.arange(len(lengths)), lengths)

@@ -31,7 +31,8 @@ def token_advantages_host(row_value: np.ndarray, lengths: np.ndarray, mask: np.n
     float32 buffer. torch's repeat_interleave builds an int64 index per token and three more
     per-token arrays on the way; on a CPU worker that was ~20 bytes of fresh memory per token
     for 4 bytes of result (benchmarks/README.md, issue 18)."""
-    values = np.repeat(np.asarray(row_value).astype(np.float32, copy=False), lengths)
+    with np.errstate(over="ignore"):  # beyond float32: inf, and the row is rejected (rows/output_rows.py)
+        values = np.repeat(np.asarray(row_value).astype(np.float32, copy=False), lengths)
     if mask is None:
         return values
     np.multiply(values, mask, out=values, casting="unsafe")  # mask 0/1 of any dtype, cast per chunk
