@@ -34,7 +34,7 @@ def finished_rows(draw, max_rows=7, rewards=None):
     (legal values at the edges of float64) or broken (NaN, ±inf, null and short lists)."""
     mode = draw(st.sampled_from(["clean", "clean", "extreme", "broken"]))
     values = {"clean": CLEAN, "extreme": EXTREME, "broken": st.one_of(CLEAN, BROKEN)}[mode]
-    rewards = rewards or values
+    rewards = values if rewards is None else rewards
     n = draw(st.integers(0, max_rows))
     string_tasks = draw(st.booleans())
     rows = []
