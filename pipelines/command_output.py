@@ -23,7 +23,7 @@ import shutil
 
 from rescore.errors import OutputError
 from rescore.transforms.files import ownership
-from rescore.transforms.files.layout import LEDGER, LOCK, RESCORE_NAMES, SUCCESS
+from rescore.transforms.files.layout import DELTA_LOG, INCREMENTAL_WORK, LEDGER, LOCK, RESCORE_NAMES, SUCCESS
 
 EXPORT_NAMES = ("sft.parquet", "sft.jsonl", "dpo.parquet", "dpo.jsonl", "export.json", "_staging-export")
 TASK_STATS_NAMES = ("task_stats.parquet", "task_batch_stats.parquet", "task_stats.json", "_staging-task-stats")
@@ -82,6 +82,10 @@ def claim_table(out: str, flag: str, *, sources: list[str]) -> None:
 def _claim_directory(out: str, flag: str, names: tuple[str, ...], overwrite: bool, what: str,
                      legacy: tuple[str, tuple[str, ...]] | None) -> None:
     present = [n for n in sorted(os.listdir(out)) if n != LOCK]
+    table = [n for n in present if n in (DELTA_LOG, INCREMENTAL_WORK)]
+    if table:  # an incremental output (a run's table, task-stats --incremental): never written into
+        raise OutputError(f"{flag} {out} holds another Rescore output (an incremental table: {table[0]!r}), not {what}: "
+                          "pick a directory of its own")
     ledger = ownership.read_ledger(out)  # OutputError where it is not a Rescore file list
     if ledger is None and legacy is not None and _legacy(out, *legacy):
         ledger = [n for n in present if _matches(n, (*names, SUCCESS))]

@@ -44,7 +44,7 @@ def _alive(pid: int) -> bool:
 def test_nothing_a_verifier_starts_outlives_rescore(tmp_path):
     (tmp_path / "sandboxing_verifier.py").write_text(VERIFIER)
     rows = [{"batch": 0, "task": 0, "run": r, "step": 0, "reward": 0.0, "tokens": [1, 2, 3], "prompt_length": 1}
-            for r in range(3)]
+            for r in range(2)]
     pq.write_table(pa.Table.from_pylist(rows), str(tmp_path / "x.parquet"))
     procs = {}
     for timeout in ("60", "0"):

@@ -146,6 +146,7 @@ def commands(tmp_path_factory):
     charts = tmp / "charts"
     charts.mkdir()
     (charts / "report-reward.png").write_bytes(b"the user's chart")
+    (tmp / "table" / "_delta_log").mkdir(parents=True)  # an incremental output
     before = {"src": _listing(src), "user": _listing(str(user)), "charts": _listing(str(charts))}
     e = ["export"]
     runs = [
@@ -170,6 +171,7 @@ def commands(tmp_path_factory):
         (["--input", str(exp), "--output", str(tmp / "r1"), "--strategy", "grpo"], {"RESCORE_READ_AHEAD_MB": "1e308"}),  # 16
         (["--input", str(exp), "--output", str(tmp / "r2"), "--strategy", "grpo"],
          {"RESCORE_READ_AHEAD_MB": None, "RESCORE_PROGRESS_SECONDS": "1e-320"}),                                 # 17
+        (e + [src, "--output", str(tmp / "table"), "--format", "sft"], {"RESCORE_PROGRESS_SECONDS": None}),      # 18
     ]
     from rescore.transforms.files import lock
 
@@ -202,6 +204,8 @@ def test_export_never_touches_what_it_did_not_write(commands):
     _one_line_exit_2(results[4], "source")
     _one_line_exit_2(results[5], "is a file")
     _one_line_exit_2(results[8], "source")
+    _one_line_exit_2(results[18], "another Rescore output", "_delta_log")
+    assert os.listdir(tmp / "table") == ["_delta_log"]
     assert _listing(str(tmp / "user")) == before["user"]
     assert _listing(str(tmp / "src")) == before["src"] and not os.path.exists(tmp / "src" / "inside")
     assert results[6][0] == 0 and results[7][0] == 0, results[6:8]
