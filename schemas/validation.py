@@ -104,16 +104,21 @@ def logprob_needs(needs: tuple[str, ...], names) -> list[str]:
 
 
 def _check_logprob_values(out: _Reasons, n: int, name: str, fl: FlatList) -> None:
-    """Reject the rows of `fl` (a log-prob list column) holding NaN, +-inf or a value > 0."""
+    """Reject the rows of `fl` (a log-prob list column) holding NaN, +-inf or a value > 0. The
+    values are read in place (float32 stays float32): one min and one max over them, and the
+    value-by-value pass only where one is bad."""
     values = fl.values
     if len(values) == 0:
         return
-    if not pa.types.is_floating(values.type) and not pa.types.is_integer(values.type):  # pragma: no cover - schema check
+    if values.null_count:  # (null elements are rejected above)
+        values = pc.fill_null(values, 0)
+    if not pa.types.is_floating(values.type):
+        values = pc.cast(values, pa.float64())
+    numbers = np.asarray(_np(values))
+    high, low = numbers.max(), numbers.min()  # NaN where any value is NaN
+    if high <= 0 and low > -np.inf:
         return
-    numbers = np.asarray(_np(pc.cast(values, pa.float64()).fill_null(0.0)), dtype=np.float64)
     finite = np.isfinite(numbers)
-    if finite.all() and numbers.max(initial=-np.inf) <= 0.0:
-        return
     row_of = row_of_value(fl.offsets)
     for bad, what in (
         (np.isnan(numbers), "NaN"), (np.isposinf(numbers), "+inf"), (np.isneginf(numbers), "-inf"), (finite & (numbers > 0), None),

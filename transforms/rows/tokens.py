@@ -47,7 +47,8 @@ def score_columns(
     if valid is not None:
         row_value = np.where(valid, row_value, 0.0)
     if token_values is not None:
-        flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
+        with np.errstate(over="ignore"):  # beyond float32: inf, and the row is rejected (output_rows.written_rows)
+            flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
     elif device.type == "cpu":  # the same values, without torch's per-token index
         flat = token_advantages_host(np.asarray(row_value, dtype=np.float64), np.asarray(lengths, dtype=np.int64), mask)
     else:

@@ -61,20 +61,51 @@ def per_row(per_group: Tensor, offsets: Tensor) -> Tensor:
     return torch.repeat_interleave(per_group, offsets[1:] - offsets[:-1])
 
 
-def _mean_and_sq_dev(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(G,) exact-zero-spread-aware mean, sum of squared deviations, and group sizes.
+_BIG = 2.0**500
+"""A group whose largest |value| passes this is summed scaled by a power of two (exact), so its
+sums and squares cannot overflow where its mean and std fit a float (rewards of +-1e300)."""
+
+
+def _group_scale(values: Tensor, offsets: Tensor) -> Tensor:
+    """(G,) a power of two per group: 1 where every |value| is below _BIG (the values are used as
+    they are), else 2^-e with e the binary exponent of the group's largest |value|."""
+    sizes = offsets[1:] - offsets[:-1]
+    scale = torch.ones(sizes.numel(), dtype=values.dtype, device=values.device)
+    if values.numel() == 0 or not values.is_floating_point():
+        return scale
+    top = segment_max(values.abs(), offsets)
+    big = (sizes > 0) & torch.isfinite(top) & (top > _BIG)
+    if big.any():
+        _, exponent = torch.frexp(torch.where(big, top, torch.ones_like(top)))
+        scale = torch.where(big, torch.ldexp(torch.ones_like(top), -exponent), scale)
+    return scale
+
+
+def _scaled_mean_and_sq_dev(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(G,) exact-zero-spread-aware mean, sum of squared deviations of the values times the
+    group's scale (_group_scale), group sizes and the scale.
 
     A group whose values are all equal (zero_spread) gets mean = that value and a sum of squared
-    deviations of exactly 0; the others are two-pass sums in a fixed order.
+    deviations of exactly 0; the others are two-pass sums in a fixed order. Scaling is by a
+    power of two, so a group of ordinary values (scale 1) gives exactly the unscaled sums.
     """
     sizes = (offsets[1:] - offsets[:-1]).to(values.dtype)
-    mean = segment_sum(values, offsets) / sizes
+    scale = _group_scale(values, offsets)
+    scaled = values * per_row(scale, offsets) if bool((scale != 1).any()) else values
+    mean = segment_sum(scaled, offsets) / sizes
     flat = zero_spread(values, offsets)
     if values.numel():
-        mean = torch.where(flat, values[offsets[:-1].clamp(max=values.numel() - 1)], mean)
-    dev = values - per_row(mean, offsets)
+        mean = torch.where(flat, scaled[offsets[:-1].clamp(max=values.numel() - 1)], mean)
+    dev = scaled - per_row(mean, offsets)
     sq = segment_sum(dev * dev, offsets)
-    return mean, torch.where(flat, torch.zeros_like(sq), sq), sizes
+    return mean / scale, torch.where(flat, torch.zeros_like(sq), sq), sizes, scale
+
+
+def _mean_and_sq_dev(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(G,) exact-zero-spread-aware mean, sum of squared deviations (inf where it passes the
+    float range), and group sizes."""
+    mean, sq, sizes, scale = _scaled_mean_and_sq_dev(values, offsets)
+    return mean, sq / (scale * scale), sizes
 
 
 def mean_and_std(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,10 +113,11 @@ def mean_and_std(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
 
     A group whose values are all equal has mean = that value and std exactly 0 (zero_spread).
     Groups of one row get std NaN (ddof=1 is undefined); callers decide what a singleton means.
+    The std of values up to the float range is finite where it fits (taken scaled).
     """
-    mean, sq, sizes = _mean_and_sq_dev(values, offsets)
+    mean, sq, sizes, scale = _scaled_mean_and_sq_dev(values, offsets)
     var = sq / (sizes - 1)
-    return mean, torch.sqrt(var)
+    return mean, torch.sqrt(var) / scale
 
 
 def population_var(values: Tensor, offsets: Tensor) -> Tensor:
