@@ -23,10 +23,22 @@ import shutil
 
 from rescore.errors import OutputError
 from rescore.transforms.files import ownership
-from rescore.transforms.files.layout import DELTA_LOG, INCREMENTAL_WORK, LEDGER, LOCK, RESCORE_NAMES, SUCCESS
+from rescore.transforms.files.layout import (
+    DELTA_LOG,
+    EXPORT_FILES,
+    EXPORT_JSON,
+    INCREMENTAL_WORK,
+    LEDGER,
+    LOCK,
+    RESCORE_NAMES,
+    SUCCESS,
+    TASK_BATCH_STATS,
+    TASK_STATS,
+    TASK_STATS_JSON,
+)
 
-EXPORT_NAMES = ("sft.parquet", "sft.jsonl", "dpo.parquet", "dpo.jsonl", "export.json", "_staging-export")
-TASK_STATS_NAMES = ("task_stats.parquet", "task_batch_stats.parquet", "task_stats.json", "_staging-task-stats")
+EXPORT_NAMES = (*EXPORT_FILES, EXPORT_JSON, "_staging-export")
+TASK_STATS_NAMES = (TASK_STATS, TASK_BATCH_STATS, TASK_STATS_JSON, "_staging-task-stats")
 COMMAND_NAMES = (*EXPORT_NAMES, *TASK_STATS_NAMES)
 """Every name a subcommand publishes: in a directory Rescore does not own, each is a clash."""
 

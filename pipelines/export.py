@@ -24,10 +24,9 @@ import sys
 import pyarrow.parquet as pq
 
 from rescore.errors import ConfigError, InputError, LockBusy, NotFinishedOutputError, last_line
-from rescore.transforms.files.layout import EXPORT, other_output, other_output_message
+from rescore.transforms.files.layout import EXPORT_JSON, Kind, other_output, other_output_message
 from rescore.transforms.rows import export as ex
 
-EXPORT_JSON = "export.json"
 STAGING = "_staging-export"
 
 
@@ -94,7 +93,7 @@ def run(argv: list[str]) -> dict:
     out = args.output
     from rescore.pipelines import command_output
 
-    found = other_output(os.listdir(out), EXPORT) if "://" not in out and os.path.isdir(out) else None
+    found = other_output(os.listdir(out), Kind.EXPORT) if "://" not in out and os.path.isdir(out) else None
     if found:  # never mixed into (nor, with --overwrite, over) another command's output: name it
         raise ConfigError(other_output_message(out, found))
     command_output.claim(out, "--output", command_output.EXPORT_NAMES, sources=[args.source],

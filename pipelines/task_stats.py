@@ -40,13 +40,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rescore.errors import RUN_FAILURES, ConfigError, InputError, LockBusy, last_line
-from rescore.transforms.files.layout import TASK_STATS_OUTPUT, other_output, other_output_message
+from rescore.transforms.files.layout import TASK_STATS_JSON, Kind, other_output, other_output_message
 from rescore.transforms.files.layout import DELTA_LOG, LOCK, SCORED_FILES, SUCCESS
 from rescore.transforms.files.layout import STAGING as RUN_STAGING
 from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS, TASK_STATS_VIEW
 from rescore.transforms.rows import task_stats as ts
 
-STATS_JSON = "task_stats.json"
+STATS_JSON = TASK_STATS_JSON
 STAGING = "_staging-task-stats"
 
 
@@ -169,7 +169,7 @@ def run(argv: list[str]) -> dict:
     elif os.path.isdir(os.path.join(out, DELTA_LOG)):
         raise ConfigError(f"{out} is an incremental task-stats table: pass --incremental")
     else:  # checked before the lock creates anything (and again under it)
-        found = other_output(os.listdir(out), TASK_STATS_OUTPUT) if "://" not in out and os.path.isdir(out) else None
+        found = other_output(os.listdir(out), Kind.TASK_STATS) if "://" not in out and os.path.isdir(out) else None
         if found:  # never mixed into (nor, with --overwrite, over) another command's output: name it
             raise ConfigError(other_output_message(out, found))
         command_output.claim(out, "--output", command_output.TASK_STATS_NAMES, sources=args.input, overwrite=args.overwrite,

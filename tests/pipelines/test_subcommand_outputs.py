@@ -221,7 +221,7 @@ def test_task_stats_checks_every_target_and_parses_runner_arguments_like_the_run
     assert results[11][0] == 0, results[11]
     assert pq.read_table(str(tmp / "ts3" / "task_stats.parquet")).num_rows == 2
     _one_line_exit_2(results[12], "source")
-    _one_line_exit_2(results[13], "another Rescore output")  # an export's directory is not task statistics
+    _one_line_exit_2(results[13], "holds an export (written by `rescore export`)")  # an export's directory is not task statistics
 
 
 def test_report_to_a_directory_of_the_users_files_is_refused_before_work(commands):

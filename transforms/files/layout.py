@@ -20,6 +20,8 @@ Names only: nothing here touches storage, so even `rescore.pipelines.load` (no B
 
 from __future__ import annotations
 
+import enum
+
 SUCCESS = "_SUCCESS"
 METRICS = "metrics.json"
 STAGING = "_staging"
@@ -52,36 +54,34 @@ TASK_STATS_JSON = "task_stats.json"
 EXPORT_JSON = "export.json"
 EXPORT_FILES = ("sft.parquet", "sft.jsonl", "dpo.parquet", "dpo.jsonl")
 
-SCORED = "scored"
-TASK_STATS_OUTPUT = "task-stats"
-EXPORT = "export"
-KINDS = {
-    SCORED: "a scored run (written by `rescore --output`)",
-    TASK_STATS_OUTPUT: "a task-stats output (written by `rescore task-stats`)",
-    EXPORT: "an export (written by `rescore export`)",
-}
+
+class Kind(enum.Enum):
+    """The kinds of output Rescore's commands write, each in the words a refusal names it by."""
+
+    SCORED = "a scored run (written by `rescore --output`)"
+    TASK_STATS = "a task-stats output (written by `rescore task-stats`)"
+    EXPORT = "an export (written by `rescore export`)"
 
 
-def output_kind(names) -> str | None:
-    """Which of Rescore's commands wrote the directory holding `names` (SCORED, TASK_STATS_OUTPUT,
-    EXPORT), by the files only that command writes; None for none of them. An incremental table
-    (_delta_log) is not one of these: each command says itself what it does with one."""
+def output_kind(names) -> Kind | None:
+    """Which of Rescore's commands wrote the directory holding `names`, by the files only that
+    command writes; None for none of them. An incremental table (_delta_log) is not one of these: each command says itself what it does with one."""
     names = set(names)
     if TASK_STATS_JSON in names or TASK_STATS in names or TASK_BATCH_STATS in names:
-        return TASK_STATS_OUTPUT
+        return Kind.TASK_STATS
     if EXPORT_JSON in names or names & set(EXPORT_FILES):
-        return EXPORT
+        return Kind.EXPORT
     if LEDGER in names or (METRICS in names and SUCCESS in names and any(n.startswith("scored-") for n in names)):
-        return SCORED  # its file list, or (written before the list existed) a finished run's files
+        return Kind.SCORED  # its file list, or (written before the list existed) a finished run's files
     return None
 
 
-def other_output(names, wanted: str) -> str | None:
+def other_output(names, wanted: Kind) -> str | None:
     """The words for the output another Rescore command wrote into a directory holding `names`
-    ("a task-stats output (written by `rescore task-stats`)"), where `wanted` (SCORED, TASK_STATS_OUTPUT or
-    EXPORT) is about to write there; None where the directory is none or `wanted`'s own."""
+    ("a task-stats output (written by `rescore task-stats`)"), where `wanted` is about to write
+    there; None where the directory is none or `wanted`'s own."""
     kind = output_kind(names)
-    return KINDS[kind] if kind is not None and kind != wanted else None
+    return kind.value if kind is not None and kind != wanted else None
 
 
 def other_output_message(directory: str, found: str) -> str:

@@ -28,9 +28,9 @@ from rescore.transforms.files.layout import (
     METRICS,
     REJECTED_FILES,
     RESCORE_NAMES,
-    SCORED,
     STAGING,
     SUCCESS,
+    Kind,
     other_output,
     other_output_message,
 )
@@ -125,7 +125,7 @@ def prepare(output: str, overwrite: bool) -> None:
         raise OutputError(
             f"--output {output} is an incremental table ({DELTA_LOG}): write one-shot runs to a directory of their own"
         )
-    found = other_output(names, SCORED)
+    found = other_output(names, Kind.SCORED)
     if found:  # even with --overwrite: a scored run never replaces another command's output
         raise OutputError(other_output_message(output, found))
     ledger = read_ledger(output)
