@@ -22,6 +22,7 @@ dropped connections). Servers die with the test process (PR_SET_PDEATHSIG) howev
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import os
@@ -387,7 +388,9 @@ class FaultProxy:
                     if k.lower() == "location":
                         v = v.replace(proxy.upstream, proxy.url)
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer's Content-Length is the object's size, not this (empty) body's
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -436,3 +439,23 @@ class FaultProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def store_environment(server):
+    """The server's client settings in os.environ (in-process runs), restored after."""
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def accounting(doc: dict) -> dict:
+    """metrics.json less what names the paths."""
+    return {k: v for k, v in doc.items() if k not in ("input", "output")}

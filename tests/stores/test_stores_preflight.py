@@ -4,7 +4,6 @@ the path, before any work (nothing is written) and without a client's minute of 
 
 from __future__ import annotations
 
-import os
 import time
 
 from batched import run_many
