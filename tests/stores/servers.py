@@ -220,7 +220,7 @@ class S3Server(_Process):
 
     def start(self):
         try:
-            import moto.server  # noqa: F401
+            import moto.server  # noqa: F401  (installed: the server can start)
         except ImportError:
             raise Unavailable("no S3 server: pip install 'moto[server]' (the test extra)") from None
         return super().start()

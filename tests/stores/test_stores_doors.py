@@ -35,6 +35,7 @@ def rollouts(tmp_path_factory):
     return str(dumps), json.load(open(os.path.join(out, "metrics.json"))), files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["gs", "s3"])
 def test_verl_dumps_in_a_bucket_equal_the_local_run(scheme, rollouts, request, tmp_path):
     from rescore.pipelines.cli import run

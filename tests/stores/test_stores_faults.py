@@ -1,12 +1,13 @@
 """Faults on the store in the middle of a run, through a proxy in front of a real server
-(servers.FaultProxy): what the client libraries retry (a 503, a slow first byte, GCS while its
-server restarts) leaves a run equal to a clean one; what they do not (S3 gone for good, a write
+(servers.FaultProxy): what the client libraries retry (a 503, a slow first byte) leaves a run
+equal to a clean one; what they do not (S3 gone for good, a write
 GCS refuses) fails the run with one line, exit 1 and no _SUCCESS, and a rerun then equals a
 clean run."""
 
 from __future__ import annotations
 
 import json
+import pytest
 from batched import run_many
 from servers import FaultProxy, GcsServer, S3Server, accounting, store_environment, upload_tree
 
@@ -41,6 +42,7 @@ def _equals_clean_run(server, output, local_run):
     assert "_SUCCESS" in names and not any(n.startswith("_staging") for n in names), names
 
 
+@pytest.mark.slow
 def test_gcs_retries_a_503_and_a_slow_first_byte(gcs_server, experience, local_run):
     server = gcs_server
     bucket = server.bucket("rescore-faults")
@@ -56,6 +58,7 @@ def test_gcs_retries_a_503_and_a_slow_first_byte(gcs_server, experience, local_r
     _equals_clean_run(server, output, local_run)
 
 
+@pytest.mark.slow
 def test_gcs_a_refused_write_fails_with_one_line_and_a_rerun_equals_a_clean_run(gcs_server, experience, local_run, tmp_path):
     server = gcs_server
     bucket = server.bucket("rescore-refused")
@@ -74,6 +77,7 @@ def test_gcs_a_refused_write_fails_with_one_line_and_a_rerun_equals_a_clean_run(
     _equals_clean_run(server, output, local_run)
 
 
+@pytest.mark.slow
 def test_s3_retries_a_503_and_a_slow_first_byte(s3_server, experience, local_run):
     server = s3_server
     bucket = server.bucket("rescore-faults")
@@ -89,6 +93,7 @@ def test_s3_retries_a_503_and_a_slow_first_byte(s3_server, experience, local_run
     _equals_clean_run(server, output, local_run)
 
 
+@pytest.mark.slow
 def test_s3_server_stopped_mid_run_fails_with_one_line_and_a_rerun_equals_a_clean_run(experience, local_run, tmp_path):
     with S3Server() as server:
         bucket = server.bucket("rescore-stopped")
