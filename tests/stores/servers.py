@@ -97,7 +97,10 @@ class _Process:
             return self
         self.proc = subprocess.Popen(
             self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=self.child_env(), preexec_fn=_die_with_parent,
+            env=self.child_env(),
+            # PR_SET_PDEATHSIG follows the starting *thread*: only the main thread's children get it
+            # (a server restarted from a timer thread would die with that thread)
+            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
         _wait_for_port(self.port, self.proc, self.name)
         return self

@@ -1,12 +1,13 @@
 """Faults on the store in the middle of a run, through a proxy in front of a real server
 (servers.FaultProxy): what the client libraries retry (a 503, a slow first byte) leaves a run
-equal to a clean one; what they do not (S3 gone for good, a write
-GCS refuses) fails the run with one line, exit 1 and no _SUCCESS, and a rerun then equals a
+equal to a clean one; what they do not (S3 gone for good, a write GCS refuses, a GCS upload
+whose session died with the server) fails the run with one line, exit 1 and no _SUCCESS, and a rerun then equals a
 clean run."""
 
 from __future__ import annotations
 
 import json
+import threading
 import pytest
 from batched import run_many
 from servers import FaultProxy, GcsServer, S3Server, accounting, store_environment, upload_tree
@@ -59,22 +60,36 @@ def test_gcs_retries_a_503_and_a_slow_first_byte(gcs_server, experience, local_r
 
 
 @pytest.mark.slow
-def test_gcs_a_refused_write_fails_with_one_line_and_a_rerun_equals_a_clean_run(gcs_server, experience, local_run, tmp_path):
-    server = gcs_server
-    bucket = server.bucket("rescore-refused")
-    upload_tree(server, experience, f"{bucket}/in")
-    output = f"{bucket}/out"
-    with FaultProxy(server.url) as proxy:
-        proxy.add(method="PUT", path="scored-", status=403, times=None,
-                  body=b'{"error": {"code": 403, "message": "the retention policy forbids it"}}')
-        env, beam = _through(server, proxy)
-        [(code, err)] = run_many(tmp_path, [(["--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy",
-                                              "grpo", RUNNER, "--quiet", *beam], env)])
-    # (google-resumable-media's message: "(403, 'Expected one of', <HTTPStatus.OK: 200>, ...)")
-    assert code == 1 and err.count("\n") == 1 and err.startswith("rescore: error: pipeline failed: (403, "), err
-    assert "_SUCCESS" not in server.names(output) and "metrics.json" not in server.names(output)
-    _run_in_process(server.env, [], bucket, output)
-    _equals_clean_run(server, output, local_run)
+def test_gcs_a_refused_write_or_a_restarted_server_fail_with_one_line_and_a_rerun_equals_a_clean_run(
+        experience, local_run, tmp_path):
+    """A write GCS refuses (403: not retried), and the server stopped in the middle of an upload
+    and back 2 s later: the client retries the connection, but the upload session is gone with
+    the server (fake-gcs-server keeps sessions in memory; real GCS keeps them a week), so the
+    upload fails. Both: exit 1, one line, no _SUCCESS; then a rerun equals a clean run."""
+    with GcsServer() as server:  # its own: stopped mid-run (its objects are on disk)
+        bucket = server.bucket("rescore-refused")
+        upload_tree(server, experience, f"{bucket}/in")
+        refused, restarted = f"{bucket}/refused", f"{bucket}/restarted"
+
+        def restart():
+            server.stop()
+            threading.Timer(2.0, server.start).start()
+
+        with FaultProxy(server.url) as proxy:
+            proxy.add(method="PUT", path="refused%2F_staging%2Fscored-", status=403, times=None,
+                      body=b'{"error": {"code": 403, "message": "the retention policy forbids it"}}')
+            stopped = proxy.add(method="PUT", path="restarted%2F_staging%2Fscored-", action=restart)
+            env, beam = _through(server, proxy)
+            args = ["--input", f"{bucket}/in/*.parquet", "--strategy", "grpo", RUNNER, "--quiet", *beam]
+            runs = run_many(tmp_path, [([*args, "--output", refused], env), ([*args, "--output", restarted], env)])
+        assert stopped.hits == 1 and any(status == 0 for _, _, status in proxy.requests)  # it found the server gone
+        # (google-resumable-media's message: "(403, 'Expected one of', <HTTPStatus.OK: 200>, ...)")
+        for (code, err), status in zip(runs, (403, 404)):
+            assert code == 1 and err.count("\n") == 1 and err.startswith(f"rescore: error: pipeline failed: ({status}, "), err
+        for output in (refused, restarted):
+            assert "_SUCCESS" not in server.names(output) and "metrics.json" not in server.names(output)
+            _run_in_process(server.env, [], bucket, output)
+            _equals_clean_run(server, output, local_run)
 
 
 @pytest.mark.slow
