@@ -22,6 +22,7 @@ dropped connections). Servers die with the test process (PR_SET_PDEATHSIG) howev
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import os
@@ -96,7 +97,10 @@ class _Process:
             return self
         self.proc = subprocess.Popen(
             self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=self.child_env(), preexec_fn=_die_with_parent,
+            env=self.child_env(),
+            # PR_SET_PDEATHSIG follows the starting *thread*: only the main thread's children get it
+            # (a server restarted from a timer thread would die with that thread)
+            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
         _wait_for_port(self.port, self.proc, self.name)
         return self
@@ -219,7 +223,7 @@ class S3Server(_Process):
 
     def start(self):
         try:
-            import moto.server  # noqa: F401
+            import moto.server  # noqa: F401  (installed: the server can start)
         except ImportError:
             raise Unavailable("no S3 server: pip install 'moto[server]' (the test extra)") from None
         return super().start()
@@ -387,7 +391,9 @@ class FaultProxy:
                     if k.lower() == "location":
                         v = v.replace(proxy.upstream, proxy.url)
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer's Content-Length is the object's size, not this (empty) body's
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -436,3 +442,23 @@ class FaultProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def store_environment(server):
+    """The server's client settings in os.environ (in-process runs), restored after."""
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def accounting(doc: dict) -> dict:
+    """metrics.json less what names the paths."""
+    return {k: v for k, v in doc.items() if k not in ("input", "output")}

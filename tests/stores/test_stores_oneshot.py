@@ -5,61 +5,16 @@ Rescore did not write) and the output lock on both stores."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 
-import pyarrow.parquet as pq
 import pytest
 from batched import run_many
-from servers import FaultProxy, upload_tree
+from servers import FaultProxy, accounting, store_environment, upload_tree
 
-RUNNER = "--runner=FnApiRunner"
 BUCKET = "rescore-test"
-
-
-@contextlib.contextmanager
-def store_environment(server):
-    """The server's client settings in os.environ (in-process runs), restored after."""
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def accounting(doc: dict) -> dict:
-    """metrics.json less what names the paths."""
-    return {k: v for k, v in doc.items() if k not in ("input", "output")}
-
-
-@pytest.fixture(scope="module")
-def experience(tmp_path_factory):
-    from rescore.pipelines.sample import make_experience
-
-    d = tmp_path_factory.mktemp("stores-in")
-    table = make_experience(batches=2, tasks=8, runs=4, seed=1)
-    half = table.num_rows // 2
-    pq.write_table(table.slice(0, half), str(d / "part-0.parquet"), row_group_size=16)
-    pq.write_table(table.slice(half), str(d / "part-1.parquet"), row_group_size=16)
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def local_run(experience, tmp_path_factory):
-    """The same job on local paths: (metrics.json, {scored file name: bytes})."""
-    from rescore.pipelines.cli import run
-
-    out = str(tmp_path_factory.mktemp("stores-local") / "grpo")
-    run(["--input", os.path.join(experience, "*.parquet"), "--output", out, "--strategy", "grpo", RUNNER, "--quiet"])
-    files = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out) if n.startswith("scored-")}
-    return json.load(open(os.path.join(out, "metrics.json"))), files
+RUNNER = "--runner=FnApiRunner"
 
 
 @pytest.fixture(scope="module", params=["gs", "s3"])
@@ -91,39 +46,61 @@ def _same_as_local(server, output, local_run):
     return names
 
 
-def test_one_shot_run_in_a_bucket_equals_the_local_run(store, local_run):
+@pytest.mark.slow
+def test_one_shot_run_in_a_bucket_equals_the_local_run_and_keeps_the_output_rules(store, local_run, tmp_path):
+    """In process: the run, compared with the local one. Then, in one child process (real stderr):
+    a second run without --overwrite (refused), with it (the same bytes again), a run into an
+    output holding a file Rescore did not write (refused, the file kept), a run into an output
+    whose lock another run holds (refused, naming the holder), and a run through a store that
+    ignores the lock's condition (refused: the lock could not be atomic)."""
+    from rescore.transforms.files import lock as output_lock
+
     server, bucket = store
+    scheme = bucket.split("://")[0]
     output = f"{bucket}/out/grpo"
     doc = _run(server, "--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy", "grpo")
     assert doc["totals"]["rows_written"] == local_run[0]["totals"]["rows_written"] == 64
     names = _same_as_local(server, output, local_run)
     assert set(names) == {"_SUCCESS", "_rescore_files.json", "metrics.json", *local_run[1]}
 
-    # without --overwrite: refused, one line, exit 2; with it: replaced (the same bytes again)
-    [(code, err), (code2, err2)] = _two_runs(server, bucket, output)
-    assert code == 2 and err.strip() == f"rescore: error: {output} already holds a finished run (_SUCCESS); pass --overwrite to replace it", err
-    assert code2 == 0, err2
+    theirs, held, unguarded = f"{bucket}/theirs", f"{bucket}/held", f"{bucket}/unguarded"
+    server.put(f"{theirs}/scored-00000-of-00001.parquet", b"not ours")
+    with store_environment(server):
+        holder = output_lock.acquire(held)
+    args = ["--input", f"{bucket}/in/*.parquet", "--strategy", "grpo", RUNNER, "--quiet"]
+    try:
+        with FaultProxy(server.url) as proxy:
+            if scheme == "s3":
+                proxy.add(method="PUT", path="_rescore.lock", strip_header="If-None-Match", times=None)
+                proxy_env = {**server.env, "AWS_ENDPOINT_URL": proxy.url}
+                proxy_beam = [a.replace(server.url, proxy.url) for a in server.beam_args]
+            else:
+                proxy.add(method="POST", path="ifGenerationMatch=0", edit_query=("ifGenerationMatch=0", "x=0"), times=None)
+                proxy_env, proxy_beam = {**server.env, "STORAGE_EMULATOR_HOST": proxy.url}, []
+            runs = run_many(tmp_path, [
+                ([*args, "--output", output, *server.beam_args], server.env),
+                ([*args, "--output", output, "--overwrite", *server.beam_args], server.env),
+                ([*args, "--output", theirs, *server.beam_args], server.env),
+                ([*args, "--output", held, *server.beam_args], server.env),
+                ([*args, "--output", unguarded, *proxy_beam], proxy_env),
+            ])
+    finally:
+        with store_environment(server):
+            holder.release()
+    (finished, _), (overwrite, overwrite_err), (foreign, _), (locked, locked_err), (unsafe, unsafe_err) = runs
+    assert (finished, runs[0][1]) == (2, f"rescore: error: {output} already holds a finished run (_SUCCESS); pass --overwrite to replace it\n")
+    assert overwrite == 0, overwrite_err
     _same_as_local(server, output, local_run)
-
-
-def _two_runs(server, bucket, output):
-    import tempfile
-
-    args = ["--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy", "grpo", RUNNER, "--quiet", *server.beam_args]
-    return run_many(tempfile.mkdtemp(prefix="stores-runs-"), [(args, server.env), ([*args, "--overwrite"], server.env)])
-
-
-def test_a_file_rescore_did_not_write_is_refused_and_kept(store, tmp_path):
-    server, bucket = store
-    output = f"{bucket}/theirs"
-    server.put(f"{output}/scored-00000-of-00001.parquet", b"not ours")
-    [(code, err)] = run_many(tmp_path, [(["--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy", "grpo",
-                                          RUNNER, "--quiet", *server.beam_args], server.env)])
-    assert code == 2 and err.strip() == (
-        f"rescore: error: --output {output} holds 'scored-00000-of-00001.parquet', which Rescore did not write; "
-        "it deletes only its own files: pick another directory or move that file away"), err
-    assert server.get(f"{output}/scored-00000-of-00001.parquet") == b"not ours"
-    assert server.names(output) == ["scored-00000-of-00001.parquet"]
+    assert (foreign, runs[2][1]) == (2, f"rescore: error: --output {theirs} holds 'scored-00000-of-00001.parquet', which "
+                                        "Rescore did not write; it deletes only its own files: pick another directory or "
+                                        "move that file away\n")
+    assert server.names(theirs) == ["scored-00000-of-00001.parquet"] and server.get(f"{theirs}/scored-00000-of-00001.parquet") == b"not ours"
+    assert locked == 2 and locked_err.count("\n") == 1, locked_err
+    assert locked_err.startswith(f"rescore: error: {held} is being written by another run (pid {os.getpid()} on host "), locked_err
+    assert server.names(held) == []  # the holder released it; the refused run wrote nothing
+    what = "conditional writes (If-None-Match)" if scheme == "s3" else "generation preconditions (ifGenerationMatch=0)"
+    assert unsafe == 2 and unsafe_err.count("\n") == 1 and f"--output {unguarded}: this " in unsafe_err and what in unsafe_err, unsafe_err
+    assert server.names(unguarded) == []
 
 
 def test_the_output_lock_has_exactly_one_winner(store):
@@ -163,46 +140,3 @@ def test_the_output_lock_has_exactly_one_winner(store):
         won[0].release()
         assert server.names(output) == []
         output_lock.acquire(output).release()
-
-
-def test_a_run_into_a_locked_output_exits_2_naming_the_holder(store, tmp_path):
-    from rescore.transforms.files import lock as output_lock
-    from rescore.transforms.files import stores
-
-    server, bucket = store
-    output = f"{bucket}/held"
-    with store_environment(server):
-        stores.preflight([("--output", output)], server.beam_args)
-        held = output_lock.acquire(output)
-    try:
-        [(code, err)] = run_many(tmp_path, [(["--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy",
-                                              "grpo", RUNNER, "--quiet", *server.beam_args], server.env)])
-    finally:
-        with store_environment(server):
-            held.release()
-    assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"rescore: error: {output} is being written by another run (pid {os.getpid()} on host "), err
-    assert server.names(output) == []
-
-
-@pytest.mark.parametrize("scheme", ["gs", "s3"])
-def test_a_store_that_ignores_the_condition_is_refused(scheme, tmp_path, request):
-    """A store that drops the condition of a create (an old S3-compatible server; here a proxy
-    strips If-None-Match, or the ifGenerationMatch parameter) would let two runs hold the lock:
-    the run refuses with one line and leaves nothing behind."""
-    server = request.getfixturevalue("gcs_server" if scheme == "gs" else "s3_server")
-    bucket = server.bucket(BUCKET)
-    with FaultProxy(server.url) as proxy:
-        if scheme == "s3":
-            proxy.add(method="PUT", path="_rescore.lock", strip_header="If-None-Match", times=None)
-            env = {**server.env, "AWS_ENDPOINT_URL": proxy.url}
-            beam = [a.replace(server.url, proxy.url) for a in server.beam_args]
-        else:
-            proxy.add(method="POST", path="ifGenerationMatch=0", edit_query=("ifGenerationMatch=0", "x=0"), times=None)
-            env, beam = {**server.env, "STORAGE_EMULATOR_HOST": proxy.url}, []
-        output = f"{bucket}/unguarded-{scheme}"
-        [(code, err)] = run_many(tmp_path, [(["--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy",
-                                              "grpo", RUNNER, "--quiet", *beam], env)])
-    what = "conditional writes (If-None-Match)" if scheme == "s3" else "generation preconditions (ifGenerationMatch=0)"
-    assert code == 2 and err.count("\n") == 1 and f"--output {output}: this " in err and what in err, err
-    assert server.names(output) == []

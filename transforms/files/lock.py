@@ -133,6 +133,33 @@ def _remove_if_unpublished(directory: str) -> None:
         pass
 
 
+def _wait_or_take_over(output: str, text: bytes, updated: datetime.datetime, deadline: float,
+                       wait_seconds: float, take_over) -> None:
+    """An object-store lock found held (its bytes `text`, last written at `updated`): take it over
+    (`take_over()` deletes it, guarded by what was seen) when it is stale or its holder is a dead
+    pid on this host; else raise LockBusy naming the holder once the deadline has passed, or wait
+    a second. The caller then tries to create the lock again."""
+    try:
+        holder = json.loads(text)
+        described = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
+    except (ValueError, KeyError, TypeError):
+        holder, described = {}, "a run that has not written its details yet"
+    if not isinstance(holder, dict):
+        holder = {}
+    age = (datetime.datetime.now(datetime.timezone.utc) - updated).total_seconds()
+    dead = holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0) or 0))
+    if age > STALE_SECONDS or dead:
+        log.warning("taking over the lock of %s (%s): %s", output, described,
+                    "its process is gone" if dead else f"no heartbeat for {age:.0f} s")
+        take_over()
+        return
+    if time.monotonic() >= deadline:
+        if wait_seconds > 0:
+            raise LockBusy(f"{output} is still being written by another run ({described}) after waiting {wait_seconds:g} s")
+        raise LockBusy(f"{output} is being written by another run ({described}); pass --wait-for-lock SECONDS to wait for it")
+    time.sleep(1.0)
+
+
 @dataclass
 class GcsLock:
     """The lock object on GCS (see the module doc); `client` is a google.cloud.storage Client."""
@@ -170,25 +197,17 @@ class GcsLock:
             if held is None:
                 continue  # released meanwhile
             try:
-                holder = json.loads(held.download_as_bytes(if_generation_match=held.generation))
-                described = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
-            except (exceptions.GoogleAPICallError, ValueError, KeyError, TypeError):
-                holder, described = {}, "a run that has not written its details yet"
-            age = (datetime.datetime.now(datetime.timezone.utc) - held.updated).total_seconds()
-            dead = holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0) or 0))
-            if age > STALE_SECONDS or dead:
-                log.warning("taking over the lock of %s (%s): %s", output, described,
-                            "its process is gone" if dead else f"no heartbeat for {age:.0f} s")
+                text = held.download_as_bytes(if_generation_match=held.generation)
+            except exceptions.GoogleAPICallError:
+                text = b""
+
+            def take_over(held=held):
                 try:
                     held.delete(if_generation_match=held.generation)
                 except (exceptions.PreconditionFailed, exceptions.NotFound):
                     pass
-                continue
-            if time.monotonic() >= deadline:
-                if wait_seconds > 0:
-                    raise LockBusy(f"{output} is still being written by another run ({described}) after waiting {wait_seconds:g} s")
-                raise LockBusy(f"{output} is being written by another run ({described}); pass --wait-for-lock SECONDS to wait for it")
-            time.sleep(1.0)
+
+            _wait_or_take_over(output, text, held.updated, deadline, wait_seconds, take_over)
 
     def _beat(self, info: str) -> None:
         from google.api_core import exceptions
@@ -280,23 +299,8 @@ class S3Lock:
                 if storage.not_found(e):
                     continue  # released meanwhile
                 raise
-            try:
-                holder = json.loads(held["Body"].read())
-                described = f"pid {holder['pid']} on host {holder['host']}, started {holder['started']}"
-            except (ValueError, KeyError, TypeError):
-                holder, described = {}, "a run that has not written its details yet"
-            age = (datetime.datetime.now(datetime.timezone.utc) - held["LastModified"]).total_seconds()
-            dead = holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0) or 0))
-            if age > STALE_SECONDS or dead:
-                log.warning("taking over the lock of %s (%s): %s", output, described,
-                            "its process is gone" if dead else f"no heartbeat for {age:.0f} s")
-                self._delete_if(client, held["ETag"])
-                continue
-            if time.monotonic() >= deadline:
-                if wait_seconds > 0:
-                    raise LockBusy(f"{output} is still being written by another run ({described}) after waiting {wait_seconds:g} s")
-                raise LockBusy(f"{output} is being written by another run ({described}); pass --wait-for-lock SECONDS to wait for it")
-            time.sleep(1.0)
+            _wait_or_take_over(output, held["Body"].read(), held["LastModified"], deadline, wait_seconds,
+                               lambda etag=held["ETag"]: self._delete_if(client, etag))
 
     def _not_atomic(self, output: str) -> OutputError:
         return OutputError(
@@ -385,7 +389,7 @@ def acquire(output: str, wait_seconds: float = 0.0) -> OutputLock | GcsLock | S3
             return GcsLock(path, client).acquire(output, wait_seconds)
     if output.startswith("s3://"):
         try:
-            import boto3  # noqa: F401
+            import boto3  # noqa: F401  (the [s3] extra is installed)
         except ImportError:
             raise OutputError(f"--output {output} needs the [s3] extra: pip install 'rescore[s3]'") from None
         return S3Lock(path).acquire(output, wait_seconds)

@@ -195,6 +195,19 @@ def _s3_credentials(client) -> dict:
             "aws_session_token": frozen.token}
 
 
+def refuse_database_in_a_bucket(inputs: list[str], input_table) -> None:
+    """A SQL buffer is read through a database driver: SQLite opens a file on a local disk, and no
+    driver opens one in a bucket. One line, before any work, rather than SQLAlchemy's error."""
+    if not input_table:
+        return
+    for path in inputs:
+        if scheme(path) in ("gs", "s3"):
+            raise ConfigError(
+                f"--input {path}: --input-table reads a SQL buffer through its database URL, and SQLite cannot "
+                "open a file in a bucket; copy it to a local disk first and pass --input sqlite:///PATH"
+            )
+
+
 def run_paths(inputs: list[str], output: str, input_table=None) -> list[tuple[str, str]]:
     """The (flag, path) pairs a one-shot or incremental run reads and writes."""
     pairs = [("--output", output)]
