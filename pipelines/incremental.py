@@ -263,7 +263,6 @@ def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> In
         name, k = f"{base}-{k}", k + 1
     if not dry_run:
         _clean_work(cfg.output, state)
-        store_options.check_atomic(cfg.output, so, work_dir(cfg.output))  # S3: the store refuses a second create
     files = list_inputs(cfg.inputs)
     out_real = canonical(table_uri(cfg.output)).rstrip("/") + "/"
     for f in files:
