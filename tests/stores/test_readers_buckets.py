@@ -130,3 +130,24 @@ def test_an_unfinished_or_damaged_output_in_a_bucket_is_one_line(bucket, local, 
             assert code == 2 and len(lines) == 1 and lines[0].startswith("rescore: error: "), (argv, code, err)
             assert where in lines[0] and (words in lines[0] or argv[0] != "show"), (argv, lines)
     assert not [n for n in server.names(base) if n.startswith("rep-x/")]
+
+
+def test_a_damaged_scored_file_fails_as_it_does_locally(bucket, local, runs, tmp_path):
+    """A scored file that is not Parquet: `show` fails with one line and the exit status it has
+    on a local copy of the same damage."""
+    import shutil
+
+    scheme, server, env, urls = bucket
+    base = urls["oneshot"].rsplit("/", 1)[0]
+    copy = tmp_path / "damaged"
+    shutil.copytree(local["oneshot"], copy)
+    victim = sorted(n for n in os.listdir(copy) if n.startswith("scored-"))[0]
+    (copy / victim).write_bytes(b"PAR1 not parquet PAR1")
+    upload_tree(server, str(copy), f"{base}/damaged-file")
+    results = []
+    for where in (f"{base}/damaged-file", str(copy)):
+        code, err = runs.run(["show", where], env)
+        lines = err.strip().splitlines()
+        assert code != 0 and len(lines) == 1 and lines[0].startswith("rescore: error: "), (where, code, err)
+        results.append((code, lines[0].replace(where, "OUT")))
+    assert results[0][0] == results[1][0], results
