@@ -293,6 +293,7 @@ def run_job(cfg: RunConfig, *, prefetch: Prefetch | None = None) -> dict[str, An
     `prefetch`: the first read units the command started decoding (pipelines/early.py)."""
     fault_injection.refresh()  # tests only: a no-op unless they armed a fault
     ownership.check_output_path(cfg.output)
+    stores.refuse_database_in_a_bucket(cfg.inputs, cfg.input_table)
     if not _dry_run(PipelineOptions(cfg.beam_args)):  # buckets there, credentials work: before any work
         stores.preflight(stores.run_paths(cfg.inputs, cfg.output, cfg.input_table), cfg.beam_args)
     door = sources.wanted(cfg)  # a Trinity SQL buffer or a verl dump in, or a buffer out

@@ -22,6 +22,7 @@ dropped connections). Servers die with the test process (PR_SET_PDEATHSIG) howev
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import http.client
 import os
@@ -282,7 +283,8 @@ class Fault:
     """One kind of misbehaviour for the requests that match: method (GET, PUT, POST, DELETE...,
     None: any) and `path` (a substring of the request path and query, None: any). status: answer
     that instead of forwarding; delay: seconds before the first byte of the answer; drop: close
-    the connection without an answer. strip_header: forward the request without that header (a
+    the connection without an answer. body: the answer's body with `status` (default: a JSON
+    error as GCS writes them; S3 clients read XML: <Error><Code>...). strip_header: forward the request without that header (a
     store that ignores it). edit_query: (old, new) replaced in the forwarded path and query (a
     store that ignores a query parameter). action: called (no arguments) before the request is forwarded (a
     test stops the server there). times: how many matching requests (None: all of them)."""
@@ -292,6 +294,7 @@ class Fault:
     status: int | None = None
     delay: float = 0.0
     drop: bool = False
+    body: bytes | None = None
     strip_header: str | None = None
     edit_query: tuple[str, str] | None = None
     action: object = None
@@ -349,10 +352,10 @@ class FaultProxy:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 if fault is not None and fault.status:
-                    message = b'{"error": {"code": %d, "message": "injected by FaultProxy"}}' % fault.status
+                    message = fault.body or b'{"error": {"code": %d, "message": "injected by FaultProxy"}}' % fault.status
                     proxy._log(self.command, self.path, fault.status)
                     self.send_response(fault.status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", "application/xml" if message.startswith(b"<") else "application/json")
                     self.send_header("Content-Length", str(len(message)))
                     self.end_headers()
                     self.wfile.write(message)
@@ -385,7 +388,9 @@ class FaultProxy:
                     if k.lower() == "location":
                         v = v.replace(proxy.upstream, proxy.url)
                     self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer's Content-Length is the object's size, not this (empty) body's
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -434,3 +439,23 @@ class FaultProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def store_environment(server):
+    """The server's client settings in os.environ (in-process runs), restored after."""
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def accounting(doc: dict) -> dict:
+    """metrics.json less what names the paths."""
+    return {k: v for k, v in doc.items() if k not in ("input", "output")}

@@ -5,61 +5,16 @@ Rescore did not write) and the output lock on both stores."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 
-import pyarrow.parquet as pq
 import pytest
 from batched import run_many
-from servers import FaultProxy, upload_tree
+from servers import FaultProxy, accounting, store_environment, upload_tree
 
-RUNNER = "--runner=FnApiRunner"
 BUCKET = "rescore-test"
-
-
-@contextlib.contextmanager
-def store_environment(server):
-    """The server's client settings in os.environ (in-process runs), restored after."""
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def accounting(doc: dict) -> dict:
-    """metrics.json less what names the paths."""
-    return {k: v for k, v in doc.items() if k not in ("input", "output")}
-
-
-@pytest.fixture(scope="module")
-def experience(tmp_path_factory):
-    from rescore.pipelines.sample import make_experience
-
-    d = tmp_path_factory.mktemp("stores-in")
-    table = make_experience(batches=2, tasks=8, runs=4, seed=1)
-    half = table.num_rows // 2
-    pq.write_table(table.slice(0, half), str(d / "part-0.parquet"), row_group_size=16)
-    pq.write_table(table.slice(half), str(d / "part-1.parquet"), row_group_size=16)
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def local_run(experience, tmp_path_factory):
-    """The same job on local paths: (metrics.json, {scored file name: bytes})."""
-    from rescore.pipelines.cli import run
-
-    out = str(tmp_path_factory.mktemp("stores-local") / "grpo")
-    run(["--input", os.path.join(experience, "*.parquet"), "--output", out, "--strategy", "grpo", RUNNER, "--quiet"])
-    files = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out) if n.startswith("scored-")}
-    return json.load(open(os.path.join(out, "metrics.json"))), files
+RUNNER = "--runner=FnApiRunner"
 
 
 @pytest.fixture(scope="module", params=["gs", "s3"])

@@ -104,6 +104,8 @@ def open_parquet(path: str, *, streaming: bool = False, metadata: pq.FileMetaDat
         options["metadata"] = metadata
     if is_local(path):
         return pq.ParquetFile(path, memory_map=False, **options)
+    if path.startswith("s3://"):
+        return pq.ParquetFile(io.BufferedReader(_S3Read(path), buffer_size=1 << 20), **options)
     fs, codecs = _beam()
     return pq.ParquetFile(fs.open(path, compression_type=codecs.UNCOMPRESSED), **options)
 
@@ -180,6 +182,40 @@ def gcs_client():
 def _bucket_key(path: str) -> tuple[str, str]:
     bucket, _, key = path.split("://", 1)[1].partition("/")
     return bucket, key
+
+
+class _S3Read(io.RawIOBase):
+    """A seekable read-only file over the object `path`: ranged GETs with the run's one client
+    (Beam's S3 reader builds a client per file)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._bucket, self._key = _bucket_key(path)
+        self._size = s3_client().head_object(Bucket=self._bucket, Key=self._key)["ContentLength"]
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset if whence == 0 else self._pos + offset if whence == 1 else self._size + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), self._size - self._pos)
+        if n <= 0:
+            return 0
+        body = s3_client().get_object(Bucket=self._bucket, Key=self._key,
+                                      Range=f"bytes={self._pos}-{self._pos + n - 1}")["Body"].read()
+        buffer[:len(body)] = body
+        self._pos += len(body)
+        return len(body)
 
 
 class _S3Upload(io.RawIOBase):

@@ -133,7 +133,10 @@ def _check_gcs(flag: str, path: str, bucket: str, prefix: str, options) -> None:
 
 def _gcs_message(error: BaseException) -> str:
     """A google-api-core error in one line: its status and message, not the request URL."""
+    import re
+
     message = getattr(error, "message", None) or first_line(error)
+    message = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", first_line(message))
     code = getattr(error, "code", None)
     return first_line(f"{code} {message}" if code else message)
 
@@ -190,6 +193,19 @@ def _s3_credentials(client) -> dict:
     frozen = creds.get_frozen_credentials()
     return {"aws_access_key_id": frozen.access_key, "aws_secret_access_key": frozen.secret_key,
             "aws_session_token": frozen.token}
+
+
+def refuse_database_in_a_bucket(inputs: list[str], input_table) -> None:
+    """A SQL buffer is read through a database driver: SQLite opens a file on a local disk, and no
+    driver opens one in a bucket. One line, before any work, rather than SQLAlchemy's error."""
+    if not input_table:
+        return
+    for path in inputs:
+        if scheme(path) in ("gs", "s3"):
+            raise ConfigError(
+                f"--input {path}: --input-table reads a SQL buffer through its database URL, and SQLite cannot "
+                "open a file in a bucket; copy it to a local disk first and pass --input sqlite:///PATH"
+            )
 
 
 def run_paths(inputs: list[str], output: str, input_table=None) -> list[tuple[str, str]]:
