@@ -9,7 +9,6 @@ GCS goes through tests/stores/gcs_xml.py: delta-rs writes with the XML API, whic
 fake-gcs-server lacks; the proxy turns those writes into the JSON-API uploads that mean the
 same, and the server checks their preconditions."""
 
-import os
 import threading
 
 import pyarrow as pa
@@ -19,6 +18,7 @@ import pytest
 pytest.importorskip("deltalake")
 
 from bucket_env import anonymous_gcs, store  # noqa: E402,F401  (fixtures)
+from gcs_xml import XmlWrites  # noqa: E402
 
 RUNNER = "--runner=FnApiRunner"
 STRATEGY = ["--strategy", "grpo"]
@@ -144,3 +144,40 @@ def test_an_s3_commit_that_cannot_be_atomic_is_refused_before_work(s3_server, fo
     assert len(err.strip().splitlines()) == 1 and err.startswith("rescore: error: ")
     assert f"{bucket}/table" in err and next(iter(setting)) in err
     assert [n for n in s3_server.names(bucket) if n.startswith("table/")] == []
+
+
+@pytest.mark.slow
+def test_a_refused_commit_publishes_nothing_and_a_rerun_equals_the_local_days(gcs_server, local_days, tmp_path):
+    """Day 2 on GCS with the store refusing the commit's write (403 on version 1 of the log):
+    exit 1, one line, the table still day 1's; the rerun then equals the local day 2."""
+    from batched import ForkedRuns
+    from servers import FaultProxy
+
+    bucket = gcs_server.bucket("refused-commit")
+    days = day_files()
+    with XmlWrites(gcs_server.port) as xml, FaultProxy(xml.url) as proxy, \
+            ForkedRuns(tmp_path / "runs", preload=("tests.stores.anon_gcs",)) as runs:
+        env = {**gcs_server.env, "STORAGE_EMULATOR_HOST": proxy.url}
+        argv = ["--input", f"{bucket}/in/*.parquet", "--output", f"{bucket}/table", "--incremental", RUNNER, *STRATEGY]
+        for name, table in days[0].items():
+            gcs_server.put(f"{bucket}/in/{name}", parquet_bytes(table))
+        assert runs.run(argv, env)[0] == 0
+        for name, table in days[1].items():
+            gcs_server.put(f"{bucket}/in/{name}", parquet_bytes(table))
+        fault = proxy.add(method="PUT", path="00000000000000000001", status=403, times=None)
+        code, err = runs.run(argv, env)
+        assert fault.hits >= 1 and code == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rescore: error: "), err
+        names = gcs_server.names(f"{bucket}/table")
+        assert "_delta_log/00000000000000000001.json" not in names
+        code, out = runs.run(["show", f"{bucket}/table"], env)
+        assert code == 0 and "version 0" in runs.stdout(), out
+        proxy.clear()
+        assert runs.run(argv, env)[0] == 0
+    from rescore.pipelines.load import load_scored
+
+    with pytest.MonkeyPatch.context() as mp:
+        with XmlWrites(gcs_server.port) as xml:
+            mp.setenv("STORAGE_EMULATOR_HOST", xml.url)
+            assert sorted_rows(load_scored(f"{bucket}/table")).equals(local_days[1][1])
