@@ -174,7 +174,12 @@ def test_a_refused_commit_publishes_nothing_and_a_rerun_equals_the_local_days(gc
         code, out = runs.run(["show", f"{bucket}/table"], env)
         assert code == 0 and "version 0" in runs.stdout(), out
         proxy.clear()
+        failed = {n.split("/")[2] for n in gcs_server.names(f"{bucket}/table") if n.startswith("_rescore/runs/")}
+        assert len(failed) == 2  # day 1's and the failed run's work directories
         assert runs.run(argv, env)[0] == 0
+        work = {n.split("/")[2] for n in gcs_server.names(f"{bucket}/table") if n.startswith("_rescore/runs/")}
+        assert len(work) == 2 and len(work & failed) == 1  # the failed run's work is gone, the rerun's is there
+        assert not [n for n in gcs_server.names(f"{bucket}/table") if "/scored-" in n]  # committed rows live in the table
     from rescore.pipelines.load import load_scored
 
     with pytest.MonkeyPatch.context() as mp:
