@@ -7,6 +7,10 @@
 Lake table that `rescore --incremental` keeps. A directory without `_SUCCESS` (a run in
 progress or failed) is refused rather than read half-written.
 
+`path` may be on an object store (`gs://`, `s3://`): the one-shot files are read through
+Beam's filesystems, a table through delta-rs, both with the settings the environment gives
+Beam (STORAGE_EMULATOR_HOST, AWS_ENDPOINT_URL, credentials; transforms/files/store_options.py).
+
 This module imports neither Beam nor torch (training code imports it), and reads a local
 Delta table's files with pyarrow itself: delta-rs gives the list of files of the latest
 version, pyarrow reads them. (Reading through delta-rs's own pyarrow file system in a process
