@@ -82,29 +82,36 @@ def test_show_prints_what_it_prints_locally(bucket, local, runs, kind):
     assert got.replace(urls[kind], "OUT") == want.replace(local[kind], "OUT") and "rows            64" in got
 
 
+@pytest.fixture(scope="module")
+def local_readers(local, runs, tmp_path_factory):
+    """What report, task-stats and export write for the local outputs (once for both stores)."""
+    root = tmp_path_factory.mktemp("local-readers")
+    for kind in ("oneshot", "table"):
+        assert runs.run(["report", local[kind], "--to", str(root / f"report-{kind}")])[0] == 0
+    assert runs.run(["task-stats", "--input", local["table"], "--output", str(root / "stats"), RUNNER])[0] == 0
+    assert runs.run(["export", local["table"], "--output", str(root / "sft"), "--format", "sft"])[0] == 0
+    return root
+
+
 @pytest.mark.slow
-def test_report_task_stats_and_export_from_a_bucket(bucket, local, runs, tmp_path):
+def test_report_task_stats_and_export_from_a_bucket(bucket, local_readers, runs, tmp_path):
+    from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS
+
     scheme, server, env, urls = bucket
     for kind in ("oneshot", "table"):
         rep = f"{urls['oneshot'].rsplit('/', 1)[0]}/report-{kind}"
         code, err = runs.run(["report", urls[kind], "--to", rep], env)
         assert code == 0, err
-        code, err = runs.run(["report", local[kind], "--to", str(tmp_path / f"report-{kind}")], env)
-        assert code == 0, err
-        assert server.names(rep) == sorted(os.listdir(tmp_path / f"report-{kind}"))
+        assert server.names(rep) == sorted(os.listdir(local_readers / f"report-{kind}"))
         assert "report.html" in server.names(rep) and "report-reward.png" in server.names(rep)
-
-    for source, name in ((urls["table"], "bucket"), (local["table"], "local")):
-        code, err = runs.run(["task-stats", "--input", source, "--output", str(tmp_path / f"stats-{name}"), RUNNER], env)
-        assert code == 0, err
-        code, err = runs.run(["export", source, "--output", str(tmp_path / f"sft-{name}"), "--format", "sft"], env)
-        assert code == 0, err
-    from rescore.transforms.files.layout import TASK_BATCH_STATS, TASK_STATS
-
+    code, err = runs.run(["task-stats", "--input", urls["table"], "--output", str(tmp_path / "stats"), RUNNER], env)
+    assert code == 0, err
     for name in (TASK_STATS, TASK_BATCH_STATS):
-        got = pq.read_table(tmp_path / "stats-bucket" / name)
-        assert got.num_rows > 0 and got.equals(pq.read_table(tmp_path / "stats-local" / name)), name
-    assert pq.read_table(tmp_path / "sft-bucket" / "sft.parquet").equals(pq.read_table(tmp_path / "sft-local" / "sft.parquet"))
+        got = pq.read_table(tmp_path / "stats" / name)
+        assert got.num_rows > 0 and got.equals(pq.read_table(local_readers / "stats" / name)), name
+    code, err = runs.run(["export", urls["table"], "--output", str(tmp_path / "sft"), "--format", "sft"], env)
+    assert code == 0, err
+    assert pq.read_table(tmp_path / "sft" / "sft.parquet").equals(pq.read_table(local_readers / "sft" / "sft.parquet"))
 
 
 def test_an_unfinished_or_damaged_output_in_a_bucket_is_one_line(bucket, local, runs):
