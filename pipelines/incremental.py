@@ -91,19 +91,17 @@ def work_dir(output: str, name: str | None = None) -> str:
 
 def _clean_work(output: str, state: State) -> None:
     """Remove what killed runs left: work directories of runs never committed, and the scored
-    files of committed runs (their rows live in the table). Local outputs only; elsewhere they
-    are left and never read."""
+    files of committed runs (their rows live in the table). Local and object-store outputs."""
     root = work_dir(output)
-    if not storage.is_local(root) or not os.path.isdir(root):
-        return
     committed = {r["run"] for r in state.runs}
-    for name in sorted(os.listdir(root)):
-        path = os.path.join(root, name)
+    for name in storage.child_names(root):
+        path = storage.join(root, name)
         if name not in committed:
             log.info("removing %s, the work of a run that never committed", path)
             storage.delete([path])
         else:
-            storage.delete([os.path.join(path, n) for n in os.listdir(path) if fnmatch.fnmatch(n, SCORED_FILES) or n == STAGING])
+            storage.delete([storage.join(path, n) for n in storage.child_names(path)
+                            if fnmatch.fnmatch(n, SCORED_FILES) or n == STAGING])
 
 
 def restrict(plan: InputPlan, touched: set[int], shard_rows: int, whole: set[str], metadata: dict[str, Any]) -> InputPlan:
@@ -263,7 +261,6 @@ def prepare(cfg: RunConfig, scoring, chash: str, *, dry_run: bool = False) -> In
         name, k = f"{base}-{k}", k + 1
     if not dry_run:
         _clean_work(cfg.output, state)
-        store_options.check_atomic(cfg.output, so, work_dir(cfg.output))  # S3: the store refuses a second create
     files = list_inputs(cfg.inputs)
     out_real = canonical(table_uri(cfg.output)).rstrip("/") + "/"
     for f in files:

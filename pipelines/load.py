@@ -7,6 +7,10 @@
 Lake table that `rescore --incremental` keeps. A directory without `_SUCCESS` (a run in
 progress or failed) is refused rather than read half-written.
 
+`path` may be on an object store (`gs://`, `s3://`): the one-shot files are read through
+Beam's filesystems, a table through delta-rs, both with the settings the environment gives
+Beam (STORAGE_EMULATOR_HOST, AWS_ENDPOINT_URL, credentials; transforms/files/store_options.py).
+
 This module imports neither Beam nor torch (training code imports it), and reads a local
 Delta table's files with pyarrow itself: delta-rs gives the list of files of the latest
 version, pyarrow reads them. (Reading through delta-rs's own pyarrow file system in a process
@@ -50,6 +54,13 @@ def _exists(path: str) -> bool:
     return storage.exists(path)
 
 
+def _holds_objects(path: str) -> bool:
+    """An object store's "directory" exists where an object's name starts with it."""
+    from rescore.transforms.files import storage
+
+    return bool(storage.child_names(path)) or storage.exists(path)
+
+
 def _join(base: str, name: str) -> str:
     return os.path.join(base, name) if _local(base) else base.rstrip("/") + "/" + name
 
@@ -76,7 +87,7 @@ def kind_of(path: str, storage_options: dict | None = None) -> str:
             f"{path} is an incremental output of an earlier Rescore (_manifest.json); read each run=*/ with _SUCCESS, "
             "or rescore into a new --output"
         )
-    if not _exists(path):
+    if not (_exists(path) if _local(path) else _holds_objects(path)):
         raise OutputError(f"{path} does not exist")
     raise OutputError(f"{path} is not a finished Rescore output (no _SUCCESS, no Delta table)")
 
@@ -102,6 +113,35 @@ def load_scored(path: str, *, columns: list[str] | None = None, storage_options:
     if not tables:
         return _empty(columns)
     return pa.concat_tables(tables, promote_options="default")
+
+
+def input_files(source: str) -> list[str]:
+    """The Parquet files a source on an object store names, sorted: a finished Rescore output's
+    current scored files (a Delta table's live files, a one-shot run's scored-*.parquet), a
+    glob, one file, or a directory's *.parquet. OutputError for an unfinished output."""
+    from rescore.transforms.files import storage
+
+    if any(ch in source for ch in "*?["):
+        return sorted(p for p, _ in storage.match(source))
+    if storage.match(source):  # one object
+        return [source]
+    if kind_of_or_none(source) == "table":
+        dt = open_table(source, error=OutputError)
+        if dt.protocol().reader_features or dt.metadata().partition_columns:
+            raise OutputError(f"{source}: a Delta table with reader features or partitions; read it with delta-rs first")
+        return sorted(dt.file_uris())
+    if _exists(_join(source, SUCCESS)):
+        return sorted(storage.list_dir(source, SCORED_FILES))
+    if storage.list_dir(source, SCORED_FILES):
+        raise OutputError(f"{source} is not a finished Rescore output (no _SUCCESS, no Delta table)")
+    return sorted(storage.list_dir(source, "*.parquet"))
+
+
+def kind_of_or_none(path: str) -> str | None:
+    try:
+        return kind_of(path)
+    except OutputError:
+        return None
 
 
 def _read_table(path: str, columns: list[str] | None, storage_options: dict | None) -> pa.Table:

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 
 from rescore.errors import ReportError
 from rescore.pipelines.report_charts import CHARTS, OPTIONAL_CHARTS, draw
@@ -68,24 +70,48 @@ def _is_report(path: str) -> bool:
 
 
 def write_report(output: str, to: str | None = None, solved_at: float = 1.0) -> dict[str, str]:
-    """Write report.html and report-*.png for the run in `output`; returns {name: path}."""
+    """Write report.html and report-*.png for the run in `output`; returns {name: path}. Both
+    may be on an object store (gs://, s3://): the files are drawn in a local temporary
+    directory, then uploaded, the page last."""
     if to is None and not storage.is_local(output):
-        raise ReportError(f"{output} is not a local directory: pass --to LOCAL_DIR for the report files")
+        raise ReportError(f"{output} is not a local directory: pass --to DIR (a local directory or a bucket path) "
+                          "for the report files")
     to = to or output
     _check_target(to)  # before anything is read or drawn
     doc = load_metrics(output)
     data = read_run(output)
-    os.makedirs(to, exist_ok=True)
-    for old in report_files(to):  # charts of an earlier report that this one may not draw
-        os.remove(old)
-    paths, captions = draw(doc, data, lambda name: os.path.join(to, report_chart(name)), solved_at)
-    images = {}
-    for name, path in paths.items():
-        with open(path, "rb") as f:
-            images[name] = f.read()
-    paths["html"] = os.path.join(to, REPORT_HTML)
-    with open(paths["html"], "w", encoding="utf-8") as f:
-        f.write(render_html(doc, images, captions, groups=group_counts(data, solved_at), sizes=group_sizes(data), solved_at=solved_at))
+    html_path = storage.join(to, REPORT_HTML)
+    if storage.exists(html_path) and not _is_report(html_path):
+        raise ReportError(f"{html_path} is not a Rescore report, and Rescore replaces only its own files: "
+                          "move it away or pass --to another directory")
+    if storage.is_local(to):
+        os.makedirs(to, exist_ok=True)
+        draw_in = to
+    else:
+        draw_in = tempfile.mkdtemp(prefix="rescore-report-")
+    try:
+        storage.delete(report_files(to))  # charts of an earlier report that this one may not draw
+        paths, captions = draw(doc, data, lambda name: os.path.join(draw_in, report_chart(name)), solved_at)
+        images = {}
+        for name, path in paths.items():
+            with open(path, "rb") as f:
+                images[name] = f.read()
+        page = render_html(doc, images, captions, groups=group_counts(data, solved_at), sizes=group_sizes(data),
+                           solved_at=solved_at)
+        if storage.is_local(to):
+            with open(html_path, "w", encoding="utf-8") as f:
+                f.write(page)
+        else:
+            for name, path in paths.items():
+                paths[name] = storage.join(to, os.path.basename(path))
+                with storage.create(paths[name]) as f:
+                    f.write(images[name])
+            with storage.create(html_path) as f:
+                f.write(page.encode("utf-8"))
+    finally:
+        if draw_in != to:
+            shutil.rmtree(draw_in, ignore_errors=True)
+    paths["html"] = html_path
     _own(to, paths.values())
     return paths
 

@@ -75,6 +75,13 @@ def _read(paths: list[str], wanted: list[str]):
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
+def _is_table(output: str) -> bool:
+    """An --incremental Delta table (on an object store `_delta_log/` is a prefix, no object)."""
+    from rescore.transforms.files.delta_table import is_table
+
+    return is_table(output)
+
+
 def read_run(output: str) -> RunData:
     """RunData of the Parquet in `output`, reading only the columns the charts use."""
     data = RunData()
@@ -82,7 +89,7 @@ def read_run(output: str) -> RunData:
     table = None
     if scored:
         schema = storage.open_parquet(scored[0]).schema_arrow
-    elif storage.exists(storage.join(output, DELTA_LOG)):  # an --incremental table: its current rows
+    elif _is_table(output):  # an --incremental table: its current rows
         from rescore.pipelines.load import load_scored
 
         table = load_scored(output)
@@ -129,7 +136,7 @@ def read_run(output: str) -> RunData:
 def load_metrics(output: str) -> dict[str, Any]:
     path = storage.join(output, METRICS)
     if not storage.exists(path):
-        if storage.exists(storage.join(output, DELTA_LOG)):
+        if _is_table(output):
             return incremental_metrics(output)
         raise ReportError(f"{output} holds no metrics.json: not a Rescore output directory")
     return json.loads(storage.read_text(path))

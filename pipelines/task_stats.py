@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rescore.errors import RUN_FAILURES, ConfigError, InputError, LockBusy, last_line
+from rescore.transforms.files import storage
 from rescore.transforms.files.layout import TASK_STATS_JSON, Kind, other_output, other_output_message
 from rescore.transforms.files.layout import DELTA_LOG, LOCK, SCORED_FILES, SUCCESS
 from rescore.transforms.files.layout import STAGING as RUN_STAGING
@@ -109,6 +110,17 @@ def resolve_inputs(sources: list[str]) -> list[str]:
     """Every Parquet file the sources name, once each, sorted; InputError where one names none."""
     files: list[str] = []
     for source in sources:
+        if "://" in source:  # an object store (pipelines/load.py)
+            from rescore.pipelines.load import OutputError, input_files
+
+            try:
+                found = input_files(source)
+            except OutputError as e:
+                raise InputError(str(e)) from None
+            if not found:
+                raise InputError(f"--input {source} matches no Parquet file")
+            files += found
+            continue
         if os.path.isdir(source) and (os.path.isdir(os.path.join(source, DELTA_LOG)) or os.path.exists(os.path.join(source, SUCCESS))):
             found = _output_files(source)
         elif os.path.isdir(source):
@@ -127,7 +139,7 @@ def _task_type(files: list[str]) -> pa.DataType:
     seen: dict[str, str] = {}
     for f in files:
         try:
-            schema = pq.read_schema(f)
+            schema = storage.open_parquet(f).schema_arrow
         except Exception as e:  # noqa: BLE001
             raise InputError(f"{f}: not a readable Parquet file ({type(e).__name__})") from None
         missing = [c for c in ts.ID_COLUMNS if c not in schema.names]
@@ -217,7 +229,7 @@ def _run_locked(args, ks: tuple[int, ...], beam_args: list[str], band, out: str)
     skipped = int(open(skipped_path).read()) if os.path.exists(skipped_path) else 0
     tasks = pq.read_metadata(os.path.join(staging, TASK_STATS_FILE)).num_rows
     groups = pq.read_metadata(os.path.join(staging, GROUP_STATS_FILE)).num_rows
-    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    rows = sum(storage.open_parquet(f).metadata.num_rows for f in files)
     doc = {
         "inputs": args.input, "input_files": len(files), "threshold": args.threshold, "ks": list(ks),
         "lamb": args.lamb, "beta_m": args.beta_m, "rows_read": rows, "rows_skipped": skipped,

@@ -21,6 +21,7 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rescore.transforms.files import storage
 from rescore.transforms.files.layout import TASK_BATCH_STATS as GROUP_STATS_FILE
 from rescore.transforms.files.layout import TASK_STATS as TASK_STATS_FILE
 from rescore.transforms.rows import task_stats as ts
@@ -34,7 +35,7 @@ class _SummarizeFile(beam.DoFn):
         self._batches = batches
 
     def process(self, path: str):
-        f = pq.ParquetFile(path)
+        f = storage.open_parquet(path)  # local, gs://, s3://
         columns = list(ts.ID_COLUMNS) + (["copy_index"] if "copy_index" in f.schema_arrow.names else [])
         for record_batch in f.iter_batches(columns=columns, batch_size=65536):
             table = pa.Table.from_batches([record_batch])

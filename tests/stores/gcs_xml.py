@@ -109,6 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.query or url.path.startswith(("/upload/", "/storage/", "/_internal/")):
             return self._forward()
         bucket, _, name = url.path.lstrip("/").partition("/")
+        bucket = unquote(bucket)  # object_store escapes every character but letters and digits
         body = self._body()
         source = self.headers.get("x-goog-copy-source")
         if source:

@@ -9,7 +9,6 @@ GCS goes through tests/stores/gcs_xml.py: delta-rs writes with the XML API, whic
 fake-gcs-server lacks; the proxy turns those writes into the JSON-API uploads that mean the
 same, and the server checks their preconditions."""
 
-import os
 import threading
 
 import pyarrow as pa
@@ -18,6 +17,7 @@ import pytest
 
 pytest.importorskip("deltalake")
 
+from bucket_env import anonymous_gcs, store  # noqa: E402,F401  (fixtures)
 from gcs_xml import XmlWrites  # noqa: E402
 
 RUNNER = "--runner=FnApiRunner"
@@ -54,44 +54,6 @@ def run_incremental(inputs: str, out: str, *extra: str) -> dict:
     from rescore.pipelines.cli import run
 
     return run(["--input", inputs, "--output", out, "--incremental", RUNNER, "--quiet", *STRATEGY, *extra])
-
-
-@pytest.fixture(scope="module")
-def anonymous_gcs():
-    """Beam's GCS client connects anonymously at once (an emulator takes no credentials), not
-    after ~25 s of retries looking for default credentials."""
-    from apache_beam.internal.gcp import auth
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(auth._Credentials, "_credentials_init", True)
-    mp.setattr(auth._Credentials, "_credentials", None)
-    yield
-    mp.undo()
-
-
-@pytest.fixture(scope="module", params=["gs", "s3"])
-def store(request, anonymous_gcs):
-    """(scheme, server, the process environment set for it, extra Beam arguments)."""
-    mp = pytest.MonkeyPatch()
-    if request.param == "gs":
-        server = request.getfixturevalue("gcs_server")
-        proxy = XmlWrites(server.port).__enter__()
-        env = {**server.env, "STORAGE_EMULATOR_HOST": proxy.url}
-        beam_args = []
-    else:
-        server = request.getfixturevalue("s3_server")
-        proxy = None
-        env = dict(server.env)
-        beam_args = list(server.beam_args)
-    for k, v in env.items():
-        mp.setenv(k, v)
-    from apache_beam.io.filesystems import FileSystems
-
-    mp.setattr(FileSystems, "_pipeline_options", None)  # the next reader or run sets its own
-    yield request.param, server, env, beam_args
-    mp.undo()
-    if proxy is not None:
-        proxy.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +144,45 @@ def test_an_s3_commit_that_cannot_be_atomic_is_refused_before_work(s3_server, fo
     assert len(err.strip().splitlines()) == 1 and err.startswith("rescore: error: ")
     assert f"{bucket}/table" in err and next(iter(setting)) in err
     assert [n for n in s3_server.names(bucket) if n.startswith("table/")] == []
+
+
+@pytest.mark.slow
+def test_a_refused_commit_publishes_nothing_and_a_rerun_equals_the_local_days(gcs_server, local_days, tmp_path):
+    """Day 2 on GCS with the store refusing the commit's write (403 on version 1 of the log):
+    exit 1, one line, the table still day 1's; the rerun then equals the local day 2."""
+    from batched import ForkedRuns
+    from servers import FaultProxy
+
+    bucket = gcs_server.bucket("refused-commit")
+    days = day_files()
+    with XmlWrites(gcs_server.port) as xml, FaultProxy(xml.url) as proxy, \
+            ForkedRuns(tmp_path / "runs", preload=("tests.stores.anon_gcs",)) as runs:
+        env = {**gcs_server.env, "STORAGE_EMULATOR_HOST": proxy.url}
+        argv = ["--input", f"{bucket}/in/*.parquet", "--output", f"{bucket}/table", "--incremental", RUNNER, *STRATEGY]
+        for name, table in days[0].items():
+            gcs_server.put(f"{bucket}/in/{name}", parquet_bytes(table))
+        assert runs.run(argv, env)[0] == 0
+        for name, table in days[1].items():
+            gcs_server.put(f"{bucket}/in/{name}", parquet_bytes(table))
+        fault = proxy.add(method="PUT", path="00000000000000000001", status=403, times=None)
+        code, err = runs.run(argv, env)
+        assert fault.hits >= 1 and code == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rescore: error: "), err
+        names = gcs_server.names(f"{bucket}/table")
+        assert "_delta_log/00000000000000000001.json" not in names
+        code, out = runs.run(["show", f"{bucket}/table"], env)
+        assert code == 0 and "version 0" in runs.stdout(), out
+        proxy.clear()
+        failed = {n.split("/")[2] for n in gcs_server.names(f"{bucket}/table") if n.startswith("_rescore/runs/")}
+        assert len(failed) == 2  # day 1's and the failed run's work directories
+        assert runs.run(argv, env)[0] == 0
+        work = {n.split("/")[2] for n in gcs_server.names(f"{bucket}/table") if n.startswith("_rescore/runs/")}
+        assert len(work) == 2 and len(work & failed) == 1  # the failed run's work is gone, the rerun's is there
+        assert not [n for n in gcs_server.names(f"{bucket}/table") if "/scored-" in n]  # committed rows live in the table
+    from rescore.pipelines.load import load_scored
+
+    with pytest.MonkeyPatch.context() as mp:
+        with XmlWrites(gcs_server.port) as xml:
+            mp.setenv("STORAGE_EMULATOR_HOST", xml.url)
+            assert sorted_rows(load_scored(f"{bucket}/table")).equals(local_days[1][1])

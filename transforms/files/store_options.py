@@ -20,10 +20,10 @@ store creates an object "if it does not exist" in one request, so that of two wr
 version exactly one succeeds. GCS: an upload with the precondition `ifGenerationMatch=0`
 (always supported). S3: `PutObject` with `If-None-Match: *` (conditional put; AWS S3 since
 2024, MinIO, most S3-compatible stores; delta-rs 1.x commits this way by default). Refused
-before any work (exit 2, one line): `aws_conditional_put=disabled` (delta-rs would fail at the
-commit, after the work), `AWS_S3_ALLOW_UNSAFE_RENAME` (a commit that may overwrite another),
-and a store that ignores `If-None-Match` (checked by `check_atomic` with two conditional puts of
-a probe object under OUTPUT/_rescore/, removed after).
+before any work (exit 2, one line, `check_settings`): `aws_conditional_put=disabled` (delta-rs
+would fail at the commit, after the work) and `AWS_S3_ALLOW_UNSAFE_RENAME` (a commit that may
+overwrite another). A store that ignores the condition is refused by the output lock's own
+self-check, which creates its lock object the same way (transforms/files/lock.py).
 
 No Beam import: the readers (load_scored, rescore show) use it too.
 """
@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 
-from rescore.errors import ConfigError, first_line
+from rescore.errors import ConfigError
 
 S3_FLAGS = {
     "--s3_endpoint_url": "AWS_ENDPOINT_URL",
@@ -125,50 +124,6 @@ def check_settings(path: str, opts: dict[str, str] | None) -> None:
             f"--output {path}: AWS_S3_ALLOW_UNSAFE_RENAME lets a commit overwrite another run's, so the table could "
             "lose a run's rows; Rescore commits to S3 with conditional put (If-None-Match): unset it"
         )
-
-
-def check_atomic(path: str, opts: dict[str, str] | None, probe_dir: str) -> None:
-    """Before the work of an incremental run into an S3 table: the settings (check_settings),
-    and the store itself: a probe object under `probe_dir` (a directory Rescore owns) created
-    twice with `If-None-Match: *`; the second must be refused (412), else a commit there is not
-    atomic and the run is refused (exit 2). The probe is removed either way."""
-    check_settings(path, opts)
-    if scheme(path) not in ("s3", "s3a"):
-        return
-    try:
-        import boto3
-        from botocore.exceptions import ClientError
-    except ImportError:
-        raise ConfigError(f"--output {path}: S3 needs boto3: pip install 'rescore[s3]'") from None
-    bucket, _, prefix = probe_dir.split("://", 1)[1].partition("/")
-    key = f"{prefix.rstrip('/')}/atomic-probe-{uuid.uuid4().hex}"
-    client = boto3.client("s3", endpoint_url=_setting(opts, "AWS_ENDPOINT_URL"),
-                          aws_access_key_id=_setting(opts, "AWS_ACCESS_KEY_ID"),
-                          aws_secret_access_key=_setting(opts, "AWS_SECRET_ACCESS_KEY"),
-                          aws_session_token=_setting(opts, "AWS_SESSION_TOKEN"),
-                          region_name=_setting(opts, "AWS_REGION", "AWS_DEFAULT_REGION"))
-    try:
-        client.put_object(Bucket=bucket, Key=key, Body=b"1", IfNoneMatch="*")
-        try:
-            client.put_object(Bucket=bucket, Key=key, Body=b"2", IfNoneMatch="*")
-        except ClientError as e:
-            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status in (409, 412):
-                return
-            raise
-        raise ConfigError(
-            f"--output {path}: the S3 store ignored If-None-Match (a second conditional put of s3://{bucket}/{key} "
-            "succeeded), so two runs could both commit one table version; use a store with conditional put"
-        )
-    except ConfigError:
-        raise
-    except Exception as e:  # noqa: BLE001  (ClientError, EndpointConnectionError, NoCredentialsError...)
-        raise ConfigError(f"--output {path}: cannot write to the bucket ({first_line(e)})") from None
-    finally:
-        try:
-            client.delete_object(Bucket=bucket, Key=key)
-        except Exception:  # noqa: BLE001  (nothing was written, or the store is gone: said above)
-            pass
 
 
 def use_beam_options(beam_args: list[str] | None, *, replace: bool = True) -> None:
