@@ -364,14 +364,16 @@ freed and the next unit's decode: ~1.8M faults, ~2.5 s less system time, peak me
 (benchmarks/README.md). Only which pages are reused changes, never a value."""
 
 
-def keep_freed_pages() -> None:
-    """Set Arrow's jemalloc decay (RESCORE_ARROW_DECAY_MS, default 3000 ms) before pyarrow makes
-    its first arena; nothing where Arrow's default pool is another allocator."""
+def keep_freed_pages(argv: list[str] | None = None) -> None:
+    """Set Arrow's jemalloc decay (RESCORE_ARROW_DECAY_MS, default 3000 ms; 0 under a memory
+    budget, where freed pages held for the next read would count against it: ~180 MB of the
+    peak at 204,800 rows, benchmarks/README.md) before pyarrow makes its first arena; nothing
+    where Arrow's default pool is another allocator. `argv`: the command line (None: the process's)."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") != "jemalloc":
         return
     chosen = os.environ.get(DECAY_ENV, "").strip()
     try:
-        decay = int(chosen) if chosen else DEFAULT_DECAY_MS
+        decay = int(chosen) if chosen else 0 if _under_budget(sys.argv[1:] if argv is None else argv) else DEFAULT_DECAY_MS
     except ValueError:
         sys.stderr.write(f"rescore: error: {DECAY_ENV} must be a whole number of milliseconds (-1: never), got {chosen!r}\n")
         raise SystemExit(2) from None
@@ -381,6 +383,15 @@ def keep_freed_pages() -> None:
         pa.jemalloc_set_decay_ms(decay)
     except (NotImplementedError, pa.ArrowException):  # a pyarrow built without jemalloc
         pass
+
+
+def _under_budget(argv: list[str]) -> bool:
+    """A memory budget applies to this run: --memory-mb (or its environment variable) or a container's
+    memory limit (transforms/memory.py)."""
+    from rescore.pipelines.early import memory_budget_given
+    from rescore.transforms.memory import container_limit  # no Beam, no pyarrow
+
+    return memory_budget_given(argv) or container_limit() is not None
 
 
 def _console() -> None:

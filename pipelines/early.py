@@ -31,6 +31,16 @@ WITH_VALUE, FLAGS = plain_flags()
 without."""
 
 
+def memory_budget_given(argv: list[str]) -> bool:
+    """--memory-mb on the command line, or its environment variable set (any run, plain or not)."""
+    if any(a.split("=", 1)[0] in ("--memory-mb", "--memory_mb") for a in argv):
+        return True
+    try:
+        return env_default(_MEMORY_MB) is not None
+    except Exception:  # noqa: BLE001  (a bad value: the run reports it)
+        return False
+
+
 def plain_run(argv: list[str]) -> dict[str, list[str]] | None:
     """The options of a plain run ({option: [values]}), or None where the command line has
     anything else (or is not a run at all)."""
