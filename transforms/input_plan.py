@@ -65,9 +65,11 @@ class InputPlan:
 
 
 def _footer(path: str, metadata=None):
+    """(Arrow schema, rows of each row group, the file's uncompressed bytes by its footer)."""
     try:
         pf = storage.open_parquet(path, metadata=metadata)
-        return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        groups = [pf.metadata.row_group(i) for i in range(pf.num_row_groups)]
+        return pf.schema_arrow, [g.num_rows for g in groups], sum(g.total_byte_size for g in groups)
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
         raise InputError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
 
@@ -121,7 +123,7 @@ def check_value_ranges(path: str, pf) -> None:
 
 
 def _checked_footer(path: str, needs: tuple[str, ...], given=None):
-    """(schema, row counts, warnings, fingerprint) of one file, or the InputError/SchemaError it
+    """(schema, (row counts, decoded bytes), warnings, fingerprint) of one file, or the InputError/SchemaError it
     raises. `given`: (fingerprint, parsed footer) of the one read of its footer the caller made
     (transforms/files/selection.py: list_inputs), not read again."""
     try:
@@ -133,7 +135,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
             except OSError as e:
                 raise InputError(f"{path}: cannot be read ({e.strerror or first_line(e)})") from None
             metadata = None
-        schema, counts = _footer(path, metadata)
+        schema, counts, data_bytes = _footer(path, metadata)
         warnings = validate_file_schema(path, schema, needs=needs)
         if any(schema.field(n).type == pa.uint64() for n in (*RANGE_CHECKED_IDS, "reward") if n in schema.names) or (
             "reward" in schema.names and schema.field("reward").type == pa.int64()
@@ -149,7 +151,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
                 fingerprints.verify(path, planned)
         except fingerprints.InputChanged:
             raise InputError(f"{path} changed while the run was planning from it; rerun once the input is complete") from None
-        return schema, counts, warnings, planned
+        return schema, (counts, data_bytes), warnings, planned
     except (InputError, SchemaError) as e:
         return e
 
@@ -234,8 +236,8 @@ def plan_input(
     task_type = pa.int64() if pa.types.is_integer(schema.field("task").type) else pa.string()
 
     units: list[ReadUnit] = []
-    for path, (_, row_counts) in zip(files, footers):
-        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path])
+    for path, (_, (row_counts, data_bytes)) in zip(files, footers):
+        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path], data_bytes=data_bytes)
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
     return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
@@ -271,12 +273,32 @@ def split_row_groups(row_counts: list[int], shard_rows: int) -> list[tuple[int, 
     return runs
 
 
+UNIT_BYTES = 192 << 20
+"""A read unit holds at most --shard-rows rows and, where a file's rows are wide, about this many
+bytes by its footer (uncompressed Parquet: ~0.7 of the decoded Arrow table). 65,536 rows of
+256-token responses are ~130 MB by the footer (unchanged), of 4,096-token ones ~1.7 GB, which
+a unit in flight would hold 3.5 times over (transforms/memory.py): such a file is cut into
+units of ~7,500 rows instead. The input alone decides it, never the machine: the same input
+gives the same files everywhere."""
+
+
+def unit_rows(shard_rows: int, rows: int, data_bytes: int | None) -> int:
+    """Rows per read unit of a file of `rows` rows and `data_bytes` bytes by its footer:
+    `shard_rows`, or fewer where that many of its rows hold more than UNIT_BYTES."""
+    if not data_bytes or rows <= 0:
+        return shard_rows
+    return max(1, min(shard_rows, int(UNIT_BYTES * rows // data_bytes)))
+
+
 def file_units(
-    path: str, row_counts: list[int], shard_rows: int, *, first: int = 0, fingerprint: fingerprints.Fingerprint | None = None
+    path: str, row_counts: list[int], shard_rows: int, *, first: int = 0, fingerprint: fingerprints.Fingerprint | None = None,
+    data_bytes: int | None = None,
 ) -> list[ReadUnit]:
     """The read units of one file, numbered from `first`: runs of its row groups
     (split_row_groups), and a row group of more than `shard_rows` rows cut into slices of about
-    equal rows (part_bounds), each a unit of its own."""
+    equal rows (part_bounds), each a unit of its own. `data_bytes`: the file's size by its
+    footer (uncompressed), which lowers the rows per unit of wide rows (unit_rows)."""
+    shard_rows = unit_rows(shard_rows, sum(row_counts), data_bytes)
     units: list[ReadUnit] = []
     for groups in split_row_groups(row_counts, shard_rows):
         rows = sum(row_counts[g] for g in groups)
@@ -293,6 +315,6 @@ def planned_file_units(path: str, shard_rows: int) -> list[ReadUnit]:
     """The read units of one file as plan_input makes them, numbered from 0 (its footer and
     fingerprint only, without the schema checks: the prefetch's, transforms/unit_store.py)."""
     planned = fingerprints.take(path)
-    _, counts = _footer(path)
+    _, counts, data_bytes = _footer(path)
     fingerprints.verify(path, planned)
-    return file_units(path, counts, shard_rows, fingerprint=planned)
+    return file_units(path, counts, shard_rows, fingerprint=planned, data_bytes=data_bytes)

@@ -29,9 +29,13 @@ from dataclasses import dataclass
 
 MB = 1 << 20
 
-UNIT_FACTOR = 2.5
-"""Bytes one read unit in flight holds per byte of its decoded table (the table, the token
-broadcast, the encoded row group): measured 2.3 at 204,800 benchmark rows, rounded up."""
+UNIT_FACTOR = 3.5
+"""Bytes one read unit in flight holds per byte of its size by the file's footer (uncompressed
+Parquet): its decoded table (~1.45 times that), the token broadcast and the encoded row group
+(together ~1.3 times the table): measured ~3.3 at 204,800 benchmark rows, rounded up."""
+
+DECODED = 1.5
+"""A decoded table's bytes per byte of its size by the footer (1.45 for the benchmark's data)."""
 
 CONTAINER_SHARE = 0.8
 """Without --memory-mb, a process in a container with a memory limit (cgroup v1 or v2) takes
@@ -59,7 +63,7 @@ class MemoryPlan:
     base: int
     """The process's own resident bytes the plan was made with."""
     unit: int
-    """The largest read unit's decoded bytes (an estimate from the file footers)."""
+    """The largest read unit's uncompressed bytes by the file footers."""
     fits: bool
     """False where the budget is below the process and one unit in flight."""
 
@@ -114,8 +118,8 @@ def process_base() -> int:
 
 
 def unit_bytes(unit) -> int:
-    """A read unit's decoded size, from its file's footer: the uncompressed bytes of its row
-    groups (of a slice: its share of the row group's rows)."""
+    """A read unit's size by its file's footer: the uncompressed bytes of its row groups (of a
+    slice: its share of the row group's rows)."""
     from rescore.transforms.files import storage
 
     meta = storage.open_parquet(unit.path).metadata
@@ -128,7 +132,7 @@ def unit_bytes(unit) -> int:
 
 
 def largest_unit(units) -> int:
-    """The largest decoded size among `units` (0 where a footer cannot be read: the plan then
+    """The largest footer size among `units` (0 where a footer cannot be read: the plan then
     counts units as free, and the run reads and fails as it would have)."""
     try:
         return max((unit_bytes(u) for u in units), default=0)
@@ -152,13 +156,14 @@ def plan(budget: int, *, base: int, unit: int, threads: int, cache: int, ahead: 
 
 
 def prefetch_units(budget_mb: float | None, sizes: list[int]) -> int:
-    """How many of the units of decoded `sizes` (in order) the prefetch may decode: all of them
-    without a budget, else those that fit in PREFETCH_SHARE of it (at least one)."""
+    """How many of the units of footer `sizes` (in order) the prefetch may decode: all of them
+    without a budget, else those whose decoded tables (DECODED times their size) fit in
+    PREFETCH_SHARE of it (at least one)."""
     if budget_mb is None:
         return len(sizes)
     room, count = budget_mb * MB * PREFETCH_SHARE, 0
     for size in sizes:
-        room -= size
+        room -= size * DECODED
         if room < 0:
             break
         count += 1

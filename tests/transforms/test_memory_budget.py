@@ -22,14 +22,14 @@ def test_the_plan_fits_units_in_flight_then_the_cache_then_the_read_ahead():
         p = memory.plan(budget_mb * MB, base=700 * MB, unit=160 * MB, threads=threads, cache=cache * MB, ahead=ahead * MB)
         return p.threads, p.cache // MB, p.ahead // MB, p.fits
 
-    # one unit in flight holds 2.5 x 160 = 400 MB beside the process's 700 MB
+    # one unit in flight holds 3.5 x 160 = 560 MB beside the process's 700 MB
     assert fitted(100_000) == (4, 1536, 256, True)  # room for everything: nothing lowered
-    assert fitted(2048) == (3, 148, 0, True)  # 1348 MB: three units (1200), the rest cached, no read-ahead
-    assert fitted(1600) == (2, 100, 0, True)  # 900 MB: two units, 100 MB of cache
-    assert fitted(1100) == (1, 0, 0, True)  # exactly one unit: no cache
+    assert fitted(2048) == (2, 228, 0, True)  # 1348 MB: two units (1120), the rest cached, no read-ahead
+    assert fitted(1600) == (1, 340, 0, True)  # 900 MB: one unit, 340 MB of cache
+    assert fitted(1260) == (1, 0, 0, True)  # exactly one unit: no cache
     assert fitted(900) == (1, 0, 0, False)  # below one unit: the least the run can use, flagged
-    assert fitted(2048, threads=1) == (1, 948, 0, True)  # one thread asked for: the rest cached
-    assert fitted(2048, cache=0) == (3, 0, 0, True)  # a cache the user turned off stays off
+    assert fitted(2048, threads=1) == (1, 788, 0, True)  # one thread asked for: the rest cached
+    assert fitted(2048, cache=0) == (2, 0, 0, True)  # a cache the user turned off stays off
     assert fitted(100_000, cache=10, ahead=0) == (4, 10, 0, True)  # never raised over the user's settings
 
 
@@ -47,7 +47,8 @@ def test_a_units_size_comes_from_its_footer(tmp_path):
 
 def test_the_prefetch_decodes_what_its_share_of_the_budget_holds(tmp_path):
     assert memory.prefetch_units(None, [10 * MB] * 8) == 8
-    assert memory.prefetch_units(100, [10 * MB] * 8) == 2  # a quarter of 100 MB
+    assert memory.prefetch_units(100, [10 * MB] * 8) == 1  # a quarter of 100 MB: one table of 15 MB
+    assert memory.prefetch_units(200, [10 * MB] * 8) == 3
     assert memory.prefetch_units(1, [10 * MB] * 8) == 1  # at least the first unit
     assert memory.prefetch_units(1, []) == 0
     write_parquet(random_rows(seed=2, batches=8), str(tmp_path / "in"), files=1, row_group_size=8, schema=SCHEMA_INT_TASK)
@@ -154,3 +155,22 @@ def test_a_run_under_a_budget_below_one_unit_writes_the_same_files_with_one_unit
     for name in names:
         if name.endswith(".parquet"):
             assert (tmp_path / "free" / name).read_bytes() == (tmp_path / "tight" / name).read_bytes(), name
+
+
+def test_wide_rows_make_smaller_read_units_by_the_footer(tmp_path, monkeypatch):
+    """A read unit holds at most UNIT_BYTES by its file's footer: rows of long responses make
+    more, smaller units (the input decides, never the machine); narrow rows keep --shard-rows."""
+    from rescore.transforms import input_plan
+
+    assert input_plan.unit_rows(65536, 204_800, 204_800 * 1967) == 65536  # the benchmark's 256-token rows
+    assert input_plan.unit_rows(65536, 24_576, 24_576 * 26_540) == input_plan.UNIT_BYTES // 26_540  # 4k-token rows
+    assert input_plan.unit_rows(65536, 10, 10 << 40) == 1 and input_plan.unit_rows(8, 0, 0) == 8
+    write_parquet(random_rows(seed=6, batches=4), str(tmp_path / "in"), files=1, row_group_size=16, schema=SCHEMA_INT_TASK)
+    path = str(sorted(tmp_path.glob("in/*.parquet"))[0])
+    meta = pq.ParquetFile(path).metadata
+    per_row = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)) / meta.num_rows
+    assert [u.num_rows for u in planned_file_units(path, 1 << 16)] == [meta.num_rows]
+    monkeypatch.setattr(input_plan, "UNIT_BYTES", int(per_row * 8.5))  # eight rows' worth
+    units = planned_file_units(path, 1 << 16)
+    assert max(u.num_rows for u in units) == 8 and units[0].rows == (0, 8) and sum(u.num_rows for u in units) == meta.num_rows
+    assert [(u.num_rows, u.rows) for u in input_plan.plan_input([path]).units] == [(u.num_rows, u.rows) for u in units]
