@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,9 @@ class ReadUnit:
     rows: tuple[int, int] | None = None
     """Rows [start, stop) of its one row group, where that row group holds more than --shard-rows
     rows and is read as several units (file_units; transforms/files/row_group_slices.py)."""
+    size: int = field(default=0, compare=False)
+    """Its uncompressed bytes by the file's footer (its share of the file's; 0: not known), for
+    the memory plan (transforms/memory.py) without reading the footer again."""
 
     def where(self) -> str:
         """The unit's rows, for messages: "row groups [0, 1]" or "rows 0-65535 of row group 0"."""
@@ -65,11 +68,11 @@ class InputPlan:
 
 
 def _footer(path: str, metadata=None):
-    """(Arrow schema, rows of each row group, the file's uncompressed bytes by its footer)."""
+    """(Arrow schema, rows of each row group, uncompressed bytes of each row group by the footer)."""
     try:
         pf = storage.open_parquet(path, metadata=metadata)
         groups = [pf.metadata.row_group(i) for i in range(pf.num_row_groups)]
-        return pf.schema_arrow, [g.num_rows for g in groups], sum(g.total_byte_size for g in groups)
+        return pf.schema_arrow, [g.num_rows for g in groups], [g.total_byte_size for g in groups]
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
         raise InputError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
 
@@ -123,7 +126,7 @@ def check_value_ranges(path: str, pf) -> None:
 
 
 def _checked_footer(path: str, needs: tuple[str, ...], given=None):
-    """(schema, (row counts, decoded bytes), warnings, fingerprint) of one file, or the InputError/SchemaError it
+    """(schema, (row counts, bytes of each row group), warnings, fingerprint) of one file, or the InputError/SchemaError it
     raises. `given`: (fingerprint, parsed footer) of the one read of its footer the caller made
     (transforms/files/selection.py: list_inputs), not read again."""
     try:
@@ -135,7 +138,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
             except OSError as e:
                 raise InputError(f"{path}: cannot be read ({e.strerror or first_line(e)})") from None
             metadata = None
-        schema, counts, data_bytes = _footer(path, metadata)
+        schema, counts, group_bytes = _footer(path, metadata)
         warnings = validate_file_schema(path, schema, needs=needs)
         if any(schema.field(n).type == pa.uint64() for n in (*RANGE_CHECKED_IDS, "reward") if n in schema.names) or (
             "reward" in schema.names and schema.field("reward").type == pa.int64()
@@ -151,7 +154,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
                 fingerprints.verify(path, planned)
         except fingerprints.InputChanged:
             raise InputError(f"{path} changed while the run was planning from it; rerun once the input is complete") from None
-        return schema, (counts, data_bytes), warnings, planned
+        return schema, (counts, group_bytes), warnings, planned
     except (InputError, SchemaError) as e:
         return e
 
@@ -236,8 +239,8 @@ def plan_input(
     task_type = pa.int64() if pa.types.is_integer(schema.field("task").type) else pa.string()
 
     units: list[ReadUnit] = []
-    for path, (_, (row_counts, data_bytes)) in zip(files, footers):
-        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path], data_bytes=data_bytes)
+    for path, (_, (row_counts, group_bytes)) in zip(files, footers):
+        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path], group_bytes=group_bytes)
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
     return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
@@ -292,22 +295,26 @@ def unit_rows(shard_rows: int, rows: int, data_bytes: int | None) -> int:
 
 def file_units(
     path: str, row_counts: list[int], shard_rows: int, *, first: int = 0, fingerprint: fingerprints.Fingerprint | None = None,
-    data_bytes: int | None = None,
+    group_bytes: list[int] | None = None,
 ) -> list[ReadUnit]:
     """The read units of one file, numbered from `first`: runs of its row groups
     (split_row_groups), and a row group of more than `shard_rows` rows cut into slices of about
-    equal rows (part_bounds), each a unit of its own. `data_bytes`: the file's size by its
-    footer (uncompressed), which lowers the rows per unit of wide rows (unit_rows)."""
-    shard_rows = unit_rows(shard_rows, sum(row_counts), data_bytes)
+    equal rows (part_bounds), each a unit of its own. `group_bytes`: each row group's size by
+    the footer (uncompressed), which lowers the rows per unit of wide rows (unit_rows) and gives
+    each unit its `size`."""
+    sizes = list(group_bytes) if group_bytes is not None and len(group_bytes) == len(row_counts) else [0] * len(row_counts)
+    shard_rows = unit_rows(shard_rows, sum(row_counts), sum(sizes))
+
     units: list[ReadUnit] = []
     for groups in split_row_groups(row_counts, shard_rows):
         rows = sum(row_counts[g] for g in groups)
         if len(groups) == 1 and rows > shard_rows:
             bounds = part_bounds(rows, shard_rows)
             for start, stop in zip(bounds[:-1], bounds[1:]):
-                units.append(ReadUnit(first + len(units), path, groups, stop - start, fingerprint=fingerprint, rows=(start, stop)))
+                units.append(ReadUnit(first + len(units), path, groups, stop - start, fingerprint=fingerprint, rows=(start, stop),
+                                      size=int(sizes[groups[0]] * (stop - start) / rows)))
         else:
-            units.append(ReadUnit(first + len(units), path, groups, rows, fingerprint=fingerprint))
+            units.append(ReadUnit(first + len(units), path, groups, rows, fingerprint=fingerprint, size=sum(sizes[g] for g in groups)))
     return units
 
 
@@ -315,6 +322,6 @@ def planned_file_units(path: str, shard_rows: int) -> list[ReadUnit]:
     """The read units of one file as plan_input makes them, numbered from 0 (its footer and
     fingerprint only, without the schema checks: the prefetch's, transforms/unit_store.py)."""
     planned = fingerprints.take(path)
-    _, counts, data_bytes = _footer(path)
+    _, counts, group_bytes = _footer(path)
     fingerprints.verify(path, planned)
-    return file_units(path, counts, shard_rows, fingerprint=planned, data_bytes=data_bytes)
+    return file_units(path, counts, shard_rows, fingerprint=planned, group_bytes=group_bytes)
