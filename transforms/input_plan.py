@@ -285,12 +285,18 @@ units of ~7,500 rows instead. The input alone decides it, never the machine: the
 gives the same files everywhere."""
 
 
+UNIT_MIN_ROWS = 1024
+"""The cap by bytes never makes units of fewer rows (rows over ~190 KB each): a file of huge rows
+would otherwise become one unit, and one output file, per few rows."""
+
+
 def unit_rows(shard_rows: int, rows: int, data_bytes: int | None) -> int:
     """Rows per read unit of a file of `rows` rows and `data_bytes` bytes by its footer:
-    `shard_rows`, or fewer where that many of its rows hold more than UNIT_BYTES."""
+    `shard_rows`, or fewer (at least UNIT_MIN_ROWS) where that many of its rows hold more than
+    UNIT_BYTES."""
     if not data_bytes or rows <= 0:
         return shard_rows
-    return max(1, min(shard_rows, int(UNIT_BYTES * rows // data_bytes)))
+    return min(shard_rows, max(UNIT_MIN_ROWS, int(UNIT_BYTES * rows // data_bytes)))
 
 
 def file_units(

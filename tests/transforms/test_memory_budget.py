@@ -168,13 +168,15 @@ def test_wide_rows_make_smaller_read_units_by_the_footer(tmp_path, monkeypatch):
 
     assert input_plan.unit_rows(65536, 204_800, 204_800 * 1967) == 65536  # the benchmark's 256-token rows
     assert input_plan.unit_rows(65536, 24_576, 24_576 * 26_540) == input_plan.UNIT_BYTES // 26_540  # 4k-token rows
-    assert input_plan.unit_rows(65536, 10, 10 << 40) == 1 and input_plan.unit_rows(8, 0, 0) == 8
+    assert input_plan.unit_rows(65536, 10, 10 << 40) == input_plan.UNIT_MIN_ROWS == 1024  # huge rows: not one unit per row
+    assert input_plan.unit_rows(8, 10, 10 << 40) == 8 and input_plan.unit_rows(8, 0, 0) == 8
     write_parquet(random_rows(seed=6, batches=4), str(tmp_path / "in"), files=1, row_group_size=16, schema=SCHEMA_INT_TASK)
     path = str(sorted(tmp_path.glob("in/*.parquet"))[0])
     meta = pq.ParquetFile(path).metadata
     per_row = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)) / meta.num_rows
     assert [u.num_rows for u in planned_file_units(path, 1 << 16)] == [meta.num_rows]
     monkeypatch.setattr(input_plan, "UNIT_BYTES", int(per_row * 8.5))  # eight rows' worth
+    monkeypatch.setattr(input_plan, "UNIT_MIN_ROWS", 1)
     units = planned_file_units(path, 1 << 16)
     assert max(u.num_rows for u in units) == 8 and units[0].rows == (0, 8) and sum(u.num_rows for u in units) == meta.num_rows
     assert [(u.num_rows, u.rows) for u in input_plan.plan_input([path]).units] == [(u.num_rows, u.rows) for u in units]
