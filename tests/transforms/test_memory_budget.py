@@ -135,6 +135,7 @@ def test_a_run_under_a_budget_below_one_unit_writes_the_same_files_with_one_unit
         return fitted[-1]
 
     monkeypatch.setattr(UnitStore, "fit", fit)
+    monkeypatch.setattr(memory, "container_limit", lambda: None)  # the free run has no budget, in a container too
 
     def run(out, *extra):
         cfg = parse_args(["--input", glob, "--output", str(tmp_path / out), "--strategy", "grpo", "--quiet",
@@ -147,11 +148,11 @@ def test_a_run_under_a_budget_below_one_unit_writes_the_same_files_with_one_unit
             handle.close()
 
     free = run("free", "--unit-cache-mb", "64")
-    assert fitted == [2, 2] and free.cache.stats.kept > 0 and free.memory is None
+    assert len(fitted) >= 2 and set(fitted) == {2} and free.cache.stats.kept > 0 and free.memory is None  # read and write
     fitted.clear()
     with caplog.at_level("WARNING", logger="rescore"):
         tight = run("tight", "--unit-cache-mb", "64", "--memory-mb", "1")
-    assert fitted == [1, 1] and tight.cache.budget == 0 and tight.cache.stats.kept == 0
+    assert len(fitted) >= 2 and set(fitted) == {1} and tight.cache.budget == 0 and tight.cache.stats.kept == 0
     assert tight.memory is not None and not tight.memory.fits
     assert any("is below what this process needs for one read unit" in r.getMessage() for r in caplog.records)
     names = sorted(p.name for p in (tmp_path / "free").iterdir())
