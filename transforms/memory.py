@@ -1,12 +1,14 @@
 """One memory budget for a process's read units: the run setting memory_mb (`--memory-mb N`).
 
 What a run holds beyond the process itself (Python, Beam, torch, polars: measured here as the
-resident memory when the plan is made, less what Arrow's pool holds then) is read units:
+resident memory when the plan is made, less what Arrow's pool holds then, plus LATER for what it
+adds afterwards) is read units:
 
 - each unit in flight in the read or write step (`--io-threads` of them at once): its decoded
   table, and in the write step the token broadcast (`advantages`, float32 per response token)
   and the encoded file the Parquet writer holds before it writes it (one row group): about
-  UNIT_FACTOR times the unit's decoded size (measured: benchmarks/README.md, issue 42);
+  UNIT_FACTOR times the unit's size by its file's footer (measured: benchmarks/README.md,
+  issue 42);
 - the unit cache (transforms/files/unit_cache.py): decoded units kept between the two reads;
 - its read-ahead, on top of the cache.
 
@@ -48,7 +50,7 @@ CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limi
 LATER = 128 * MB
 """What the process itself adds after the plan is made (polars' import at the first write, torch's
 first operations, Beam's bundles): counted with the process. Without it a 204,800-row run under
---memory-mb 1100 peaked at 1,164 MB."""
+--memory-mb 1100 peaked at 1,164 MiB."""
 
 PREFETCH_SHARE = 0.25
 """Under a budget, the prefetch (pipelines/early.py) decodes units worth at most this share of
