@@ -1,7 +1,8 @@
 """Deterministic benchmark experience: `python benchmarks/generate.py --rows 200000 --out FILE [--multi-step]`.
 
 Single-step: 64 tasks x 8 runs per batch; multi-step: 64 tasks x 8 runs x 1-5 steps per batch.
-Responses of 200-312 tokens after prompts of 50-150, float32 logprobs, int8 action masks (about
+Responses of 200-312 tokens (`--response-tokens LOW HIGH`: LOW to HIGH - 1; reasoning-model
+responses, e.g. `--rows 24576 --response-tokens 2048 6144`) after prompts of 50-150, float32 logprobs, int8 action masks (about
 10 % zeros), rewards in [0, 1) with an eighth of the groups all equal. Rows are shuffled over the
 whole file; row groups hold 16,384 rows. The same arguments always give the same file.
 """
@@ -39,8 +40,15 @@ def rewards(batch, task, run, rng):
     return np.where(flat, 0.5, base)
 
 
-def generate(rows: int, path: str, multi_step: bool = False, seed: int = 0, row_group_rows: int = ROW_GROUP) -> str:
-    """Write the experience to `path`; `row_group_rows` regroups the same rows (default 16,384)."""
+RESPONSE_TOKENS = (200, 313)
+
+
+def generate(
+    rows: int, path: str, multi_step: bool = False, seed: int = 0, row_group_rows: int = ROW_GROUP,
+    response_tokens: tuple[int, int] = RESPONSE_TOKENS,
+) -> str:
+    """Write the experience to `path`; `row_group_rows` regroups the same rows (default 16,384);
+    `response_tokens`: (low, high) response lengths, low to high - 1 tokens."""
     rng = np.random.default_rng(seed)
     batch, task, run, step = ids(rows, multi_step, rng)
     reward = rewards(batch, task, run, rng)
@@ -55,7 +63,7 @@ def generate(rows: int, path: str, multi_step: bool = False, seed: int = 0, row_
         for start in range(0, rows, ROW_GROUP):
             stop = min(rows, start + ROW_GROUP)
             n = stop - start
-            response = rng.integers(200, 313, n)
+            response = rng.integers(response_tokens[0], response_tokens[1], n)
             prompt = rng.integers(50, 151, n)
             total = response + prompt
             tok_off = np.concatenate([[0], np.cumsum(total)]).astype(np.int32)
@@ -83,8 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--multi-step", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row-group-rows", type=int, default=ROW_GROUP, help="rows per row group (default 16384)")
+    ap.add_argument("--response-tokens", type=int, nargs=2, default=RESPONSE_TOKENS, metavar=("LOW", "HIGH"),
+                    help="response lengths from LOW to HIGH - 1 tokens (default 200 313)")
     args = ap.parse_args(argv)
-    generate(args.rows, args.out, args.multi_step, args.seed, args.row_group_rows)
+    generate(args.rows, args.out, args.multi_step, args.seed, args.row_group_rows, tuple(args.response_tokens))
     return 0
 
 

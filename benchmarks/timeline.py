@@ -7,6 +7,11 @@ Takes the rescore command line. It wraps the step functions of the in-process ru
 validate, sort and score, read back and write, finalize) and the Parquet reads and writes inside
 them, runs the job once and prints one line per function, in order of first start. Busy time can
 exceed the span where read units overlap (--io-threads).
+
+Memory: a thread samples the process's resident set (/proc/self/statm) and Arrow's pool (bytes
+allocated) every 10 ms; each line also gives the largest resident set seen during its span, and
+the last lines the peak (and what Arrow's pool, the unit cache and file-backed pages held then);
+with TIMELINE_DUMP=1 in the environment, the samples every 0.25 s.
 """
 
 from __future__ import annotations
@@ -42,6 +47,37 @@ from rescore.transforms.rows import output_rows  # noqa: E402
 
 _events: list[tuple[str, float, float]] = []
 _lock = threading.Lock()
+_samples: list[tuple[float, int, int, int, int]] = []
+"""(seconds, resident bytes, Arrow pool bytes, unit cache bytes, file-backed resident bytes) every SAMPLE_S."""
+SAMPLE_S = 0.01
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_stores: list = []
+
+
+def _sample(stop: threading.Event) -> None:
+    import pyarrow as pa
+
+    with open("/proc/self/statm", "rb") as statm:
+        while not stop.wait(SAMPLE_S):
+            statm.seek(0)
+            fields = statm.read().split()
+            resident, shared = int(fields[1]) * _PAGE, int(fields[2]) * _PAGE  # shared: file-backed pages
+            held = sum(s.cache.held for s in list(_stores))
+            _samples.append((time.perf_counter() - T0, resident, pa.total_allocated_bytes(), held, shared))
+
+
+def _peak_in(start: float, end: float) -> int:
+    return max((s[1] for s in _samples if start <= s[0] <= end), default=0)
+
+
+def _keep_stores() -> None:
+    inner = unit_store.UnitStore.__init__
+
+    def init(self, *args, **kwargs):
+        inner(self, *args, **kwargs)
+        _stores.append(self)
+
+    unit_store.UnitStore.__init__ = init
 
 
 def _wrap(owner, name: str, label: str) -> None:
@@ -78,9 +114,16 @@ STEPS = [
 def main(argv: list[str]) -> int:
     for owner, name, label in STEPS:
         _wrap(owner, name, label)
+    _keep_stores()
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(stop,), daemon=True)
+    sampler.start()
     code = cli.main(argv, prefetch=PREFETCH)
     total = time.perf_counter() - T0
-    print(f"{'imports':24s} {0.0:6.2f} - {IMPORTED:6.2f} s")
+    stop.set()
+    sampler.join()
+    mb = 1 << 20
+    print(f"{'imports':24s} {0.0:6.2f} - {IMPORTED:6.2f} s  {'':29s}  peak RSS {_peak_in(0, IMPORTED) / mb:6.0f} MB")
     if PREFETCH is not None:
         print(f"{'prefetched units taken':24s} {PREFETCH.taken} of {PREFETCH.units}")
     spans: dict[str, list[float]] = {}
@@ -90,8 +133,19 @@ def main(argv: list[str]) -> int:
         span[2] += end - start
         span[3] += 1
     for label, (start, end, busy, calls) in sorted(spans.items(), key=lambda kv: kv[1][0]):
-        print(f"{label:24s} {start:6.2f} - {end:6.2f} s  busy {busy:6.2f} s  calls {calls}")
+        print(f"{label:24s} {start:6.2f} - {end:6.2f} s  busy {busy:6.2f} s  calls {calls:<4d}"
+              f"  peak RSS {_peak_in(start, end) / mb:6.0f} MB")
     print(f"{'total (before exit)':24s} {total:6.2f} s")
+    if os.environ.get("TIMELINE_DUMP"):
+        last = -1.0
+        for t, r, pool, held, shared in _samples:
+            if t - last >= 0.25:
+                last = t
+                print(f"  {t:6.2f} rss {r/2**20:6.0f} anon {(r-shared)/2**20:6.0f} pool {pool/2**20:6.0f} cache {held/2**20:6.0f}")
+    if _samples:
+        at, resident, pool, held, shared = max(_samples, key=lambda s: s[1])
+        print(f"{'peak RSS':24s} {resident / mb:6.0f} MB at {at:.2f} s: Arrow's pool {pool / mb:.0f} MB, "
+              f"unit cache {held / mb:.0f} MB, file-backed {shared / mb:.0f} MB")
     return code
 
 

@@ -369,7 +369,7 @@ def run_command_line(prefetch: "Prefetch | None" = None) -> None:
     os._exit(code)
 
 
-DECAY_ENV = "RESCORE_ARROW_DECAY_MS"
+from rescore.pipelines.options import ARROW_DECAY_ENV as DECAY_ENV  # noqa: E402  (tests set it by this name)
 DEFAULT_DECAY_MS = 3000
 """How long Arrow's jemalloc keeps freed pages for the next allocation before handing them back
 to the kernel. pyarrow's default, 0, hands every freed page back at once: the parquet reader's
@@ -379,13 +379,15 @@ freed and the next unit's decode: ~1.8M faults, ~2.5 s less system time, peak me
 (benchmarks/README.md). Only which pages are reused changes, never a value."""
 
 
-def keep_freed_pages() -> None:
-    """Set Arrow's jemalloc decay (RESCORE_ARROW_DECAY_MS, default 3000 ms) before pyarrow makes
-    its first arena; nothing where Arrow's default pool is another allocator."""
+def keep_freed_pages(argv: list[str] | None = None) -> None:
+    """Set Arrow's jemalloc decay (RESCORE_ARROW_DECAY_MS, default 3000 ms; 0 under a memory
+    budget, where freed pages held for the next read would count against it: ~180 MB of the
+    peak at 204,800 rows, benchmarks/README.md) before pyarrow makes its first arena; nothing
+    where Arrow's default pool is another allocator. `argv`: the command line (None: the process's)."""
     from rescore.pipelines.options import arrow_decay_ms
 
     try:  # checked whatever the pool, like every RESCORE_* value (pipelines/options.py)
-        decay = arrow_decay_ms(DEFAULT_DECAY_MS)
+        decay = arrow_decay_ms(0 if _under_budget(sys.argv[1:] if argv is None else argv) else DEFAULT_DECAY_MS)
     except errors.ConfigError as e:
         sys.stderr.write(f"rescore: error: {e}\n")
         raise SystemExit(2) from None
@@ -397,6 +399,15 @@ def keep_freed_pages() -> None:
         pa.jemalloc_set_decay_ms(decay)
     except (NotImplementedError, pa.ArrowException):  # a pyarrow built without jemalloc
         pass
+
+
+def _under_budget(argv: list[str]) -> bool:
+    """A memory budget applies to this run: --memory-mb (or its environment variable) or a container's
+    memory limit (transforms/memory.py)."""
+    from rescore.pipelines.early import memory_budget_given
+    from rescore.transforms.memory import container_limit  # no Beam, no pyarrow
+
+    return memory_budget_given(argv) or container_limit() is not None
 
 
 def _console() -> None:

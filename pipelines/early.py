@@ -19,12 +19,26 @@ only if its file still has the fingerprint it had then.
 
 from __future__ import annotations
 
-from rescore.pipelines.options import plain_flags
-from rescore.transforms.settings import DEFAULT_SHARD_ROWS
+from dataclasses import fields
+
+from rescore.pipelines.options import env_default, plain_flags
+from rescore.transforms.settings import DEFAULT_SHARD_ROWS, StepSettings
+
+_MEMORY_MB = next(f for f in fields(StepSettings) if f.name == "memory_mb")
 
 WITH_VALUE, FLAGS = plain_flags()
 """The options a plain run may hold (declared `plain` in pipelines/options.py), with a value and
 without."""
+
+
+def memory_budget_given(argv: list[str]) -> bool:
+    """--memory-mb on the command line, or its environment variable set (any run, plain or not)."""
+    if any(a.split("=", 1)[0] in ("--memory-mb", "--memory_mb") for a in argv):
+        return True
+    try:
+        return env_default(_MEMORY_MB) is not None
+    except Exception:  # noqa: BLE001  (a bad value: the run reports it)
+        return False
 
 
 def plain_run(argv: list[str]) -> dict[str, list[str]] | None:
@@ -60,11 +74,13 @@ def prefetch_from(argv: list[str]):
             return None
         shard_rows = int(options.get("--shard-rows", [DEFAULT_SHARD_ROWS])[-1])
         threads = int(options.get("--io-threads", ["0"])[-1])
-        if shard_rows < 1 or threads < 0:
+        memory = options.get("--memory-mb")
+        memory_mb = float(memory[-1]) if memory else env_default(_MEMORY_MB)
+        if shard_rows < 1 or threads < 0 or (memory_mb is not None and not memory_mb > 0):
             return None
         from rescore.transforms.unit_store import start_prefetch
         from rescore.transforms.unit_threads import resolve_threads  # no Beam at import
 
-        return start_prefetch(options["--input"], shard_rows=shard_rows, threads=resolve_threads(threads))
+        return start_prefetch(options["--input"], shard_rows=shard_rows, threads=resolve_threads(threads), memory_mb=memory_mb)
     except Exception:  # noqa: BLE001  (the run itself reports any problem with its command line)
         return None

@@ -78,7 +78,7 @@ def build(
     settings = step_settings(cfg)  # the run options the steps read: one frozen object
     progress = progress_marks.progress_dir(staging_dir(cfg.output))  # what pipelines/progress.py counts
     if unit_store is None:
-        unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb)
+        unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb, memory_mb=cfg.memory_mb)
     units = p
     if cfg.models.enabled:  # per row, before any shuffle: side files joined wherever a unit is read
         from rescore.transforms.models import ComputeModelColumns
@@ -255,8 +255,10 @@ def build_job(
             prefetch.close()
         prefetch = None
     elif prefetch is None:  # the first units decode while torch loads
-        prefetch = start_prefetch(cfg.inputs, shard_rows=cfg.shard_rows, threads=resolve_threads(cfg.io_threads))
-    unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb, prefetch=prefetch)
+        prefetch = start_prefetch(
+            cfg.inputs, shard_rows=cfg.shard_rows, threads=resolve_threads(cfg.io_threads), memory_mb=cfg.memory_mb,
+        )
+    unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb, prefetch=prefetch, memory_mb=cfg.memory_mb)
     from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)

@@ -51,6 +51,14 @@ def test_generator_regroups_the_same_rows(tmp_path):
     one = pq.ParquetFile(generate(40_000, str(tmp_path / "b.parquet"), row_group_rows=1 << 20))
     assert default.num_row_groups == 3 and one.num_row_groups == 1
     assert default.read().equals(one.read())
+    long = pq.read_table(generate(100, str(tmp_path / "c.parquet"), response_tokens=(2048, 2050)))
+    assert set(pc_lengths(long["action_mask"])) <= {2048, 2049}
+
+
+def pc_lengths(column) -> list[int]:
+    import pyarrow.compute as pc
+
+    return pc.list_value_length(column).to_pylist()
 
 
 @pytest.mark.slow
@@ -66,8 +74,10 @@ def test_timeline_reports_every_step(tmp_path):
     )
     labels = [line[:24].strip() for line in proc.stdout.splitlines()]
     for label in ("imports", "read+validate unit", "parquet read", "score bucket", "read back+write unit", "parquet write",
-                  "finalize", "total (before exit)"):
+                  "finalize", "total (before exit)", "peak RSS"):
         assert label in labels, proc.stdout
+    peak = next(line for line in proc.stdout.splitlines() if line.startswith("peak RSS"))
+    assert int(peak.split()[2]) > 100, peak  # MB resident at the peak: at least Beam and torch
     assert (tmp_path / "out" / "_SUCCESS").exists()
 
 

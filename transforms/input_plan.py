@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,9 @@ class ReadUnit:
     rows: tuple[int, int] | None = None
     """Rows [start, stop) of its one row group, where that row group holds more than --shard-rows
     rows and is read as several units (file_units; transforms/files/row_group_slices.py)."""
+    size: int = field(default=0, compare=False)
+    """Its uncompressed bytes by the file's footer (its share of the file's; 0: not known), for
+    the memory plan (transforms/memory.py) without reading the footer again."""
 
     def where(self) -> str:
         """The unit's rows, for messages: "row groups [0, 1]" or "rows 0-65535 of row group 0"."""
@@ -65,9 +68,11 @@ class InputPlan:
 
 
 def _footer(path: str, metadata=None):
+    """(Arrow schema, rows of each row group, uncompressed bytes of each row group by the footer)."""
     try:
         pf = storage.open_parquet(path, metadata=metadata)
-        return pf.schema_arrow, [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        groups = [pf.metadata.row_group(i) for i in range(pf.num_row_groups)]
+        return pf.schema_arrow, [g.num_rows for g in groups], [g.total_byte_size for g in groups]
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
         raise InputError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
 
@@ -121,7 +126,7 @@ def check_value_ranges(path: str, pf) -> None:
 
 
 def _checked_footer(path: str, needs: tuple[str, ...], given=None):
-    """(schema, row counts, warnings, fingerprint) of one file, or the InputError/SchemaError it
+    """(schema, (row counts, bytes of each row group), warnings, fingerprint) of one file, or the InputError/SchemaError it
     raises. `given`: (fingerprint, parsed footer) of the one read of its footer the caller made
     (transforms/files/selection.py: list_inputs), not read again."""
     try:
@@ -133,7 +138,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
             except OSError as e:
                 raise InputError(f"{path}: cannot be read ({e.strerror or first_line(e)})") from None
             metadata = None
-        schema, counts = _footer(path, metadata)
+        schema, counts, group_bytes = _footer(path, metadata)
         warnings = validate_file_schema(path, schema, needs=needs)
         if any(schema.field(n).type == pa.uint64() for n in (*RANGE_CHECKED_IDS, "reward") if n in schema.names) or (
             "reward" in schema.names and schema.field("reward").type == pa.int64()
@@ -149,7 +154,7 @@ def _checked_footer(path: str, needs: tuple[str, ...], given=None):
                 fingerprints.verify(path, planned)
         except fingerprints.InputChanged:
             raise InputError(f"{path} changed while the run was planning from it; rerun once the input is complete") from None
-        return schema, counts, warnings, planned
+        return schema, (counts, group_bytes), warnings, planned
     except (InputError, SchemaError) as e:
         return e
 
@@ -234,8 +239,8 @@ def plan_input(
     task_type = pa.int64() if pa.types.is_integer(schema.field("task").type) else pa.string()
 
     units: list[ReadUnit] = []
-    for path, (_, row_counts) in zip(files, footers):
-        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path])
+    for path, (_, (row_counts, group_bytes)) in zip(files, footers):
+        units += file_units(path, row_counts, shard_rows, first=len(units), fingerprint=planned[path], group_bytes=group_bytes)
         if not row_counts or sum(row_counts) == 0:
             warnings.append(f"{path}: file holds no rows")
     return InputPlan(tuple(files), tuple(units), schema, task_type, tuple(warnings), tuple(skipped))
@@ -271,21 +276,51 @@ def split_row_groups(row_counts: list[int], shard_rows: int) -> list[tuple[int, 
     return runs
 
 
+UNIT_BYTES = 192 << 20
+"""A read unit holds at most --shard-rows rows and, where a file's rows are wide, about this many
+bytes by its footer (uncompressed Parquet: ~0.7 of the decoded Arrow table). 65,536 rows of
+256-token responses are ~130 MB by the footer (unchanged), of 4,096-token ones ~1.7 GB, which
+a unit in flight would hold 3.5 times over (transforms/memory.py): such a file is cut into
+units of ~7,500 rows instead. The input alone decides it, never the machine: the same input
+gives the same files everywhere."""
+
+
+UNIT_MIN_ROWS = 1024
+"""The cap by bytes never makes units of fewer rows (rows over ~190 KB each): a file of huge rows
+would otherwise become one unit, and one output file, per few rows."""
+
+
+def unit_rows(shard_rows: int, rows: int, data_bytes: int | None) -> int:
+    """Rows per read unit of a file of `rows` rows and `data_bytes` bytes by its footer:
+    `shard_rows`, or fewer (at least UNIT_MIN_ROWS) where that many of its rows hold more than
+    UNIT_BYTES."""
+    if not data_bytes or rows <= 0:
+        return shard_rows
+    return min(shard_rows, max(UNIT_MIN_ROWS, int(UNIT_BYTES * rows // data_bytes)))
+
+
 def file_units(
-    path: str, row_counts: list[int], shard_rows: int, *, first: int = 0, fingerprint: fingerprints.Fingerprint | None = None
+    path: str, row_counts: list[int], shard_rows: int, *, first: int = 0, fingerprint: fingerprints.Fingerprint | None = None,
+    group_bytes: list[int] | None = None,
 ) -> list[ReadUnit]:
     """The read units of one file, numbered from `first`: runs of its row groups
     (split_row_groups), and a row group of more than `shard_rows` rows cut into slices of about
-    equal rows (part_bounds), each a unit of its own."""
+    equal rows (part_bounds), each a unit of its own. `group_bytes`: each row group's size by
+    the footer (uncompressed), which lowers the rows per unit of wide rows (unit_rows) and gives
+    each unit its `size`."""
+    sizes = list(group_bytes) if group_bytes is not None and len(group_bytes) == len(row_counts) else [0] * len(row_counts)
+    shard_rows = unit_rows(shard_rows, sum(row_counts), sum(sizes))
+
     units: list[ReadUnit] = []
     for groups in split_row_groups(row_counts, shard_rows):
         rows = sum(row_counts[g] for g in groups)
         if len(groups) == 1 and rows > shard_rows:
             bounds = part_bounds(rows, shard_rows)
             for start, stop in zip(bounds[:-1], bounds[1:]):
-                units.append(ReadUnit(first + len(units), path, groups, stop - start, fingerprint=fingerprint, rows=(start, stop)))
+                units.append(ReadUnit(first + len(units), path, groups, stop - start, fingerprint=fingerprint, rows=(start, stop),
+                                      size=int(sizes[groups[0]] * (stop - start) / rows)))
         else:
-            units.append(ReadUnit(first + len(units), path, groups, rows, fingerprint=fingerprint))
+            units.append(ReadUnit(first + len(units), path, groups, rows, fingerprint=fingerprint, size=sum(sizes[g] for g in groups)))
     return units
 
 
@@ -293,6 +328,6 @@ def planned_file_units(path: str, shard_rows: int) -> list[ReadUnit]:
     """The read units of one file as plan_input makes them, numbered from 0 (its footer and
     fingerprint only, without the schema checks: the prefetch's, transforms/unit_store.py)."""
     planned = fingerprints.take(path)
-    _, counts = _footer(path)
+    _, counts, group_bytes = _footer(path)
     fingerprints.verify(path, planned)
-    return file_units(path, counts, shard_rows, fingerprint=planned)
+    return file_units(path, counts, shard_rows, fingerprint=planned, group_bytes=group_bytes)

@@ -43,8 +43,8 @@ class _ReadLight(beam.DoFn):
     def setup(self):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
-        self._overlap = Overlap(resolve_threads(self._settings.io_threads), self._outputs)
         self._store = self._unit_store.acquire()
+        self._overlap = Overlap(self._store.fit(self._units, resolve_threads(self._settings.io_threads)), self._outputs)
         if self._keep_units:
             self._store.expect(self._units)
 

@@ -146,6 +146,13 @@ def megabytes(flag: str, value: Any) -> str | None:
     return None
 
 
+def budget_megabytes(flag: str, value: Any) -> str | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0.0 < value < math.inf):
+        return f"{flag} must be a number of MB > 0, got {value!r}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepSettings:
     """The run options the Beam steps read (ReadExperiences, ScoreGroups, WriteScored,
@@ -194,6 +201,12 @@ class StepSettings:
         None, plain=True, metavar="MB", check=megabytes, env="RESCORE_READ_AHEAD_MB",
         help="MB the read-ahead may hold beyond --unit-cache-mb (default: a sixth of it; 0: off; "
         "the environment's RESCORE_READ_AHEAD_MB sets the default)",
+    )
+    memory_mb: float | None = option(
+        None, plain=True, metavar="MB", check=budget_megabytes, env="RESCORE_MEMORY_MB",
+        help="MB of memory each process of the run may use: read units in flight, --unit-cache-mb and "
+        "--read-ahead-mb are fitted into it (slower, same output; default: no ceiling; "
+        "the environment's RESCORE_MEMORY_MB sets the default)",
     )
 
 

@@ -33,6 +33,7 @@ can start the prefetch before Beam is imported.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -43,10 +44,13 @@ import pyarrow as pa
 from rescore.transforms.files import fingerprint as fingerprints
 from rescore.transforms.files import storage
 from rescore.transforms.files.row_group_slices import SliceDecoders
+from rescore.transforms import memory
 from rescore.transforms.files.unit_cache import UnitCache, ahead_bytes, budget_bytes, unit_key, with_columns
 from rescore.transforms.input_plan import ReadUnit, planned_file_units
 from rescore.transforms.rows.keys import light_columns
 from rescore.transforms.unit_read import read_unit
+
+log = logging.getLogger(__name__)
 
 PREFETCH_UNITS_PER_THREAD = 4
 """Units queued for the prefetch per read thread. The prefetch thread decodes them one after the
@@ -124,10 +128,11 @@ def _local_files(pattern: str) -> list[str]:
     return [p for p in found if os.path.isfile(p)]
 
 
-def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int) -> Prefetch | None:
+def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int, memory_mb: float | None = None) -> Prefetch | None:
     """Start decoding the first read units of the first local input file (up to
-    PREFETCH_UNITS_PER_THREAD per read thread, one at a time); None where the input is not local
-    files. Never raises: planning the run reports any problem with the input."""
+    PREFETCH_UNITS_PER_THREAD per read thread, one at a time; under a memory budget, at most
+    the units that fit in its prefetch share, transforms/memory.py); None where the input is not
+    local files. Never raises: planning the run reports any problem with the input."""
     try:
         if not patterns or not all(storage.is_local(p) for p in patterns):
             return None
@@ -135,6 +140,9 @@ def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int) -> Pre
         if not files:
             return None
         units = planned_file_units(min(files), shard_rows)[: max(1, threads) * PREFETCH_UNITS_PER_THREAD]
+        budget = memory.budget_mb(memory_mb)
+        if budget is not None:
+            units = units[: memory.prefetch_units(budget, [memory.unit_bytes(u) for u in units])]
     except Exception:  # noqa: BLE001
         return None
     return Prefetch(units, light_columns(())) if units else None
@@ -145,11 +153,22 @@ class UnitStore:
     and the document its finalize step published (module docstring). Thread-safe.
 
     cache_mb / read_ahead_mb: the run settings unit_cache_mb and read_ahead_mb (None: the
-    defaults of transforms/files/unit_cache.py, from this machine's memory)."""
+    defaults of transforms/files/unit_cache.py, from this machine's memory); memory_mb: the run
+    setting memory_mb (None: a share of the container's memory limit where there is one, else no
+    budget), which `fit` applies to them and to the steps' threads."""
 
-    def __init__(self, cache_mb: float | None = None, read_ahead_mb: float | None = None, *, prefetch: Prefetch | None = None):
+    def __init__(
+        self, cache_mb: float | None = None, read_ahead_mb: float | None = None, *, prefetch: Prefetch | None = None,
+        memory_mb: float | None = None,
+    ):
         budget = budget_bytes(cache_mb)
         self.cache = UnitCache(budget, ahead_bytes(read_ahead_mb, budget))
+        self.memory_mb = memory.budget_mb(memory_mb)
+        """The budget in MB: memory_mb, else a share of the container's limit; None: no budget."""
+        self.memory: memory.MemoryPlan | None = None
+        """The plan `fit` made under memory_mb (None: none yet, or no budget)."""
+        self._fitted: tuple | None = None
+        self._fit_lock = threading.Lock()
         self.prefetch = prefetch
         self.slices = prefetch.slices if prefetch is not None else SliceDecoders()
         self.published: tuple[dict[str, Any], str] | None = None
@@ -166,6 +185,34 @@ class UnitStore:
         if table is None:
             return self.read(unit, columns)
         return with_columns(table, unit, columns, self.read)
+
+    def fit(self, units, threads: int) -> int:
+        """The read units a step of this run may have in flight (`threads` without a memory
+        budget). Under one, the first call (the first step's setup: imports done, nothing held
+        but prefetched tables) plans the process's memory for the run's `units`
+        (transforms/memory.py): the threads, and the cache and read-ahead lowered to fit; later
+        calls for the same units return the same plan."""
+        if self.memory_mb is None:
+            return threads
+        units = tuple(units)
+        key = hash(tuple(unit_key(u) for u in units))
+        with self._fit_lock:
+            if self._fitted is None or self._fitted[0] != key:
+                plan = memory.plan(
+                    int(self.memory_mb * memory.MB), base=memory.process_base(), unit=memory.largest_unit(units),
+                    threads=threads, cache=self.cache.budget, ahead=self.cache.ahead,
+                )
+                self.cache.resize(plan.cache, plan.ahead)
+                self.memory = plan
+                self._fitted = (key, plan.threads)
+                if not plan.fits:
+                    log.warning(
+                        "the memory budget (%s MB: --memory-mb, or %d%% of the container's limit) is below what this "
+                        "process needs for one read unit (~%d MB of its own, ~%.1f MB per unit in flight); running with "
+                        "the least it can use: one unit at a time, no unit cache", f"{self.memory_mb:,.0f}",
+                        memory.CONTAINER_SHARE * 100, plan.base // memory.MB, plan.unit * memory.UNIT_FACTOR / memory.MB,
+                    )
+            return min(threads, self._fitted[1])
 
     def expect(self, units) -> None:
         """The run reads these read units: the cache keeps room for the cheap columns of all of them."""
@@ -221,14 +268,17 @@ class UnitStoreHandle:
     pickled into the steps, it carries only Beam's `Shared` key and the settings, and
     `acquire()` returns the store of the process it runs in."""
 
-    def __init__(self, cache_mb: float | None = None, read_ahead_mb: float | None = None, *, prefetch: Prefetch | None = None):
+    def __init__(
+        self, cache_mb: float | None = None, read_ahead_mb: float | None = None, *, prefetch: Prefetch | None = None,
+        memory_mb: float | None = None,
+    ):
         from apache_beam.utils.shared import Shared
 
         self._shared = Shared()
-        self._settings = (cache_mb, read_ahead_mb)
+        self._settings = (cache_mb, read_ahead_mb, memory_mb)
         # Shared keeps a weak reference: the launcher's strong one keeps this store for the run.
         self._store: UnitStore | None = self._shared.acquire(
-            lambda: UnitStore(cache_mb, read_ahead_mb, prefetch=prefetch)
+            lambda: UnitStore(cache_mb, read_ahead_mb, prefetch=prefetch, memory_mb=memory_mb)
         )
 
     def __getstate__(self) -> dict:
@@ -239,8 +289,8 @@ class UnitStoreHandle:
         of its own (made on the first call)."""
         if self._store is not None:
             return self._store
-        cache_mb, read_ahead_mb = self._settings
-        return self._shared.acquire(lambda: UnitStore(cache_mb, read_ahead_mb))
+        cache_mb, read_ahead_mb, memory_mb = self._settings
+        return self._shared.acquire(lambda: UnitStore(cache_mb, read_ahead_mb, memory_mb=memory_mb))
 
     @property
     def store(self) -> UnitStore | None:

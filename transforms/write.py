@@ -65,7 +65,7 @@ class _WriteUnit(beam.DoFn):
             self._schema, self._plan.task_type, self._scoring, self._file_metadata, self._settings.audit_columns
         )
         self._rows_written = Metrics.counter("rescore", "rows_written")
-        threads = resolve_threads(self._settings.io_threads)
+        threads = self._store.fit(self._plan.units, resolve_threads(self._settings.io_threads))
         self._overlap = Overlap(threads, self._outputs)
         self._part_pool = ThreadPoolExecutor(threads, thread_name_prefix="rescore-part") if threads > 1 else None
 

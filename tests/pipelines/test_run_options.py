@@ -132,7 +132,7 @@ def test_nothing_else_declares_a_run_option():
     variables that set an option's default are read only in pipelines/options.py."""
     flags = {flag for f in table() for flag in flags_of(f)} | {flag for m in MODEL_FLAGS for flag in m.flags}
     envs = {spec(f).env for f in table() if spec(f).env}
-    assert envs == {"RESCORE_UNIT_CACHE_MB", "RESCORE_READ_AHEAD_MB", "RESCORE_PROGRESS_SECONDS"}
+    assert envs == {"RESCORE_UNIT_CACHE_MB", "RESCORE_READ_AHEAD_MB", "RESCORE_MEMORY_MB", "RESCORE_PROGRESS_SECONDS"}
     allowed: set[str] = set()  # the unit store takes the cache sizes from the run's settings
     for folder in ("pipelines", "transforms", "schemas", "rescore"):
         for base, _, names in os.walk(os.path.join(ROOT, folder)):

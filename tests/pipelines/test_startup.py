@@ -66,10 +66,17 @@ def test_the_arrow_decay_is_set_on_jemalloc_only(monkeypatch):
     monkeypatch.setattr(pa, "jemalloc_set_decay_ms", calls.append)
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     monkeypatch.delenv(cli.DECAY_ENV, raising=False)
-    cli.keep_freed_pages()
+    monkeypatch.delenv("RESCORE_MEMORY_MB", raising=False)
+    from rescore.transforms import memory
+
+    monkeypatch.setattr(memory, "container_limit", lambda: None)
+    cli.keep_freed_pages([])
+    cli.keep_freed_pages(["--input", "x", "--memory-mb", "2048"])  # under a budget: freed pages go back at once
+    monkeypatch.setattr(memory, "container_limit", lambda: 2 << 30)
+    cli.keep_freed_pages([])  # a container's limit is a budget too
     monkeypatch.setenv(cli.DECAY_ENV, "-1")
-    cli.keep_freed_pages()
+    cli.keep_freed_pages(["--memory-mb=2048"])  # the variable wins
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
-    cli.keep_freed_pages()  # another pool: left alone
-    assert calls == [cli.DEFAULT_DECAY_MS, -1]
+    cli.keep_freed_pages([])  # another pool: left alone
+    assert calls == [cli.DEFAULT_DECAY_MS, 0, 0, -1]
     assert _command({"RESCORE_ARROW_DECAY_MS": "-1"}, "--help").returncode == 0

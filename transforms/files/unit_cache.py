@@ -139,6 +139,13 @@ class UnitCache:
         self._generation = 0
         """Bumped by a new plan and by clear(): a read-ahead of an older one stops."""
 
+    def resize(self, budget: int, ahead: int) -> None:
+        """Lower the budget and the read-ahead's room (a memory budget, transforms/memory.py),
+        before the run offers its first unit; never raised."""
+        with self._lock:
+            self.budget = min(self.budget, max(0, int(budget)))
+            self.ahead = min(self.ahead, max(0, int(ahead)))
+
     def expect(self, plan, rows: int) -> None:
         """The run of `plan` (any hashable naming the run's units) reads `rows` rows in all:
         reserve room for the kept columns of every unit. A new plan starts the accounting
