@@ -172,7 +172,7 @@ HELP_GROUPS = (
     ("bad input, failures and other runs", ("skip_bad_files", "max_reject_fraction", "max_group_rows", "wait_for_lock")),
     ("runners, devices and performance",
      ("wait", "shared_filesystem", "device", "accelerator", "buckets", "shard_rows", "io_threads", "unit_cache_mb",
-      "read_ahead_mb")),
+      "read_ahead_mb", "memory_mb")),
     ("messages", ("log_level", "progress_seconds")),
 )
 """--help's headings after the common options, and the options under each (by field name); an
