@@ -143,8 +143,8 @@ def create(path: str):
 # Object stores: the calls Beam's filesystems make in a way a store cannot take are made here
 # with the same client Beam builds from the run's options (transforms/files/stores.py):
 # - S3: Beam's writer is always a multipart upload, and S3 refuses to complete one with no part,
-#   so an empty object (_SUCCESS, a progress mark) cannot be written through it. Here: boto3's
-#   managed upload (one PUT up to its threshold, multipart above), which writes any size.
+#   so an empty object (_SUCCESS, a progress mark) cannot be written through it. Here: one
+#   PutObject below SINGLE_PUT_BYTES, boto3's managed multipart upload above.
 # - GCS: Beam renames and deletes through the JSON API's batch endpoint; here, one call per
 #   object (rewrite, then delete), which every GCS server answers, and a "directory" (a prefix)
 #   is deleted object by object.
@@ -182,6 +182,10 @@ def gcs_client():
 def _bucket_key(path: str) -> tuple[str, str]:
     bucket, _, key = path.split("://", 1)[1].partition("/")
     return bucket, key
+
+
+SINGLE_PUT_BYTES = 64 << 20
+"""S3 objects smaller than this are written by one PutObject; larger ones by a multipart upload."""
 
 
 class _S3Read(io.RawIOBase):
@@ -240,9 +244,13 @@ class _S3Upload(io.RawIOBase):
         if self.closed:
             return
         try:
+            size = self._buffer.tell()
             self._buffer.seek(0)
             bucket, key = _bucket_key(self.path)
-            s3_client().upload_fileobj(self._buffer, bucket, key)
+            if size < SINGLE_PUT_BYTES:  # one request (boto3's managed upload starts a thread pool a call)
+                s3_client().put_object(Bucket=bucket, Key=key, Body=self._buffer.read())
+            else:
+                s3_client().upload_fileobj(self._buffer, bucket, key)
         finally:
             self._buffer.close()
             super().close()
