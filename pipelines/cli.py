@@ -369,7 +369,7 @@ def run_command_line(prefetch: "Prefetch | None" = None) -> None:
     os._exit(code)
 
 
-from rescore.pipelines.options import ARROW_DECAY_ENV as DECAY_ENV  # noqa: E402  (tests set it by this name)
+DECAY_ENV = "RESCORE_ARROW_DECAY_MS"  # options.ARROW_DECAY_ENV (not imported here: the options import numpy)
 DEFAULT_DECAY_MS = 3000
 """How long Arrow's jemalloc keeps freed pages for the next allocation before handing them back
 to the kernel. pyarrow's default, 0, hands every freed page back at once: the parquet reader's
