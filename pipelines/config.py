@@ -20,6 +20,8 @@ from rescore.pipelines.beam_args import (  # noqa: F401  (DEFAULT_RUNNER, prism_
     _check_paths_reach_workers,
     _check_runner_extra,
     _with_default_runner,
+    _with_flink_options,
+    _absolute_for_workers,
     _with_worker_log_level,
     prism_binary,
 )
@@ -134,16 +136,17 @@ def parse_args(argv: list[str]) -> RunConfig:
     _check_beam_args(beam_args)
     _check_paths_reach_workers(beam_args, [str(i) for i in inputs], str(output), values["input_table"],
                                values["shared_filesystem"])
+    inputs, output = _absolute_for_workers(beam_args, [str(i) for i in inputs], str(output))
     cfg = RunConfig(
         **values,
-        inputs=[str(i) for i in inputs],
-        output=str(output),
+        inputs=inputs,
+        output=output,
         strategies=strategies,
         params=params,
         algorithm=algorithm,
         buckets_chosen="buckets" in given,
         wait=not args.no_wait,
-        beam_args=_with_worker_log_level(_with_default_runner(beam_args), values["log_level"]),
+        beam_args=_with_worker_log_level(_with_default_runner(_with_flink_options(beam_args)), values["log_level"]),
         models=model_options(args, config.get("models")),
     )
     if cfg.incremental and cfg.models.enabled:  # the model stage is not wired into incremental runs
