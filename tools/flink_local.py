@@ -481,16 +481,24 @@ def cluster_conf(local: dict[str, str]) -> str:
 
 
 def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sys.executable,
-          timeout: float = 120.0, env: dict[str, str] | None = None) -> Cluster:
+          timeout: float = 120.0, env: dict[str, str] | None = None, rest_port: int | None = None,
+          parent_first: bool = False) -> Cluster:
     """Start the cluster in `workdir`. env: variables added to the environment of the
-    TaskManagers and of the SDK workers' fork server (the tests' fault injection)."""
+    TaskManagers and of the SDK workers' fork server (the tests' fault injection).
+    parent_first: Beam's jars (the job server's, less Flink's own and the logging jars) on the
+    TaskManagers' class path and loaded parent-first, so Beam's SDK worker cache is one per
+    TaskManager and a stage's workers can serve the next stage (with --environment_cache_millis)."""
     home = flink_home()
     if not fetched():
         raise RuntimeError("the Flink jars are not fetched: run `python tools/flink_local.py fetch`")
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "conf"
     conf.mkdir(exist_ok=True)
-    rpc, rest, blob = free_port(), free_port(), free_port()
+    rpc, rest, blob = free_port(), rest_port or free_port(), free_port()
+    if rest_port:
+        with socket.socket() as probe:
+            if probe.connect_ex(("localhost", rest_port)) == 0:
+                raise RuntimeError(f"port {rest_port} is in use (another Flink?): pass --rest-port PORT")
     zygote, sock = workdir / "sdk_zygote.py", workdir / "sdk_zygote.sock"
     zygote.write_text(_ZYGOTE)
     boot = workdir / "sdk_worker"
@@ -510,6 +518,8 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
         "heartbeat.interval": "2000", "heartbeat.timeout": "8000",
         "io.tmp.dirs": str(workdir / "tmp"),
     }
+    if parent_first:
+        local["classloader.parent-first-patterns.additional"] = "org.apache.beam.;org.apache.flink.api.java.typeutils.runtime."
     (conf / "flink-conf.yaml").write_text(cluster_conf(local))
     (workdir / "tmp").mkdir(exist_ok=True)
     (workdir / "log").mkdir(exist_ok=True)
@@ -531,7 +541,12 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
          "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint",
          "--configDir", str(conf), *jm_dyn], workdir / "log" / "jobmanager.log", env)})
     tm_jvm, tm_dyn = _bash_java_utils(home, conf, "GET_TM_RESOURCE_PARAMS")
-    tm_cmd = ["java", *tm_jvm, *jvm_common, "-cp", cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
+    tm_cp = cp
+    if parent_first:
+        beam = [str(p) for p in sorted((job_server_jar().parent / "lib").glob("*.jar"))
+                if not p.name.startswith(("flink-", "slf4j-", "log4j-"))]
+        tm_cp = ":".join([cp, *beam])
+    tm_cmd = ["java", *tm_jvm, *jvm_common, "-cp", tm_cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
               "--configDir", str(conf), *tm_dyn]
     state = {"rest_port": rest, "slots_total": slots * taskmanagers, "taskmanagers": taskmanagers,
              "processes": processes, "taskmanager_command": tm_cmd, "env": {**extra, "FLINK_CONF_DIR": str(conf)}}
@@ -546,6 +561,26 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
     return cluster
 
 
+def start_job_server(cluster: Cluster, workdir: Path, timeout: float = 180.0) -> dict:
+    """Beam's Flink job server as a long-lived service beside the cluster (what --job_endpoint
+    points at): {"process": Popen, "endpoint": "localhost:PORT"}."""
+    port = free_port()
+    log = open(workdir / "log" / "job-server.log", "ab")
+    process = subprocess.Popen(["java", "-jar", str(job_server_jar()), "--flink-master", cluster.flink_master,
+                                "--job-port", str(port), "--artifact-port", "0", "--expansion-port", "0"],
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("localhost", port)) == 0:
+                return {"process": process, "endpoint": f"localhost:{port}"}
+        if process.poll() is not None:
+            break
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"Beam's job server did not listen on {port} in {timeout:.0f} s; log in {workdir / 'log'}")
+
+
 def load(workdir: Path) -> Cluster:
     return Cluster(workdir, json.loads((workdir / "cluster.json").read_text()))
 
@@ -557,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the cluster keeps its config, logs and state (default /tmp/rescore-flink)")
     ap.add_argument("--taskmanagers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=2, help="task slots per TaskManager")
+    ap.add_argument("--rest-port", type=int, default=8081,
+                    help="the JobManager's REST port, Beam's --flink_master (default 8081, Flink's own default)")
     a = ap.parse_args(argv)
     workdir = Path(a.workdir)
     if a.command == "fetch":
@@ -573,7 +610,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if not fetched():
             fetch()
-        c = start(workdir, a.taskmanagers, a.slots)
+        try:
+            c = start(workdir, a.taskmanagers, a.slots, rest_port=a.rest_port)
+        except RuntimeError as e:
+            print(f"flink_local: {e}", file=sys.stderr)
+            return 1
         flags = shlex.join(c.beam_args())
         print(f"Flink UI {c.rest}; {a.taskmanagers} TaskManagers with {a.slots} slots each; logs in {workdir / 'log'}")
         print(f"Beam flags (shell-quoted, paste them after a rescore command):\n  {flags}")

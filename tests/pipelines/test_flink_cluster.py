@@ -110,7 +110,7 @@ def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_pat
     cpu = flink.cpu_seconds() + _own_cpu_seconds()
     out = str(tmp_path / "flink")
     doc = run(["--config", os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience,
-               "--output", out, *args, *flink.beam_args(parallelism=4)])
+               "--output", out, *args, *flink.beam_args(parallelism=4), "--max_bundle_size=700"])
     print(f"Flink run: {time.time() - since / 1000:.0f} s wall, "  # shown by -rP (docs/runners.md's figures)
           f"{flink.cpu_seconds() + _own_cpu_seconds() - cpu:.0f} CPU-s (cluster, SDK workers, job server, launcher)")
     assert doc["totals"]["rows_read"] == sum(1 for _ in multi_step_rows(31))
@@ -119,6 +119,10 @@ def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_pat
     assert sorted(got) == sorted(expected) and got == expected  # values and row order, per file
     (job,) = _flink_jobs(flink, since)
     assert job["state"] == "FINISHED"
+    # Flink's own options reach the Java runner: flink.yaml's execution_mode_for_batch and the
+    # command line's --max_bundle_size (pipelines/flink_options.py)
+    config = flink.get(f"/jobs/{job['jid']}/config")["execution-config"]
+    assert config["execution-mode"] == "BATCH_FORCED" and config["user-config"]["maxBundleSize"] == "700"
     detail = flink.get(f"/jobs/{job['jid']}")
     assert max(v["parallelism"] for v in detail["vertices"]) == 4
     busy = {tm: n for tm, n in _work_per_taskmanager(flink, job["jid"]).items() if n > 0}
@@ -161,6 +165,9 @@ def _release(flink, phase):
 
 
 def _hold(flink, *phases):
+    for name in os.listdir(flink.hold_dir):  # an earlier test's workers were held there
+        if name.startswith("held-"):
+            os.unlink(os.path.join(flink.hold_dir, name))
     for phase in phases:
         open(os.path.join(flink.hold_dir, f"hold-{phase}"), "w").close()
 

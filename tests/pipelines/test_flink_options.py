@@ -125,3 +125,31 @@ def test_up_prints_flags_that_paste_into_a_shell(tmp_path):
     assert split == c.beam_args()
     config = next(a for a in split if a.startswith("--environment_config="))
     assert json.loads(config.split("=", 1)[1]) == {"command": str(Path(tmp_path) / "sdk_worker")}
+
+
+def test_booleans_go_to_beam_as_bare_flags_that_flip_the_java_default():
+    """Beam's FlinkRunner parses a boolean the job server describes as a bare flag: store_true
+    where Java's default is false, store_false where it is true (operator_chaining), and
+    `--flag=value` is an argparse error at submission."""
+    from rescore.pipelines.beam_args import _with_flink_options
+    from rescore.pipelines.flink_options import as_beam_passes_them
+
+    assert as_beam_passes_them(["--object_reuse", "--object_reuse=false", "--operator_chaining=false",
+                                "--operator_chaining=true", "--max_bundle_size=5"]) == [
+        "--object_reuse", "--operator_chaining", "--max_bundle_size=5"]
+    assert _with_flink_options([*FLINK, "--object_reuse=true", "--max_bundle_size", "9"]) == [
+        *FLINK, "--object_reuse", "--max_bundle_size=9"]
+
+
+def test_the_local_cluster_runs_the_shipped_cluster_config():
+    """tools/flink_local.py's flink-conf.yaml is run_configs/flink_cluster/flink-conf.yaml (the
+    recovery keys) with this machine's keys over it, each key once."""
+    tool = _flink_local()
+    text = tool.cluster_conf({"heartbeat.timeout": "8000", "rest.port": "1234"})
+    keys = dict(line.split(": ", 1) for line in text.splitlines())
+    assert len(keys) == len(text.splitlines())
+    assert keys["restart-strategy.type"] == "fixed-delay" and int(keys["restart-strategy.fixed-delay.attempts"]) >= 3
+    assert keys["jobmanager.execution.failover-strategy"] == "region"
+    assert keys["heartbeat.timeout"] == "8000" and keys["rest.port"] == "1234"
+    shipped = (ROOT / "run_configs" / "flink_cluster" / "flink-conf.yaml").read_text()
+    assert "heartbeat.timeout: 20000" in shipped  # the shipped value, which the local cluster overrides
