@@ -22,13 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _flink_local():
-    """tools/flink_local.py (not part of the package): imported by path."""
-    import importlib.util
+    """tools/flink_local.py (not part of the package), as the cluster tests load it."""
+    from test_flink_cluster import flink_local
 
-    spec = importlib.util.spec_from_file_location("flink_local", ROOT / "tools" / "flink_local.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return flink_local
 
 
 def _python_options() -> set[str]:

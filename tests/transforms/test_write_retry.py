@@ -7,6 +7,7 @@ import os
 
 import apache_beam as beam
 import numpy as np
+import pytest
 from shell_data import grpo, pipeline, write_experience
 
 from rescore.transforms.read import plan_input
@@ -31,6 +32,7 @@ def _write(plan, out):
     return {n: open(os.path.join(staging, n), "rb").read() for n in sorted(os.listdir(staging)) if n.endswith(".parquet")}
 
 
+@pytest.mark.slow  # three pipelines: ~10 s on a loaded machine
 def test_a_retried_write_rewrites_the_same_bytes_over_a_cut_short_attempt(tmp_path):
     plan = plan_input([write_experience(tmp_path / "in")], shard_rows=4)
     clean = _write(plan, tmp_path / "clean")
