@@ -13,7 +13,8 @@ after the other, in one run, and counts the CPU-seconds of every process the run
     the cluster's JobManager, TaskManagers and SDK workers (utime+stime of each process and of
     the children it reaped, from /proc; the workers are reaped by the fork server, counted once
     the run is over).
-It fits CPU = fixed + marginal x rows (least squares over the sizes) for each mode, and prints
+Each cluster first runs one job of the smallest size that is not counted (its JVMs load and
+compile their classes; --no-warmup counts it). It fits CPU = fixed + marginal x rows (least squares over the sizes) for each mode, and prints
 both, their ratio, and the wall times, then the same as JSON on the last line.
 
 --levers also measures, on the same cluster and sizes:
@@ -30,7 +31,6 @@ import argparse
 import importlib.util
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -65,6 +65,12 @@ def _run(cmd: list[str], env: dict) -> tuple[float, float]:
     return time.monotonic() - started, usage.ru_utime + usage.ru_stime
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds a running process (and the children it reaped) has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(fixed, marginal) of the least-squares line through (rows, cpu)."""
     n = len(points)
@@ -84,7 +90,7 @@ def _data(rows: int, directory: Path) -> str:
     return str(path)
 
 
-def measure(sizes, data_dir: Path, levers: bool) -> dict:
+def measure(sizes, data_dir: Path, levers: bool, warmup: bool = True) -> dict:
     tool = _tool()
     tool.fetch()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -92,6 +98,7 @@ def measure(sizes, data_dir: Path, levers: bool) -> dict:
     modes: dict[str, list[dict]] = {"in-process": [], "flink": []}
     out = Path(tempfile.mkdtemp(prefix="flink-cost-"))
     clusters = [("flink", {})]
+    failed: dict[str, str] = {}
     if levers:
         modes["flink, long-lived job server"] = []
         modes["flink, workers reused (parent-first)"] = []
@@ -99,11 +106,20 @@ def measure(sizes, data_dir: Path, levers: bool) -> dict:
     try:
         for label, variant in clusters:
             workdir = out / label.split(",")[0].replace(" ", "-") / ("pf" if variant else "plain")
-            cluster = tool.start(workdir, taskmanagers=2, slots=2, parent_first=bool(variant))
+            try:
+                cluster = tool.start(workdir, taskmanagers=2, slots=2, parent_first=bool(variant))
+            except RuntimeError as e:
+                failed[label] = f"the cluster did not start: {e}"
+                print(f"{label}: {failed[label]}", flush=True)
+                continue
             server = None
             try:
                 if levers and not variant:
                     server = tool.start_job_server(cluster, workdir)
+                if warmup:  # a fresh cluster's first job also loads and JIT-compiles its classes: not counted
+                    _run([*_rescore(), "--config", str(ROOT / "run_configs" / "flink.yaml"), "--input",
+                          _data(min(sizes), data_dir), "--output", str(out / "warmup"), "--shared-filesystem", *base,
+                          *cluster.beam_args(parallelism=4)], env)
                 for rows in sizes:
                     inp = _data(rows, data_dir)
                     if not variant:
@@ -115,12 +131,20 @@ def measure(sizes, data_dir: Path, levers: bool) -> dict:
                     if server is not None:
                         runs.append(("flink, long-lived job server", [f"--job_endpoint={server['endpoint']}"]))
                     for name, extra in runs:
-                        before = cluster.cpu_seconds()
-                        wall, cpu = _run([*_rescore(), "--config", str(ROOT / "run_configs" / "flink.yaml"), "--input", inp,
-                                          "--output", str(out / f"flink-{rows}"), "--shared-filesystem", *base,
-                                          *cluster.beam_args(parallelism=4), *extra], env)
+                        if name in failed:
+                            continue
+                        before = cluster.cpu_seconds() + (_cpu_of(server["process"].pid) if server else 0.0)
+                        try:
+                            wall, cpu = _run([*_rescore(), "--config", str(ROOT / "run_configs" / "flink.yaml"),
+                                              "--input", inp, "--output", str(out / f"flink-{rows}"),
+                                              "--shared-filesystem", *base, *cluster.beam_args(parallelism=4), *extra], env)
+                        except SystemExit as e:  # a lever that does not work here: say so, measure the rest
+                            failed[name] = str(e).splitlines()[-1][:300]
+                            print(f"{name} {rows:>9,} rows: failed: {failed[name]}", flush=True)
+                            continue
                         time.sleep(2.5)  # the fork server reaps its finished workers once a second
-                        cluster_cpu = cluster.cpu_seconds() - before
+                        # the long-lived job server's CPU during the run counts with the cluster's
+                        cluster_cpu = cluster.cpu_seconds() + (_cpu_of(server["process"].pid) if server else 0.0) - before
                         modes[name].append({"rows": rows, "wall_s": wall, "cpu_s": cpu + cluster_cpu,
                                             "launcher_cpu_s": cpu, "cluster_cpu_s": cluster_cpu})
                         print(f"{name} {rows:>9,} rows: {wall:7.1f} s wall, {cpu + cluster_cpu:7.1f} CPU-s "
@@ -132,7 +156,7 @@ def measure(sizes, data_dir: Path, levers: bool) -> dict:
                 cluster.stop()
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    result = {}
+    result = {name: {"failed": why} for name, why in failed.items()}
     for name, points in modes.items():
         if len(points) >= 2:
             fixed, marginal = fit([(p["rows"], p["cpu_s"]) for p in points])
@@ -146,6 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "rescore-bench"),
                     help="where the generated inputs are cached")
     ap.add_argument("--levers", action="store_true", help="also a long-lived job server and parent-first worker reuse")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="count each cluster's first job too (by default one job of the smallest size runs first, not counted)")
     a = ap.parse_args(argv)
     if len(set(a.sizes)) < 2:
         ap.error("--sizes needs at least two different sizes to fit a line")
@@ -155,10 +181,13 @@ def main(argv=None) -> int:
         return 2
     data = Path(a.data)
     data.mkdir(parents=True, exist_ok=True)
-    result = measure(sorted(a.sizes), data, a.levers)
+    result = measure(sorted(a.sizes), data, a.levers, a.warmup)
     inproc = result.get("in-process", {}).get("cpu_s_per_row")
     print(f"\n{'mode':<40} {'fixed CPU-s':>12} {'µs CPU per row':>15} {'vs in-process':>14}")
     for name, r in result.items():
+        if "failed" in r:
+            print(f"{name:<40} failed: {r['failed']}")
+            continue
         ratio = f"{r['cpu_s_per_row'] / inproc:.2f}x" if inproc else "-"
         print(f"{name:<40} {r['fixed_cpu_s']:>12.1f} {r['cpu_s_per_row'] * 1e6:>15.1f} {ratio:>14}")
     print(json.dumps(result))

@@ -11,12 +11,10 @@ RESCORE_CLUSTER_TESTS=0 turns them off.
 """
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet

@@ -150,3 +150,15 @@ def test_the_local_cluster_runs_the_shipped_cluster_config():
     assert keys["heartbeat.timeout"] == "8000" and keys["rest.port"] == "1234"
     shipped = (ROOT / "run_configs" / "flink_cluster" / "flink-conf.yaml").read_text()
     assert "heartbeat.timeout: 20000" in shipped  # the shipped value, which the local cluster overrides
+
+
+def test_local_paths_are_made_absolute_for_a_clusters_workers(tmp_path, monkeypatch):
+    """A TaskManager's SDK worker runs in its own working directory: `data/*.parquet` must reach
+    it as the launcher meant it. Other runners and paths with a scheme are left as given."""
+    from rescore.pipelines.beam_args import _absolute_for_workers
+
+    monkeypatch.chdir(tmp_path)
+    inputs, output = _absolute_for_workers(FLINK, ["data/*.parquet", "s3://bucket/x/*.parquet"], "out/flink")
+    assert inputs == [str(tmp_path / "data" / "*.parquet"), "s3://bucket/x/*.parquet"]
+    assert output == str(tmp_path / "out" / "flink")
+    assert _absolute_for_workers([], ["data/*.parquet"], "out/x") == (["data/*.parquet"], "out/x")
