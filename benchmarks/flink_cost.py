@@ -3,6 +3,7 @@
     python benchmarks/flink_cost.py                                 # 100,000, 300,000 and 1,000,000 rows
     python benchmarks/flink_cost.py --sizes 5000 20000 50000        # a loaded or small machine
     python benchmarks/flink_cost.py --sizes 5000 20000 --levers     # and the two levers, below
+    python benchmarks/flink_cost.py --sizes 5000 20000 --variants parent-first   # one lever (and in-process)
 
 For each size (benchmarks/generate.py experience, cached under --data) it runs `rescore
 --strategy grpo` in-process and on a local Flink cluster (tools/flink_local.py: 1 JobManager, 2
@@ -40,6 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+VARIANTS = ("plain", "job-server", "parent-first")
 
 
 def _tool():
@@ -90,21 +94,22 @@ def _data(rows: int, directory: Path) -> str:
     return str(path)
 
 
-def measure(sizes, data_dir: Path, levers: bool, warmup: bool = True) -> dict:
+def measure(sizes, data_dir: Path, variants: tuple[str, ...], warmup: bool = True) -> dict:
     tool = _tool()
     tool.fetch()
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = ["--strategy", "grpo", "--overwrite", "--progress-seconds", "3600", "--quiet"]
-    modes: dict[str, list[dict]] = {"in-process": [], "flink": []}
+    modes: dict[str, list[dict]] = {"in-process": [], **({"flink": []} if "plain" in variants else {})}
     out = Path(tempfile.mkdtemp(prefix="flink-cost-"))
-    clusters = [("flink", {})]
+    clusters = [("flink", {})] if {"plain", "job-server"} & set(variants) else []
     failed: dict[str, str] = {}
-    if levers:
+    if "job-server" in variants:
         modes["flink, long-lived job server"] = []
+    if "parent-first" in variants:
         modes["flink, workers reused (parent-first)"] = []
         clusters.append(("flink, workers reused (parent-first)", "parent-first"))
     try:
-        for label, variant in clusters:
+        for first, (label, variant) in enumerate(clusters):
             workdir = out / label.split(",")[0].replace(" ", "-") / ("pf" if variant else "plain")
             try:
                 cluster = tool.start(workdir, taskmanagers=2, slots=2, parent_first=bool(variant))
@@ -114,7 +119,7 @@ def measure(sizes, data_dir: Path, levers: bool, warmup: bool = True) -> dict:
                 continue
             server = None
             try:
-                if levers and not variant:
+                if "job-server" in variants and not variant:
                     server = tool.start_job_server(cluster, workdir)
                 if warmup:  # a fresh cluster's first job also loads and JIT-compiles its classes: not counted
                     _run([*_rescore(), "--config", str(ROOT / "run_configs" / "flink.yaml"), "--input",
@@ -122,12 +127,12 @@ def measure(sizes, data_dir: Path, levers: bool, warmup: bool = True) -> dict:
                           *cluster.beam_args(parallelism=4)], env)
                 for rows in sizes:
                     inp = _data(rows, data_dir)
-                    if not variant:
+                    if first == 0:  # in-process once per size, beside the first cluster's runs
                         wall, cpu = _run([*_rescore(), "--input", inp, "--output", str(out / f"local-{rows}"), *base], env)
                         modes["in-process"].append({"rows": rows, "wall_s": wall, "cpu_s": cpu})
                         print(f"in-process {rows:>9,} rows: {wall:7.1f} s wall, {cpu:7.1f} CPU-s", flush=True)
                     # worker reuse needs the cache to outlive a stage (Beam's default releases at once)
-                    runs = [(label, ["--environment_cache_millis=60000"] if variant else [])]
+                    runs = [(label, ["--environment_cache_millis=60000"] if variant else [])] if variant or "plain" in variants else []
                     if server is not None:
                         runs.append(("flink, long-lived job server", [f"--job_endpoint={server['endpoint']}"]))
                     for name, extra in runs:
@@ -170,6 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "rescore-bench"),
                     help="where the generated inputs are cached")
     ap.add_argument("--levers", action="store_true", help="also a long-lived job server and parent-first worker reuse")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, help="the Flink variants to run (default plain; --levers: all)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="count each cluster's first job too (by default one job of the smallest size runs first, not counted)")
     a = ap.parse_args(argv)
@@ -181,7 +187,8 @@ def main(argv=None) -> int:
         return 2
     data = Path(a.data)
     data.mkdir(parents=True, exist_ok=True)
-    result = measure(sorted(a.sizes), data, a.levers, a.warmup)
+    variants = tuple(a.variants or (VARIANTS if a.levers else ("plain",)))
+    result = measure(sorted(a.sizes), data, variants, a.warmup)
     inproc = result.get("in-process", {}).get("cpu_s_per_row")
     print(f"\n{'mode':<40} {'fixed CPU-s':>12} {'µs CPU per row':>15} {'vs in-process':>14}")
     for name, r in result.items():

@@ -519,7 +519,7 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
         "io.tmp.dirs": str(workdir / "tmp"),
     }
     if parent_first:
-        local["classloader.parent-first-patterns.additional"] = "org.apache.beam.;org.apache.flink.api.java.typeutils.runtime."
+        local["classloader.resolve-order"] = "parent-first"
     (conf / "flink-conf.yaml").write_text(cluster_conf(local))
     (workdir / "tmp").mkdir(exist_ok=True)
     (workdir / "log").mkdir(exist_ok=True)
