@@ -13,6 +13,7 @@ import os
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from rescore.errors import ConfigError, first_line
+from rescore.pipelines.flink_options import FLINK_OPTIONS, as_beam_passes_them, split_flink_options
 from rescore.pipelines.options import parser as _parser
 
 log = logging.getLogger("rescore.pipelines.config")
@@ -85,6 +86,24 @@ def _check_paths_reach_workers(args: list[str], inputs: list[str], output: str, 
         )
 
 
+_WORKERS_ELSEWHERE = ("flink", "spark", "portable")
+"""Runners whose SDK workers are processes the runner starts, in their own working directory."""
+
+
+def _absolute_for_workers(args: list[str], inputs: list[str], output: str) -> tuple[list[str], str]:
+    """Local --input/--output paths made absolute where a cluster's workers read and write them:
+    a TaskManager's SDK worker runs in its own working directory, where `data/*.parquet` means
+    nothing (or another file). Paths with a scheme, and every path of other runners, unchanged."""
+    runner = (_runner_name(args) or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
+    if runner not in _WORKERS_ELSEWHERE:
+        return inputs, output
+
+    def absolute(path: str) -> str:
+        return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+    return [absolute(i) for i in inputs], absolute(output)
+
+
 def _runner_name(args: list[str]) -> str | None:
     return _beam_option(args, "runner")
 
@@ -111,6 +130,10 @@ def _import_runner_options(args: list[str]) -> str | None:
 
 def _check_beam_args(args: list[str]) -> None:
     why_not = _import_runner_options(args)
+    try:  # Flink's own options (Java only): accepted by name with --runner FlinkRunner, values checked
+        _, args = split_flink_options(args, _runner_name(args))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
         cls._add_argparse_args(parser)  # the same parser Beam builds in get_all_options
@@ -125,13 +148,20 @@ def _check_beam_args(args: list[str]) -> None:
         flag = first.split("=", 1)[0]
         known = [o for a in parser._actions for o in a.option_strings] + [
             o for a in _parser()._actions for o in a.option_strings
-        ]
+        ] + [f"--{name}" for name in FLINK_OPTIONS]
         hint = difflib.get_close_matches(flag, known, n=1)
         did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
         runner_note = f" (runner {_runner_name(args)}'s module did not import: {why_not})" if why_not else ""
         raise ConfigError(
             f"unknown option {flag}{did_you_mean}: not a Rescore flag nor a Beam pipeline option{runner_note}"
         )
+
+
+def _with_flink_options(args: list[str]) -> list[str]:
+    """The run's Beam args with Flink's own options (checked by _check_beam_args) written the way
+    Beam's FlinkRunner forwards them to the Java runner (pipelines/flink_options.py)."""
+    flink, rest = split_flink_options(args, _runner_name(args))
+    return rest + as_beam_passes_them(flink)
 
 
 def _with_default_runner(args: list[str]) -> list[str]:
@@ -204,9 +234,10 @@ def pipeline_args(args: list[str], *, inputs: list[str], output: str, input_tabl
     pipeline option (a typo is refused with a did-you-mean), the runner's module imports, local
     paths with a cluster elsewhere are refused unless `shared_filesystem`, the runner's extra is
     installed. Returns the arguments Beam is given: with the local runner Rescore pins where none
-    is named, and the SDK workers' log level."""
+    is named, Flink's own options as Beam's FlinkRunner forwards them, and the SDK workers' log
+    level."""
     _check_beam_args(args)
     _check_paths_reach_workers(args, inputs, output, input_table, shared_filesystem)
-    final = _with_worker_log_level(_with_default_runner(args), log_level)
+    final = _with_worker_log_level(_with_default_runner(_with_flink_options(args)), log_level)
     _check_runner_extra(final)
     return final

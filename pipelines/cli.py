@@ -360,6 +360,9 @@ def run_command_line(prefetch: "Prefetch | None" = None) -> None:
         # with atexit; os._exit skips atexit, which left one JVM behind per run.
         import atexit
 
+        # Beam logs "Really destroying service at localhost:PORT" (a warning) when it stops the
+        # job server it started: expected here, and it would land after the run's summary.
+        logging.getLogger("apache_beam.utils.subprocess_server").setLevel(logging.ERROR)
         atexit._run_exitfuncs()
     if "rescore.transforms.verifier" in sys.modules:  # what an in-process verifier started ends with the command
         sys.modules["rescore.transforms.verifier"].end_in_process()

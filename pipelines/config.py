@@ -20,6 +20,8 @@ from rescore.pipelines.beam_args import (  # noqa: F401  (DEFAULT_RUNNER, prism_
     _check_paths_reach_workers,
     _check_runner_extra,
     _with_default_runner,
+    _with_flink_options,
+    _absolute_for_workers,
     _with_worker_log_level,
     pipeline_args,
     prism_binary,
@@ -137,10 +139,11 @@ def parse_args(argv: list[str]) -> RunConfig:
 
     beam_args = pipeline_args(beam_args, inputs=[str(i) for i in inputs], output=str(output), input_table=values["input_table"],
                               shared_filesystem=values["shared_filesystem"], log_level=values["log_level"])
+    inputs, output = _absolute_for_workers(beam_args, [str(i) for i in inputs], str(output))
     cfg = RunConfig(
         **values,
-        inputs=[str(i) for i in inputs],
-        output=str(output),
+        inputs=inputs,
+        output=output,
         strategies=strategies,
         params=params,
         algorithm=algorithm,

@@ -63,11 +63,14 @@ def load_yaml(path: str) -> dict[str, Any]:
 
 def pipeline_option_flags(options: dict[str, Any]) -> list[str]:
     """YAML pipeline_options -> Beam command-line flags."""
+    from rescore.pipelines.flink_options import FLINK_OPTIONS
     flags = []
     for key, value in options.items():
         name = f"--{key}"
         if value is True:
             flags.append(name)
+        elif value is False and key in FLINK_OPTIONS:  # a Java option whose default may be true
+            flags.append(f"{name}=false")
         elif value is False or value is None:
             continue
         elif isinstance(value, list):

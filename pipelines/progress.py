@@ -30,7 +30,11 @@ none (a run gives its --progress-seconds, pipelines/options.py)."""
 
 class Progress:
     def __init__(self, output: str, units: int, rows: int, files: int, *, stream=None, enabled: bool = True,
-                 interval: float | None = None):
+                 interval: float | None = None, detail=None):
+        """detail: a callable that says what the runner is doing where the marks cannot (on a
+        Flink cluster: the job server starting, the job's tasks; pipelines/flink_job.py), added
+        to each line; '' adds nothing."""
+        self._detail = detail
         self._marks = progress_marks.progress_dir(staging_dir(output))
         self._units = units
         self._rows = rows
@@ -77,11 +81,13 @@ class Progress:
             fractions = (read / units, scored / to_score if to_score else float(read >= self._units), written / units)
             pct = 100.0 * sum(fractions) / 3 if self._units else 100.0
             scoring = f"scored {scored:,}/{plural(to_score, 'row')}"
+        detail = "" if done or self._detail is None else self._detail()
         return (
             f"rescore: {plural(self._rows, 'row')} in {plural(self._files, 'file')}: "
             f"read {read:,}/{plural(self._units, 'unit')}, {scoring}, "
             f"written {written:,}/{plural(self._units, 'unit')} ({pct:.0f}%), "
             f"{time.monotonic() - self._started:.{1 if done else 0}f} s"
+            + (f"; {detail}" if detail else "")
         )
 
     def _emit(self, line: str, final: bool = False) -> None:

@@ -37,8 +37,8 @@ from apache_beam.options.pipeline_options import (
     TestOptions,
 )
 
-from rescore.errors import ConfigError, RejectBudgetExceeded
-from rescore.pipelines import __version__, incremental, sources
+from rescore.errors import ConfigError, RejectBudgetExceeded, first_line
+from rescore.pipelines import __version__, flink_job, incremental, sources
 from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, local_buckets
 from rescore.pipelines.progress import Progress
 from rescore.transforms import device as devices
@@ -382,12 +382,21 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
         return {**run_info, "submitted": True, "job_id": getattr(result, "job_id", lambda: None)()}
     if _one_process(p.options):
         shorten_sampler_period()
+    on_flink = flink_job.on_cluster(p.options, cfg.output)  # None but on a Flink session cluster
     try:
-        with Progress(cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet,
-                      interval=cfg.progress_seconds):
+        with flink_job.quiet_message_thread(), Progress(
+            cfg.output, len(plan.units), plan.num_rows, len(plan.files), enabled=not cfg.quiet,
+            interval=cfg.progress_seconds, detail=on_flink and on_flink.progress_detail,
+        ):
             p.run().wait_until_finish()
-    except BaseException:
+    except BaseException as e:
+        # A job server lost mid-run leaves its job running on the cluster, where it would publish
+        # after this run reported its failure: cancel it first (pipelines/flink_job.py).
+        cancelled = on_flink.cancel() if on_flink else ""
         progress_marks.clear(staging_dir(cfg.output))  # the marks only count a run in progress
+        if cancelled:
+            why = f"lost Beam's Flink job server ({_rpc_summary(e)})" if _is_rpc_error(e) else first_line(e)
+            raise RuntimeError(f"{why}: {cancelled}; {unpublished}") from None
         raise
     success = storage.join(cfg.output, SUCCESS)
     failed_dir = storage.join(cfg.output, ownership.FAILED)  # a failed run beside a finished one
@@ -407,6 +416,19 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
     if not storage.exists(success):
         raise RuntimeError(f"the pipeline finished but {success} was not written")
     return doc
+
+
+def _is_rpc_error(e: BaseException) -> bool:
+    import grpc
+
+    return isinstance(e, grpc.RpcError)
+
+
+def _rpc_summary(e: BaseException) -> str:
+    """`UNAVAILABLE: Socket closed`, from a gRPC error."""
+    code = getattr(e, "code", lambda: None)()
+    details = (getattr(e, "details", lambda: "")() or "").splitlines()
+    return ": ".join(x for x in (getattr(code, "name", None), details[0] if details else "") if x) or type(e).__name__
 
 
 def _published_file(output: str) -> tuple[dict[str, Any], str]:

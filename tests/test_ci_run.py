@@ -23,7 +23,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
 
 def test_the_background_build_takes_the_fixtures_locks():
     deps = _read(".ci", "cluster-deps")
-    assert "run_configs/flink_local.py fetch" in deps  # flink_local.fetch holds .fetch.lock itself
+    assert "tools/flink_local.py fetch" in deps  # flink_local.fetch holds .fetch.lock itself
     assert 'flock "$cache/.build.lock"' in deps and '"$HOME/.cache/rescore/prism"' in deps
     assert '".build.lock"' in _read("tests", "pipelines", "test_prism_runner.py")
-    assert '".fetch.lock"' in _read("run_configs", "flink_local.py")
+    assert '".fetch.lock"' in _read("tools", "flink_local.py")

@@ -41,7 +41,7 @@ NOT_RUN = {
     ".venv/bin/python -m pytest": "this is the test run",
     "0 3 * * *": "a crontab line for another machine; its rescore command is checked (parsed) below",
     "GOBIN=": "builds Prism with go (minutes); tests/pipelines/test_prism_runner.py builds and runs it",
-    "python run_configs/flink_local.py": "starts a local Flink cluster (Java and Maven, minutes); tests/pipelines/test_flink_cluster.py runs it",
+    "python tools/flink_local.py": "starts a local Flink cluster (Java and Maven, minutes); tests/pipelines/test_flink_cluster.py runs it",
     "python -m rescore.pipelines.sample_models": "writes tiny models; the scratch directory's models/ is written by the same function",
 }
 REMOTE = ("DataflowRunner", "FlinkRunner", "dataflow.yaml", "dataflow_gpu.yaml", "flink.yaml", "gs://", "s3://",

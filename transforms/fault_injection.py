@@ -11,6 +11,10 @@ named so that no real run sets it by accident (docs/reliability.md, "Fault injec
                        waits (up to 120 s) for DIR/resume, so a test can change an input file
                        between the two reads
     pause_finalize:DIR the same, at the start of the publishing step (every unit written)
+    hold:DIR           while DIR/hold-PHASE exists, the read (PHASE `read`, per unit), scoring
+                       (`score`, per bucket) and write (`write`, per unit, after its scored
+                       file is staged) steps create DIR/held-PHASE-PID and wait (up to 600 s)
+                       for it to go: a cluster test kills a TaskManager with the job held there
     kill_at:STEP       an --incremental run SIGKILLs itself at STEP: locked, planned,
                        before_commit, after_commit (pipelines/incremental.py)
     fail_insert:ANY    writing a Trinity SQL buffer (--output-db) raises after the first file's
@@ -71,6 +75,17 @@ def maybe_pause_readback() -> None:
 def maybe_pause_finalize() -> None:
     if _armed is not None:
         _pause("pause_finalize")
+
+
+def maybe_hold(phase: str) -> None:
+    """hold:DIR: wait here while DIR/hold-`phase` exists, saying so in DIR/held-`phase`-PID."""
+    directory = _arg("hold") if _armed is not None else ""
+    if not directory or not os.path.exists(hold := os.path.join(directory, f"hold-{phase}")):
+        return
+    open(os.path.join(directory, f"held-{phase}-{os.getpid()}"), "a").close()
+    deadline = time.monotonic() + 600
+    while os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def maybe_kill_at(step: str) -> None:

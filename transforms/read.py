@@ -13,6 +13,7 @@ from apache_beam.metrics import Metrics
 
 from rescore.errors import InputError  # noqa: F401  (the old name rescore.transforms.read.InputError)
 from rescore.schemas import check_rows
+from rescore.transforms import fault_injection
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms.files import progress_marks
 from rescore.transforms.input_plan import InputPlan, ReadUnit, plan_input, split_row_groups  # noqa: F401  (the plan's names, as before)
@@ -51,6 +52,7 @@ class _ReadLight(beam.DoFn):
     def _work(self, unit_index: int):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
+        fault_injection.maybe_hold("read")
         table = self._store.first_read(unit, light_columns(self._needs))
         if self._keep_units:  # the write step, in this process, takes it instead of reading the unit again
             self._store.offer(unit, table)

@@ -95,6 +95,7 @@ class _ScoreBucket(beam.DoFn):
 
     def process(self, element, batch_stats=None):
         fault_injection.maybe_fail_once("ScoreGroups")
+        fault_injection.maybe_hold("score")
         bucket, light, dups = element
         done = progress_marks.score_mark(bucket, light.num_rows + (0 if dups is None else dups.num_rows))
         if dups is not None:

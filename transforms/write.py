@@ -125,6 +125,7 @@ class _WriteUnit(beam.DoFn):
         )
         files = self._write_scored(scored, unit_index)
         fault_injection.maybe_slow_write()
+        fault_injection.maybe_hold("write")  # tests: the scored file is staged, the rest not yet
         filtered = filtered_rows(table, rec, self._schemas) if self._settings.keep_filtered else None
         if filtered is not None:
             files.append(self._name(filtered_file, unit_index))

@@ -1,20 +1,20 @@
 """Rescore on a real Flink cluster (one JobManager, two TaskManagers, 2 slots each) through
-Beam's FlinkRunner and job server: the same bytes as in-process, work on both TaskManagers,
-and a TaskManager killed with kill -9 mid-run ends in a correct output or no `_SUCCESS`.
+Beam's FlinkRunner and job server: the same bytes as in-process, work on both TaskManagers;
+TaskManagers killed with kill -9 while the job reads, scores and writes: the job recovers (the
+shipped cluster config's restart strategy and region failover) with the same bytes; the job
+server killed: one line, no `_SUCCESS`, the job cancelled on the cluster, and a rerun succeeds.
 
-The cluster comes from `run_configs/flink_local.py` (Flink's jars from PyPI, Beam's Flink job
+The cluster comes from `tools/flink_local.py` (Flink's jars from PyPI, Beam's Flink job
 server from Maven Central, cached in `~/.cache/rescore/flink`), started once for the session.
 Without Java or Maven (or where the jars cannot be fetched) every test here skips, saying why;
 RESCORE_CLUSTER_TESTS=0 turns them off.
 """
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
@@ -22,7 +22,7 @@ from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow  # under pytest-xdist, `--dist loadfile` runs them in one process: one cluster
 
-_spec = importlib.util.spec_from_file_location("flink_local", os.path.join(ROOT, "run_configs", "flink_local.py"))
+_spec = importlib.util.spec_from_file_location("flink_local", os.path.join(ROOT, "tools", "flink_local.py"))
 flink_local = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(flink_local)
 
@@ -46,7 +46,12 @@ def flink(tmp_path_factory):
         flink_local.fetch()  # waits for a fetch in progress (.ci/run starts one in the background)
     except (subprocess.CalledProcessError, OSError) as e:
         pytest.skip(f"could not fetch Flink's jars or Beam's Flink job server: {e}")
-    cluster = flink_local.start(tmp_path_factory.mktemp("flink"), taskmanagers=2, slots=2)
+    # the SDK workers can be held in a phase (transforms/fault_injection.py, hold:DIR) while a
+    # test creates DIR/hold-PHASE; no other test creates one
+    hold = tmp_path_factory.mktemp("flink_hold")
+    cluster = flink_local.start(tmp_path_factory.mktemp("flink"), taskmanagers=2, slots=2,
+                                env={"RESCORE_TEST_INJECT_FAULT": f"hold:{hold}"})
+    cluster.hold_dir = hold
     try:
         yield cluster
     finally:
@@ -103,7 +108,7 @@ def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_pat
     cpu = flink.cpu_seconds() + _own_cpu_seconds()
     out = str(tmp_path / "flink")
     doc = run(["--config", os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience,
-               "--output", out, *args, *flink.beam_args(parallelism=4)])
+               "--output", out, *args, *flink.beam_args(parallelism=4), "--max_bundle_size=700"])
     print(f"Flink run: {time.time() - since / 1000:.0f} s wall, "  # shown by -rP (docs/runners.md's figures)
           f"{flink.cpu_seconds() + _own_cpu_seconds() - cpu:.0f} CPU-s (cluster, SDK workers, job server, launcher)")
     assert doc["totals"]["rows_read"] == sum(1 for _ in multi_step_rows(31))
@@ -112,47 +117,135 @@ def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_pat
     assert sorted(got) == sorted(expected) and got == expected  # values and row order, per file
     (job,) = _flink_jobs(flink, since)
     assert job["state"] == "FINISHED"
+    # Flink's own options reach the Java runner: flink.yaml's execution_mode_for_batch and the
+    # command line's --max_bundle_size (pipelines/flink_options.py)
+    config = flink.get(f"/jobs/{job['jid']}/config")["execution-config"]
+    assert config["execution-mode"] == "BATCH_FORCED" and config["user-config"]["maxBundleSize"] == "700"
     detail = flink.get(f"/jobs/{job['jid']}")
     assert max(v["parallelism"] for v in detail["vertices"]) == 4
     busy = {tm: n for tm, n in _work_per_taskmanager(flink, job["jid"]).items() if n > 0}
     assert len(busy) == 2, busy  # both TaskManagers moved records
 
 
-def test_taskmanager_killed_mid_run_leaves_correct_output_or_no_success(flink, experience, tmp_path):
+def _rescore_on_flink(flink, experience, out, args):
+    """The console script on the cluster, as a user runs it (its own process, stderr apart)."""
+    cmd = [os.path.join(os.path.dirname(sys.executable), "rescore"), "--config",
+           os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience, "--output", out,
+           *args, "--progress-seconds", "3600", *flink.beam_args(parallelism=4)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_held(flink, phase, proc, timeout=400):
+    """Wait until an SDK worker is held in `phase` (it made DIR/held-PHASE-PID)."""
+    deadline = time.time() + timeout
+    while not any(n.startswith(f"held-{phase}-") for n in os.listdir(flink.hold_dir)):
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the run ended (exit {proc.returncode}) before the job reached {phase}:\n{err}")
+        if time.time() > deadline:
+            pytest.fail(f"no SDK worker reached {phase} in {timeout} s")
+        time.sleep(0.2)
+
+
+def _kill_taskmanager(flink):
+    """kill -9 the newest TaskManager and start another in its place (as a cluster manager would)."""
+    victim = flink.pids("taskmanager")[-1]
+    os.kill(victim, 9)
+    for p in flink.state["processes"]:
+        if p["pid"] == victim:
+            p["role"] = "killed"
+    flink.start_taskmanager()
+    return victim
+
+
+def _release(flink, phase):
+    os.unlink(os.path.join(flink.hold_dir, f"hold-{phase}"))
+
+
+def _hold(flink, *phases):
+    for name in os.listdir(flink.hold_dir):  # an earlier test's workers were held there
+        if name.startswith("held-"):
+            os.unlink(os.path.join(flink.hold_dir, name))
+    for phase in phases:
+        open(os.path.join(flink.hold_dir, f"hold-{phase}"), "w").close()
+
+
+def _job_server_pid(proc):
+    """The job server JVM Beam's FlinkRunner started under the rescore process (its child, or a
+    child's child)."""
+    parents, jvms = {}, []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(pid)] = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            if b"job-server" in open(f"/proc/{pid}/cmdline", "rb").read():
+                jvms.append(int(pid))
+        except OSError:
+            continue
+    for pid in jvms:
+        up = parents.get(pid)
+        while up and up != proc.pid:
+            up = parents.get(up)
+        if up == proc.pid:
+            return pid
+    return None
+
+
+def test_a_lost_job_server_fails_the_run_and_a_rerun_survives_taskmanagers_killed_in_each_phase(
+        flink, experience, tmp_path):
+    """Recovery, one cluster, two runs of the same command (two tests in one: each Flink run
+    costs a minute or more).
+
+    1. The job server killed (kill -9) while the job scores: the run fails in one line, its
+       Flink job is cancelled on the cluster (it cannot publish later), no `_SUCCESS`.
+    2. The rerun, with a TaskManager kill -9'd while an SDK worker is held in the read, then in
+       the scoring, then in the write step (after its scored file is staged, so the restarted
+       task writes a file again): Flink restarts the lost regions (the shipped
+       flink-conf.yaml), the run exits 0 with `_SUCCESS` and the in-process run's bytes."""
     expected = _in_process(experience, str(tmp_path / "local"), CHAIN)
     out = str(tmp_path / "flink")
     since = int(time.time() * 1000)
-    cmd = [os.path.join(os.path.dirname(sys.executable), "rescore"), "--config",
-           os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience, "--output", out,
-           *CHAIN, *flink.beam_args(parallelism=4)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    victim = flink.pids("taskmanager")[-1]
-    killed = False
+    _hold(flink, "score")
+    proc = _rescore_on_flink(flink, experience, out, CHAIN)
     try:
-        deadline = time.time() + 600
-        while time.time() < deadline and proc.poll() is None:
-            jobs = _flink_jobs(flink, since)
-            if jobs:  # kill once the job has finished its first tasks: mid-run, work on both TMs
-                v = flink.get(f"/jobs/{jobs[0]['jid']}")["vertices"]
-                if any(x["status"] == "FINISHED" for x in v):
-                    os.kill(victim, 9)
-                    killed = True
-                    break
-            time.sleep(0.5)
-        output, _ = proc.communicate(timeout=900)
+        _wait_held(flink, "score", proc)
+        server = _job_server_pid(proc)
+        assert server is not None, "no job server process under the rescore process"
+        os.kill(server, 9)
+        _, errors = proc.communicate(timeout=300)
     finally:
+        _release(flink, "score")
         if proc.poll() is None:
             proc.kill()
-        for p in flink.state["processes"]:  # still stopped (its process group) at teardown
-            if p["pid"] == victim:
-                p["role"] = "killed"
-        flink.start_taskmanager()
+    lines = [ln for ln in errors.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, errors
+    assert lines[0].startswith("rescore: error: pipeline failed: lost Beam's Flink job server") and "was cancelled" in lines[0]
+    assert not os.path.exists(os.path.join(out, "_SUCCESS"))
+    (job,) = _flink_jobs(flink, since)
+    assert job["state"] == "CANCELED"  # it cannot publish after the failure was reported
+
+    since = int(time.time() * 1000)
+    _hold(flink, "read", "score", "write")
+    proc = _rescore_on_flink(flink, experience, out, CHAIN)
+    killed = []
+    try:
+        for phase in ("read", "score", "write"):
+            _wait_held(flink, phase, proc)
+            killed.append(_kill_taskmanager(flink))
+            _release(flink, phase)
+        _, errors = proc.communicate(timeout=900)
+    finally:
+        for phase in ("read", "score", "write"):
+            if os.path.exists(os.path.join(flink.hold_dir, f"hold-{phase}")):
+                _release(flink, phase)
+        if proc.poll() is None:
+            proc.kill()
         flink.wait_for_taskmanagers(2)
-    assert killed, "the run ended before a TaskManager could be killed:\n" + output
-    success = os.path.exists(os.path.join(out, "_SUCCESS"))
-    print(f"TaskManager {victim} killed; rescore exit {proc.returncode}, _SUCCESS {success}")  # shown by -rP
-    if proc.returncode == 0:
-        assert success and _files(out) == expected, output
-    else:
-        assert not success, output
-        assert "rescore: error:" in output
+    print(f"TaskManagers {killed} killed; rescore exit {proc.returncode}")  # shown by -rP
+    assert proc.returncode == 0, errors
+    assert os.path.exists(os.path.join(out, "_SUCCESS"))
+    assert _files(out) == expected
+    (job,) = _flink_jobs(flink, since)
+    assert job["state"] == "FINISHED"
+    failures = flink.get(f"/jobs/{job['jid']}/exceptions")["exceptionHistory"]["entries"]
+    assert len(failures) >= 3, failures  # each kill failed tasks the job then restarted
+    assert "Really destroying service" not in errors  # issue 43: nothing after the summary

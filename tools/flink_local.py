@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -300,8 +301,12 @@ _BOOT = """#!{python} -S
 # Beam SDK worker for --environment_type=PROCESS: asks sdk_zygote.py (SOCKET) for one, forked from
 # a process that has imported Beam, torch and Rescore already, and exits with its exit status;
 # killed, it takes the worker along. Where the zygote is not up, it boots the worker itself.
-import array, json, os, socket, struct, sys
+# It dies with the TaskManager that started it (it watches its parent process), as a worker in
+# the TaskManager's container does: a TaskManager killed with kill -9 leaves no worker behind
+# that could go on writing a file the restarted task writes again.
+import array, json, os, select, socket, struct, sys
 
+parent = os.getppid()
 try:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect("{socket}")
@@ -312,6 +317,10 @@ s.sendmsg([struct.pack("!I", len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIG
 s.sendall(payload)
 code = b""
 while len(code) < 4:
+    if not select.select([s], [], [], 0.2)[0]:
+        if os.getppid() != parent:  # the TaskManager is gone: so is its worker (our EOF)
+            sys.exit(1)
+        continue
     chunk = s.recv(4 - len(code))
     if not chunk:
         sys.exit(1)
@@ -411,8 +420,15 @@ class Cluster:
             total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
         return total
 
-    def stop(self) -> None:
+    def stop(self) -> dict[str, int]:
+        """Stop every process `start` started (with its process group: the SDK workers); returns
+        how many of each role were still running."""
+        stopped: dict[str, int] = {}
         for p in reversed(self.state["processes"]):
+            if _alive(p["pid"]):
+                role = {"sdk_zygote": "SDK worker fork server"}.get(p["role"], p["role"].replace("manager", "Manager")
+                                                                    .replace("task", "Task").replace("job", "Job"))
+                stopped[role] = stopped.get(role, 0) + 1
             try:
                 os.killpg(p["pid"], signal.SIGTERM)
             except ProcessLookupError:
@@ -426,6 +442,7 @@ class Cluster:
                     os.killpg(p["pid"], signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        return stopped
 
 
 def _alive(pid: int) -> bool:
@@ -446,37 +463,68 @@ def _spawn(cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None 
     return p.pid
 
 
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_CONF = REPO / "run_configs" / "flink_cluster" / "flink-conf.yaml"
+"""The cluster config Rescore ships (restart strategy, region failover): the local cluster's
+flink-conf.yaml is its keys, then this machine's (ports, memory, a faster heartbeat)."""
+
+
+def cluster_conf(local: dict[str, str]) -> str:
+    """flink-conf.yaml's text: the shipped keys, each overridden by `local` where it names one."""
+    keys: dict[str, str] = {}
+    for line in CLUSTER_CONF.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition(":")
+            keys[key.strip()] = value.strip()
+    keys.update(local)
+    return "".join(f"{k}: {v}\n" for k, v in keys.items())
+
+
 def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sys.executable,
-          timeout: float = 120.0) -> Cluster:
+          timeout: float = 120.0, env: dict[str, str] | None = None, rest_port: int | None = None,
+          parent_first: bool = False) -> Cluster:
+    """Start the cluster in `workdir`. env: variables added to the environment of the
+    TaskManagers and of the SDK workers' fork server (the tests' fault injection).
+    parent_first: Beam's jars (the job server's, less Flink's own and the logging jars) on the
+    TaskManagers' class path and loaded parent-first, so Beam's SDK worker cache is one per
+    TaskManager and a stage's workers can serve the next stage (with --environment_cache_millis)."""
     home = flink_home()
     if not fetched():
-        raise RuntimeError("the Flink jars are not fetched: run `python run_configs/flink_local.py fetch`")
+        raise RuntimeError("the Flink jars are not fetched: run `python tools/flink_local.py fetch`")
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "conf"
     conf.mkdir(exist_ok=True)
-    rpc, rest, blob = free_port(), free_port(), free_port()
+    rpc, rest, blob = free_port(), rest_port or free_port(), free_port()
+    if rest_port:
+        with socket.socket() as probe:
+            if probe.connect_ex(("localhost", rest_port)) == 0:
+                raise RuntimeError(f"port {rest_port} is in use (another Flink?): pass --rest-port PORT")
     zygote, sock = workdir / "sdk_zygote.py", workdir / "sdk_zygote.sock"
     zygote.write_text(_ZYGOTE)
     boot = workdir / "sdk_worker"
     boot.write_text(_BOOT.replace("{python}", python).replace("{zygote}", str(zygote)).replace("{socket}", str(sock)))
     boot.chmod(0o755)
-    (conf / "flink-conf.yaml").write_text("\n".join([
-        "jobmanager.rpc.address: localhost", f"jobmanager.rpc.port: {rpc}", "jobmanager.bind-host: localhost",
-        f"jobmanager.memory.process.size: {JM_PROCESS_MEMORY}",
-        "taskmanager.bind-host: localhost", "taskmanager.host: localhost",
-        f"taskmanager.memory.process.size: {TM_PROCESS_MEMORY}", "taskmanager.memory.managed.size: 64m",
+    local = {
+        "jobmanager.rpc.address": "localhost", "jobmanager.rpc.port": str(rpc), "jobmanager.bind-host": "localhost",
+        "jobmanager.memory.process.size": JM_PROCESS_MEMORY,
+        "taskmanager.bind-host": "localhost", "taskmanager.host": "localhost",
+        "taskmanager.memory.process.size": TM_PROCESS_MEMORY, "taskmanager.memory.managed.size": "64m",
         # a Beam batch job runs its stages pipelined at once: many channels, each wanting buffers
-        "taskmanager.memory.network.min: 256m", "taskmanager.memory.network.max: 256m",
-        f"taskmanager.numberOfTaskSlots: {slots}", f"parallelism.default: {slots * taskmanagers}",
-        f"rest.port: {rest}", "rest.address: localhost", "rest.bind-address: localhost",
-        f"blob.server.port: {blob}", "taskmanager.rpc.port: 0", "taskmanager.data.port: 0",
-        # a lost TaskManager is noticed in seconds, not after the default 50 s heartbeat timeout
-        "heartbeat.interval: 2000", "heartbeat.timeout: 8000",
-        f"io.tmp.dirs: {workdir / 'tmp'}", "",
-    ]))
+        "taskmanager.memory.network.min": "256m", "taskmanager.memory.network.max": "256m",
+        "taskmanager.numberOfTaskSlots": str(slots), "parallelism.default": str(slots * taskmanagers),
+        "rest.port": str(rest), "rest.address": "localhost", "rest.bind-address": "localhost",
+        "blob.server.port": str(blob), "taskmanager.rpc.port": "0", "taskmanager.data.port": "0",
+        # a lost TaskManager is noticed in seconds (one machine: no network to wait for)
+        "heartbeat.interval": "2000", "heartbeat.timeout": "8000",
+        "io.tmp.dirs": str(workdir / "tmp"),
+    }
+    if parent_first:
+        local["classloader.resolve-order"] = "parent-first"
+    (conf / "flink-conf.yaml").write_text(cluster_conf(local))
     (workdir / "tmp").mkdir(exist_ok=True)
     (workdir / "log").mkdir(exist_ok=True)
-    env = dict(os.environ, FLINK_CONF_DIR=str(conf))
+    extra = dict(env or {})
+    env = dict(os.environ, **extra, FLINK_CONF_DIR=str(conf))
     cp = _classpath(home)
     log4j = conf / "log4j.properties"
     log4j.write_text("rootLogger.level = INFO\nrootLogger.appenderRef.console.ref = C\n"
@@ -486,17 +534,22 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
     jvm_common = [f"-Dlog4j.configurationFile=file:{log4j}"]
     # the SDK workers' parent (killed with the cluster: the workers stay in its process group)
     processes = [{"role": "sdk_zygote", "pid": _spawn([python, str(zygote), "--serve", str(sock)],
-                                                       workdir / "log" / "sdk_zygote.log")}]
+                                                       workdir / "log" / "sdk_zygote.log", dict(os.environ, **extra))}]
     jm_jvm, jm_dyn = _bash_java_utils(home, conf, "GET_JM_RESOURCE_PARAMS")
     processes.append({"role": "jobmanager", "pid": _spawn(
         ["java", *jm_jvm, *jvm_common, "-cp", cp,
          "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint",
          "--configDir", str(conf), *jm_dyn], workdir / "log" / "jobmanager.log", env)})
     tm_jvm, tm_dyn = _bash_java_utils(home, conf, "GET_TM_RESOURCE_PARAMS")
-    tm_cmd = ["java", *tm_jvm, *jvm_common, "-cp", cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
+    tm_cp = cp
+    if parent_first:
+        beam = [str(p) for p in sorted((job_server_jar().parent / "lib").glob("*.jar"))
+                if not p.name.startswith(("flink-", "slf4j-", "log4j-"))]
+        tm_cp = ":".join([cp, *beam])
+    tm_cmd = ["java", *tm_jvm, *jvm_common, "-cp", tm_cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
               "--configDir", str(conf), *tm_dyn]
     state = {"rest_port": rest, "slots_total": slots * taskmanagers, "taskmanagers": taskmanagers,
-             "processes": processes, "taskmanager_command": tm_cmd, "env": {"FLINK_CONF_DIR": str(conf)}}
+             "processes": processes, "taskmanager_command": tm_cmd, "env": {**extra, "FLINK_CONF_DIR": str(conf)}}
     cluster = Cluster(workdir, state)
     for _ in range(taskmanagers):
         cluster.start_taskmanager()
@@ -506,6 +559,26 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
         cluster.stop()
         raise
     return cluster
+
+
+def start_job_server(cluster: Cluster, workdir: Path, timeout: float = 180.0) -> dict:
+    """Beam's Flink job server as a long-lived service beside the cluster (what --job_endpoint
+    points at): {"process": Popen, "endpoint": "localhost:PORT"}."""
+    port = free_port()
+    log = open(workdir / "log" / "job-server.log", "ab")
+    process = subprocess.Popen(["java", "-jar", str(job_server_jar()), "--flink-master", cluster.flink_master,
+                                "--job-port", str(port), "--artifact-port", "0", "--expansion-port", "0"],
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("localhost", port)) == 0:
+                return {"process": process, "endpoint": f"localhost:{port}"}
+        if process.poll() is not None:
+            break
+        time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"Beam's job server did not listen on {port} in {timeout:.0f} s; log in {workdir / 'log'}")
 
 
 def load(workdir: Path) -> Cluster:
@@ -519,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the cluster keeps its config, logs and state (default /tmp/rescore-flink)")
     ap.add_argument("--taskmanagers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=2, help="task slots per TaskManager")
+    ap.add_argument("--rest-port", type=int, default=8081,
+                    help="the JobManager's REST port, Beam's --flink_master (default 8081, Flink's own default)")
     a = ap.parse_args(argv)
     workdir = Path(a.workdir)
     if a.command == "fetch":
@@ -529,14 +604,37 @@ def main(argv: list[str] | None = None) -> int:
         fetch()
         print(f"flink {flink_home()}\njob server {job_server_jar()}")
     elif a.command == "up":
+        if (workdir / "cluster.json").exists() and load(workdir).running_taskmanagers() >= 0:
+            print(f"flink_local: a cluster is already up in {workdir} ({load(workdir).rest}); "
+                  f"stop it with: python {shlex.quote(sys.argv[0])} down", file=sys.stderr)
+            return 1
         if not fetched():
             fetch()
-        c = start(workdir, a.taskmanagers, a.slots)
-        print(f"Flink UI {c.rest}; {a.taskmanagers} TaskManagers; stop with: python {sys.argv[0]} down")
-        print("Beam flags: " + " ".join(c.beam_args()))
+        try:
+            c = start(workdir, a.taskmanagers, a.slots, rest_port=a.rest_port)
+        except RuntimeError as e:
+            print(f"flink_local: {e}", file=sys.stderr)
+            return 1
+        flags = shlex.join(c.beam_args())
+        print(f"Flink UI {c.rest}; {a.taskmanagers} TaskManagers with {a.slots} slots each; logs in {workdir / 'log'}")
+        print(f"Beam flags (shell-quoted, paste them after a rescore command):\n  {flags}")
+        print("One job on it (input and output on this machine, which every TaskManager here shares):\n"
+              "  rescore --config run_configs/flink.yaml --input 'data/sample/*.parquet' --output out/flink "
+              f"--shared-filesystem {flags}")
+        print(f"Stop it with: python {shlex.quote(sys.argv[0])} down")
     elif a.command == "down":
-        load(workdir).stop()
+        if not (workdir / "cluster.json").exists():
+            print(f"no cluster in {workdir}: nothing to stop")
+            return 0
+        c = load(workdir)
+        stopped = c.stop()
+        (workdir / "cluster.json").unlink()
+        roles = ", ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in stopped.items()) or "nothing (all gone already)"
+        print(f"stopped the cluster in {workdir} ({c.rest}): {roles}")
     else:
+        if not (workdir / "cluster.json").exists():
+            print(f"no cluster in {workdir}")
+            return 1
         c = load(workdir)
         print(json.dumps({"taskmanagers": c.running_taskmanagers(), **c.state}, indent=1))
     return 0
