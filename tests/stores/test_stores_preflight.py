@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from batched import run_many
 from servers import FaultProxy
 
@@ -18,7 +17,6 @@ def _args(inp, out, *extra):
     return ["--input", inp, "--output", out, "--strategy", "grpo", RUNNER, "--quiet", *extra]
 
 
-@pytest.mark.slow
 def test_gcs_credentials_bucket_and_permission(gcs_server, tmp_path):
     bucket = gcs_server.bucket("rescore-pre")
     gcs_server.put(f"{bucket}/in/part-0.parquet", b"never read")
@@ -49,7 +47,6 @@ def test_gcs_credentials_bucket_and_permission(gcs_server, tmp_path):
     assert elapsed < 60, elapsed  # Beam alone searches credentials for 30 s, GCS retries for 120 s
 
 
-@pytest.mark.slow
 def test_s3_credentials_bucket_and_permission(s3_server, tmp_path):
     bucket = s3_server.bucket("rescore-pre")
     s3_server.put(f"{bucket}/in/part-0.parquet", b"never read")

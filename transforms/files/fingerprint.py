@@ -40,6 +40,11 @@ def _stat(path: str) -> tuple:
     if storage.is_local(path):
         st = os.stat(path)
         return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    if path.startswith("s3://"):  # one listing with the run's client (storage._s3_match)
+        found = [(size, updated) for p, size, updated in storage.match_stats(path) if p == path]
+        if not found:
+            raise FileNotFoundError(path)
+        return found[0]
     meta = storage._beam()[0].match([path])[0].metadata_list
     if not meta:
         raise FileNotFoundError(path)
@@ -54,8 +59,7 @@ def footer_bytes(path: str, size: int) -> bytes:
     if storage.is_local(path):
         f = open(path, "rb")
     else:
-        fs, codecs = storage._beam()
-        f = fs.open(path, compression_type=codecs.UNCOMPRESSED)
+        f = storage.open_read(path)
     with f:
         f.seek(size - 8)
         tail = f.read(8)

@@ -41,6 +41,8 @@ def match_stats(pattern: str) -> list[tuple[str, int, float]]:
     sorted by path. A local directory matches the *.parquet files directly inside it."""
     if is_local(pattern) and os.path.isdir(pattern):
         pattern = os.path.join(pattern, "*.parquet")
+    if pattern.startswith("s3://"):
+        return _s3_match(pattern)
     try:
         result = _beam()[0].match([pattern])[0]
     except Exception:  # noqa: BLE001  (Beam raises BeamIOError for a pattern that matches nothing)
@@ -48,6 +50,33 @@ def match_stats(pattern: str) -> list[tuple[str, int, float]]:
     found = [(m.path, m.size_in_bytes, float(m.last_updated_in_seconds or 0.0)) for m in result.metadata_list]
     if is_local(pattern):
         found = [f for f in found if os.path.isfile(f[0])]
+    return sorted(found)
+
+
+def _s3_match(pattern: str) -> list[tuple[str, int, float]]:
+    """match_stats on S3 with Beam's glob rules (FileSystem.translate_pattern: `*` stays within a
+    name, `**` crosses `/`) and one listing with the run's client: Beam's S3 filesystem builds a
+    boto3 client for each exists() and metadata() of a match, a second or more each."""
+    import re
+
+    from apache_beam.io.filesystem import FileSystem
+
+    if pattern.endswith("/"):
+        pattern += "*"
+    bucket, key = _bucket_key(pattern)
+    prefix = re.match(r"^[^[*?]*", key).group(0)
+    wanted = re.compile(FileSystem.translate_pattern(pattern))
+    found = []
+    try:
+        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                path = f"s3://{bucket}/{o['Key']}"
+                if wanted.match(path):
+                    found.append((path, int(o["Size"]), o["LastModified"].timestamp()))
+    except Exception as e:  # noqa: BLE001  (as Beam's match: a bucket not there matches nothing)
+        if not_found(e):
+            return []
+        raise
     return sorted(found)
 
 
@@ -104,10 +133,16 @@ def open_parquet(path: str, *, streaming: bool = False, metadata: pq.FileMetaDat
         options["metadata"] = metadata
     if is_local(path):
         return pq.ParquetFile(path, memory_map=False, **options)
+    return pq.ParquetFile(open_read(path), **options)
+
+
+def open_read(path: str):
+    """A seekable binary file reading `path` (not local: S3 through the run's one client, other
+    stores through Beam's filesystems)."""
     if path.startswith("s3://"):
-        return pq.ParquetFile(io.BufferedReader(_S3Read(path), buffer_size=1 << 20), **options)
+        return io.BufferedReader(_S3Read(path), buffer_size=1 << 20)
     fs, codecs = _beam()
-    return pq.ParquetFile(fs.open(path, compression_type=codecs.UNCOMPRESSED), **options)
+    return fs.open(path, compression_type=codecs.UNCOMPRESSED)
 
 
 def dictionary_columns(schema: pa.Schema, plain: Iterable[str]) -> list[str]:
@@ -149,7 +184,7 @@ def create(path: str):
 #   object (rewrite, then delete), which every GCS server answers, and a "directory" (a prefix)
 #   is deleted object by object.
 
-_clients: dict[str, object] = {}
+_clients: dict[object, object] = {}
 
 
 def _options():
@@ -163,7 +198,11 @@ def s3_client():
     """boto3's S3 client built as Beam's S3 filesystem builds it (the run's --s3_* options)."""
     from apache_beam.io.aws.clients.s3.boto3_client import Client
 
-    key = f"s3:{id(_options())}"
+    from apache_beam.options.pipeline_options import S3Options
+
+    o = _options().view_as(S3Options)
+    key = ("s3", o.s3_endpoint_url, o.s3_access_key_id, o.s3_secret_access_key, o.s3_session_token, o.s3_region_name,
+           o.s3_disable_ssl, o.s3_verify)  # one client for as long as the settings stay the same
     if key not in _clients:
         _clients[key] = Client(options=_options()).client
     return _clients[key]
