@@ -96,7 +96,7 @@ def test_refusals_on_the_real_stderr(forked, tmp_path):
     base = ["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "o"), "--strategy", "grpo"]
     cases = [
         ([*base, *FLINK, "--shared-filesystem", "--max_bundel_size=10"],
-         "rescore: error: unknown option '--max_bundel_size' (did you mean --max_bundle_size?): "
+         "rescore: error: unknown option --max_bundel_size (did you mean --max_bundle_size?): "
          "not a Rescore flag nor a Beam pipeline option"),
         ([*base, "--max_bundle_size=10"],
          "rescore: error: --max_bundle_size is an option of Beam's Flink runner: it needs --runner FlinkRunner "
