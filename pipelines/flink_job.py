@@ -106,13 +106,17 @@ def quiet_message_thread():
     """Beam's portable runner reads the job's messages on a thread of its own
     (`wait_until_finish_read`); a job server lost mid-run ends that thread with the same gRPC
     error the run then raises, and Python prints its traceback on stderr. The run's one error
-    line says it: the thread's traceback is dropped (every other thread's is printed)."""
+    line says it: the thread's traceback is dropped (every other thread's is printed).
+
+    The thread can end after the run has raised (CI saw its traceback printed after the hook was
+    gone): on the way out the hook waits for that thread, and stays installed if it is still
+    running then."""
     import threading
 
     previous = threading.excepthook
 
     def hook(args):
-        if args.thread is not None and args.thread.name == "wait_until_finish_read":
+        if args.thread is not None and args.thread.name == MESSAGE_THREAD:
             return
         previous(args)
 
@@ -120,7 +124,14 @@ def quiet_message_thread():
     try:
         yield
     finally:
-        threading.excepthook = previous
+        readers = [t for t in threading.enumerate() if t.name == MESSAGE_THREAD]
+        for t in readers:
+            t.join(timeout=10)
+        if not any(t.is_alive() for t in readers) and threading.excepthook is hook:
+            threading.excepthook = previous
+
+
+MESSAGE_THREAD = "wait_until_finish_read"  # Beam's portable_runner names it so
 
 
 def _call(url: str, method: str = "GET"):
