@@ -21,7 +21,7 @@ from rescore.transforms.strategies.base import (
     Strategy,
     TokenLevel,
 )
-from rescore.transforms.strategies.catalog import GRPOParams
+from rescore.transforms.strategies.grpo import GRPOParams
 from rescore.transforms.strategies.hashing import mix64, string_key
 from rescore.transforms.strategies.registry import StrategyParams, register
 

@@ -1,15 +1,15 @@
 """Scoring strategies: pure torch/numpy functions over grouped rows, registered by their spec name.
 
-Importing this package registers every strategy's declaration (catalog.py) without importing
-torch: option parsing, `--help` and parameter checks stay light. The math modules load when a
-strategy is created or a torch-side name below (GroupedRows, StrategyChain, ...) is first used.
+Each family module declares its strategies beside their math (registry.py `register`);
+`names()`/`spec()` import them all (catalog.py) on first use, without torch, so option parsing,
+`--help` and parameter checks stay light. Torch loads when a strategy is created or a
+torch-side name below (GroupedRows, StrategyChain, ...) is first used.
 Use `chain_of(names, params)` for a run's composition of stages, or `create(name, params)` for
 one strategy.
 """
 
 import importlib
 
-from rescore.transforms.strategies import catalog  # noqa: F401  (registers every strategy)
 from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, ConfigError, create, names, spec
 
 _LAZY = {

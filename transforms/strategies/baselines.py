@@ -12,20 +12,21 @@ A group of one row has baseline 0 (its score is its reward) in all of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
 import math
 
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
-from rescore.transforms.strategies.catalog import (
-    AsymREParams,
-    DrGRPOParams,
-    OPMDParams,
-    ReinforcePlusPlusBaselineParams,
-    RLOOParams,
-)
+from rescore.transforms.strategies.function_estimator import estimator
 from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
@@ -33,6 +34,7 @@ from rescore.transforms.strategies.segments import (
     segment_sum,
     zero_spread,
 )
+from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 WHITEN_EPSILON = 1e-8
 """verl's `masked_whiten` adds 1e-8 to the variance."""
@@ -72,7 +74,9 @@ def asymre_scores(reward: Tensor, offsets: Tensor, *, baseline_shift: float) -> 
     return torch.where(single, reward, shifted)
 
 
+@estimator("dr_grpo", summary="r - mean(G) (GRPO without the std division)")
 def dr_grpo_scores(reward: Tensor, offsets: Tensor) -> Tensor:
+    """(n,) r - mean(G); a group of one row scores its reward (Dr. GRPO)."""
     return reward - per_row(group_mean(reward, offsets), offsets)
 
 
@@ -118,6 +122,13 @@ class _GroupBaseline(ScoreExplanation):
         return Scores(score=self._scores(rows), keep=keep, group_mean=mean, group_std=std)
 
 
+@dataclass(frozen=True)
+class OPMDParams(StrategyParams):
+    opmd_baseline: Literal["mean", "logavgexp"] = "mean"
+    tau: float = param(1.0, positive=True)
+
+
+@register("opmd", kind=ADVANTAGE, summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation")
 class OPMD(_GroupBaseline, OPMDParams):
     def _scores(self, rows):
         return opmd_scores(rows.reward, rows.offsets, baseline=self.opmd_baseline, tau=self.tau)
@@ -129,6 +140,12 @@ class OPMD(_GroupBaseline, OPMDParams):
         return logavgexp_baseline(rows.reward, rows.offsets, self.tau).detach().cpu().numpy().astype(np.float64)[g]
 
 
+@dataclass(frozen=True)
+class AsymREParams(StrategyParams):
+    baseline_shift: float = -0.1
+
+
+@register("asymre", kind=ADVANTAGE, summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)")
 class AsymRE(_GroupBaseline, AsymREParams):
     def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
         return np.where(self.audit_rows(rows)[3] > 1, group_mean + self.baseline_shift, 0.0)
@@ -137,11 +154,12 @@ class AsymRE(_GroupBaseline, AsymREParams):
         return asymre_scores(rows.reward, rows.offsets, baseline_shift=self.baseline_shift)
 
 
-class DrGRPO(_GroupBaseline, DrGRPOParams):
-    def _scores(self, rows):
-        return dr_grpo_scores(rows.reward, rows.offsets)
+@dataclass(frozen=True)
+class RLOOParams(StrategyParams):
+    normalize_advantages: bool = param(False, hidden_at_default=True)
 
 
+@register("rloo", kind=ADVANTAGE, summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1); TRL's normalize_advantages whitens over the batch")
 class RLOO(_GroupBaseline, RLOOParams):
     def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
         """The mean of the group's other rows."""
@@ -176,6 +194,12 @@ class RLOO(_GroupBaseline, RLOOParams):
         return Scores(score=score, keep=base.keep, group_mean=base.group_mean, group_std=base.group_std)
 
 
+@dataclass(frozen=True)
+class ReinforcePlusPlusBaselineParams(StrategyParams):
+    pass
+
+
+@register("reinforce_plus_plus_baseline", kind=ADVANTAGE, summary="r - mean(G), then whitened over the batch weighted by action tokens (REINFORCE++)")
 class ReinforcePlusPlusBaseline(_GroupBaseline, ReinforcePlusPlusBaselineParams):
     """s_i = r_i - mean(G), whitened over the whole batch with weights = action tokens."""
 

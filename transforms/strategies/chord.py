@@ -13,17 +13,23 @@ stand-in and are documented as such.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import math
 from collections.abc import Collection
 
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, OutputColumn, Scores, TokenColumn, WrittenRows
-from rescore.transforms.strategies.catalog import MixChordParams
 from rescore.transforms.strategies.grpo import grpo_scores
 from rescore.transforms.strategies.segments import group_stats, segment_sum
+from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 MU, LOSS_WEIGHT, SFT_TOKEN_WEIGHTS = "mu", "loss_weight", "sft_token_weights"
 
@@ -45,6 +51,17 @@ def phi(logprobs: np.ndarray) -> np.ndarray:
     return (p * (1.0 - p)).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class MixChordParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    mu_warmup_steps: int = param(0, minimum=0)
+    mu_decay_steps: int = param(0, minimum=0)
+    mu_peak: float = param(0.1, between=(0.0, 1.0))
+    mu_valley: float = param(0.1, between=(0.0, 1.0))
+    enable_phi_function: bool = True
+
+
+@register("mix_chord", kind=ADVANTAGE, summary="CHORD: mu schedule, loss weights (mu expert / 1 - mu others), GRPO for non-expert rows, phi token weights")
 class MixChord(MixChordParams):
     needs: tuple[str, ...] = ("expert",)
     batch_level = False

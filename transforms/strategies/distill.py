@@ -10,14 +10,20 @@ advantage over action tokens (0 for a row without any).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
-from rescore.transforms.strategies.catalog import OnPolicyDistillParams
 from rescore.transforms.strategies.flat import flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
+from rescore.transforms.strategies.registry import ADVANTAGE, register, StrategyParams
 
 
 def token_level_only(rows: GroupedRows) -> Scores:
@@ -72,6 +78,12 @@ class TeacherTokens:
         return masked_token_mean(self.teacher_values(student.values, teacher.values), mask, student.offsets)
 
 
+@dataclass(frozen=True)
+class OnPolicyDistillParams(StrategyParams):
+    kl_coef: float = 1.0
+
+
+@register("on_policy_distill", kind=ADVANTAGE, summary="token-level kl_coef * (teacher_logprobs - logprobs); needs logprobs and teacher_logprobs")
 class OnPolicyDistill(TeacherTokens, OnPolicyDistillParams):
     def teacher_values(self, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
         return self.kl_coef * (np.asarray(teacher, np.float64) - np.asarray(student, np.float64))

@@ -15,21 +15,20 @@ their rule for groups of one row and for all-equal groups reaches every estimato
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
-from rescore.transforms.strategies.catalog import (
-    GDPOParams,
-    GPGParams,
-    GRPOPassKParams,
-    OPOParams,
-    ReinforceParams,
-    ReMaxParams,
-    RECParams,
-)
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.segments import (
     group_stats,
@@ -41,6 +40,7 @@ from rescore.transforms.strategies.segments import (
     segment_max,
     segment_sum,
 )
+from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, param, register, StrategyParams
 
 
 def _sizes(offsets: Tensor) -> Tensor:
@@ -175,6 +175,12 @@ class _Estimator:
         return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
 
 
+@dataclass(frozen=True)
+class ReinforceParams(StrategyParams):
+    pass
+
+
+@register("reinforce", kind=ADVANTAGE, summary="the raw reward r (Trinity `reinforce`; the TOPR preset)")
 class Reinforce(_Estimator, ScoreExplanation, ReinforceParams):
     def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
         return np.zeros(rows.num_rows)
@@ -183,6 +189,15 @@ class Reinforce(_Estimator, ScoreExplanation, ReinforceParams):
         return Scores(rows.reward.clone(), self._keep(rows), *self._stats(rows))
 
 
+@dataclass(frozen=True)
+class RECParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    std_normalize: bool = param(False, null=False)
+    drop: Literal["balance"] | None = None
+    seed: int = param(0, minimum=0)
+
+
+@register("rec", kind=ADVANTAGE, summary="r - mean, optionally / (std + epsilon), with drop=balance of surplus below-mean rows (Trinity `rec`)")
 class REC(_Estimator, ScoreExplanation, RECParams):
     def dropped(self, rows: GroupedRows) -> np.ndarray:
         """(n,) bool: the rows drop="balance" dropped (they score 0)."""
@@ -213,6 +228,12 @@ class REC(_Estimator, ScoreExplanation, RECParams):
         return Scores(score, self._keep(rows), mean, std)
 
 
+@dataclass(frozen=True)
+class OPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+
+
+@register("opo", kind=ADVANTAGE, summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)")
 class OPO(_Estimator, ScoreExplanation, OPOParams):
     def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
         """opo's length-weighted group mean (opo_scores, in numpy)."""
@@ -236,6 +257,13 @@ class OPO(_Estimator, ScoreExplanation, OPOParams):
         return Scores(opo_scores(rows.reward, rows.offsets, rows.action_tokens), self._keep(rows), *self._stats(rows))
 
 
+@dataclass(frozen=True)
+class GRPOPassKParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    norm_adv_by_std_in_grpo: bool = True
+
+
+@register("grpo_passk", kind=ADVANTAGE, summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)")
 class GRPOPassK(_Estimator, ScoreExplanation, GRPOPassKParams):
     def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
         """r_second for the group's first top row; NaN for the rows that score 0."""
@@ -254,6 +282,14 @@ class GRPOPassK(_Estimator, ScoreExplanation, GRPOPassKParams):
         return Scores(s, self._keep(rows), *self._stats(rows))
 
 
+@dataclass(frozen=True)
+class GPGParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    f_norm: float = param(1.0, nonzero=True)
+    alpha: float = 1.0
+
+
+@register("gpg", kind=ADVANTAGE, summary="alpha * (r - mean(G)) / f_norm, alpha = batch rows / rows with r != 0 (verl `gpg`)")
 class GPG(_Estimator, ScoreExplanation, GPGParams):
     batch_level = True
 
@@ -271,6 +307,21 @@ class GPG(_Estimator, ScoreExplanation, GPGParams):
         return Scores(s, self._keep(rows), mean, std)
 
 
+@dataclass(frozen=True)
+class GDPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    norm_adv_by_std_in_grpo: bool = True
+    gdpo_reward_keys: tuple[Column, ...] = ()
+    gdpo_reward_weights: tuple[float, ...] | None = None
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        weights, columns = values["gdpo_reward_weights"], max(len(values["gdpo_reward_keys"]), 1)
+        if weights is not None and len(weights) != columns:
+            raise ConfigError(f"{strategy}: 'gdpo_reward_weights' has {len(weights)} weights for {columns} reward columns")
+
+
+@register("gdpo", kind=ADVANTAGE, summary="GRPO per reward column, weighted sum, whitened over the batch by tokens (verl `gdpo`)")
 class GDPO(_Estimator, GDPOParams):
     batch_level = True
 
@@ -300,6 +351,12 @@ class GDPO(_Estimator, GDPOParams):
         return Scores(s, self._keep(rows), *self._stats(rows))
 
 
+@dataclass(frozen=True)
+class ReMaxParams(StrategyParams):
+    reward_baselines: Column = "reward_baselines"
+
+
+@register("remax", kind=ADVANTAGE, summary="r - the greedy response's reward, read from a column (verl / Trinity `remax`)")
 class ReMax(_Estimator, ScoreExplanation, ReMaxParams):
     def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
         """The greedy-decode reward column."""

@@ -26,24 +26,24 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from torch import Tensor
+from dataclasses import dataclass
+from typing import Any
+from typing import Literal
 
+from typing import TYPE_CHECKING
+
+import numpy as np
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+from rescore.transforms.files.layout import task_stats_table
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.catalog import (
-    DAPODynamicSamplingParams,
-    DynamicFilteringParams,
-    FilterGroupsParams,
-    MaskResponseTruncatedParams,
-    PassRateBandParams,
-    RewardFilterParams,
-    RewardSTDFilterParams,
-    ZeroVarianceFilterParams,
-)
 from rescore.transforms.strategies.hashing import RESPONSE_TRUNCATED, string_key
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
 from rescore.transforms.strategies.features import OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE
+from rescore.transforms.strategies.registry import Column, ConfigError, FILTER, param, Path, register, StrategyParams
 
 TRUNCATED = RESPONSE_TRUNCATED  # one of hashing.COMPARED_STRINGS: its code is exact
 
@@ -71,6 +71,12 @@ class _MetricFilter(_Filter):
         return () if self.metric == "reward" else (self.metric,)
 
 
+@dataclass(frozen=True)
+class FilterGroupsParams(StrategyParams):
+    metric: Column = "acc"
+
+
+@register("filter_groups", kind=FILTER, summary="verl's DAPO filter_groups: drop groups of 2+ rows whose `metric` column has no spread")
 class FilterGroups(_MetricFilter, FilterGroupsParams):
     def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
         _, offsets, g, _ = audit_rows(rows)
@@ -90,6 +96,16 @@ def dapo_keep_groups(correct: Tensor, offsets: Tensor) -> Tensor:
     return (sizes >= 2) & (count > 0) & (count < sizes)
 
 
+@dataclass(frozen=True)
+class DAPODynamicSamplingParams(StrategyParams):
+    metric_key: Column = "accuracy"
+    """The metric column; where the input has no such column, or a row's value is null, the
+    row's reward (Trinity: exp.metrics[metric_key], else exp.reward)."""
+    correct_threshold: float = 0.0
+
+
+@register("dynamic_sampling", kind=FILTER, summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n")
+@register("dapo_dynamic_sampling", kind=FILTER, summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n")
 class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
     @property
     def needs(self) -> tuple[str, ...]:
@@ -120,6 +136,19 @@ class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
         return group_reasons(g, dropped, reason)
 
 
+@dataclass(frozen=True)
+class DynamicFilteringParams(StrategyParams):
+    dynamic_filtering_reward_range: tuple[float, float] = (0.0, 1.0)
+    metric: Column = "reward"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        low, high = values["dynamic_filtering_reward_range"]
+        if not low < high:
+            raise ConfigError(f"{strategy}: 'dynamic_filtering_reward_range' needs low < high, got {[low, high]}")
+
+
+@register("dynamic_filtering", kind=FILTER, summary="OpenRLHF dynamic filtering: keep groups whose mean `metric` lies strictly inside the range")
 class DynamicFiltering(_MetricFilter, DynamicFilteringParams):
     @property
     def low(self) -> float:
@@ -155,6 +184,14 @@ def truncated_flags(values: Tensor, column_is_hash: bool) -> Tensor:
     return values != 0
 
 
+@dataclass(frozen=True)
+class MaskResponseTruncatedParams(StrategyParams):
+    truncate_status_key: Column = "truncate_status"
+    drop: bool = False
+
+
+@register("mask_truncated_completions", kind=FILTER, summary="truncated responses (truncate_status): advantages 0 and action_mask zeroed, or dropped with drop=true")
+@register("mask_response_truncated", kind=FILTER, summary="truncated responses (truncate_status): advantages 0 and action_mask zeroed, or dropped with drop=true")
 class MaskResponseTruncated(_Filter, MaskResponseTruncatedParams):
     """Flags the rows whose `truncate_status_key` column says TRUNCATED (or is true); the
     MasksRows capability (base.py) zeroes their advantages and action mask, or with `drop`
@@ -205,6 +242,29 @@ def in_band(p, lo: float, hi: float):
     return (p > lo) & (p < hi)
 
 
+@dataclass(frozen=True)
+class PassRateBandParams(StrategyParams):
+    lo: float = param(0.0, between=(0.0, 1.0))
+    hi: float = param(1.0, between=(0.0, 1.0))
+    threshold: float = 1.0
+    task_stats: Path | None = None
+    unseen: Literal["keep", "drop"] = "keep"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["lo"] < values["hi"]:
+            raise ConfigError(f"{strategy}: needs lo < hi, got lo={values['lo']!r}, hi={values['hi']!r}")
+        path = values["task_stats"]
+        if path is not None and "://" not in path:
+            import os
+
+            table = task_stats_table(path)
+            if not os.path.isfile(table):
+                raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")
+
+
+@register("pass_rate_band", kind=FILTER, summary="keep tasks whose pass rate (share of rows with reward >= threshold) lies strictly inside (lo, hi): "
+    "the group's, or the task's whole history from a `rescore task-stats` table (task_stats)")
 class PassRateBand(_Filter, PassRateBandParams):
     """Per group (no `task_stats`): the group's own pass rate. With `task_stats`: the task's
     pass rate over its whole history, matched by the task's exact value where the row is read
@@ -243,6 +303,12 @@ class PassRateBand(_Filter, PassRateBandParams):
 
         return group_reasons(g, dropped, reason)
 
+@dataclass(frozen=True)
+class RewardFilterParams(StrategyParams):
+    threshold: float = 0.0
+
+
+@register("reward_filter", kind=FILTER, summary="row-level: keep rows with reward >= threshold (Trinity `reward_filter`)")
 class RewardFilter(RewardFilterParams):
     batch_level = False
     needs: tuple[str, ...] = ()
@@ -255,6 +321,12 @@ class RewardFilter(RewardFilterParams):
         return [f"{self.name}: reward {reward[i]:.6g} < {self.threshold:g}" for i in dropped]
 
 
+@dataclass(frozen=True)
+class RewardSTDFilterParams(StrategyParams):
+    threshold: float = 0.0
+
+
+@register("reward_std_filter", kind=FILTER, summary="drop groups with fewer than 2 rows or reward std (ddof=0) <= threshold (Trinity `reward_std_filter`)")
 class RewardSTDFilter(_Filter, RewardSTDFilterParams):
     needs: tuple[str, ...] = ()
 
@@ -282,6 +354,12 @@ def live_spread(reward: Tensor, live: Tensor, offsets: Tensor) -> tuple[Tensor, 
     return count, torch.where(count > 0, hi - lo, torch.zeros_like(hi))
 
 
+@dataclass(frozen=True)
+class ZeroVarianceFilterParams(StrategyParams):
+    zero_variance_filter_tol: float = param(1e-6, minimum=0.0)
+
+
+@register("zero_variance_filter", kind=FILTER, summary="drop groups with 2+ live rows (action tokens > 0) whose rewards lie within tol (SkyRL)")
 class ZeroVarianceFilter(_Filter, ZeroVarianceFilterParams):
     needs: tuple[str, ...] = ()
 

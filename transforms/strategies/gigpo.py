@@ -25,14 +25,20 @@ either way. With `batch`, all rows of a batch go to one shuffle bucket (the WHOL
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from dataclasses import dataclass
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.catalog import GiGPOParams
-from rescore.transforms.strategies.registry import WHOLE_BATCH
 from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
 from rescore.transforms.strategies.features import OPTIONAL_FEATURE
+from rescore.transforms.strategies.registry import ADVANTAGE, Column, param, register, StrategyParams, WHOLE_BATCH
 
 
 def normalise(values: Tensor, offsets: Tensor, *, fnorm: str, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -106,6 +112,20 @@ def gigpo_scores(
     return Scores(score, keep, mean, denom)
 
 
+@dataclass(frozen=True)
+class GiGPOParams(StrategyParams):
+    omega: float = 1.0
+    gamma: float = param(1.0, minimum=0.0)
+    fnorm: Literal["std", "none"] = "none"
+    epsilon: float = param(1e-6, minimum=0.0)
+    step_reward_key: Column | None = "step_reward"
+    env_state_hash_key: Column = param("env_state_hash", none_message="must name the anchor-state column")
+    anchor_scope: Literal["batch", "task"] = "batch"
+    """batch: anchor states pooled over the whole batch, across tasks (Trinity); task: within
+    each task group (the paper's step groups)."""
+
+
+@register("gigpo", kind=ADVANTAGE, summary="multi-step: episode advantage + omega * step advantage within anchor-state groups (Trinity `gigpo`)")
 class GiGPO(GiGPOParams):
     batch_level = False
 

@@ -7,12 +7,18 @@ References: Trinity-RFT `GRPOGroupedAdvantage` and `CorrectBiasAddStrategy`; ver
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.catalog import CorrectBiasParams, GRPOParams
 from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
@@ -20,6 +26,7 @@ from rescore.transforms.strategies.segments import (
     single_units,
     std_of,
 )
+from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 
 def rank_corrected_rewards(reward: Tensor, mean_logprob: Tensor, offsets: Tensor, rank_penalty: float) -> Tensor:
@@ -136,10 +143,26 @@ class _GRPOScoring(GroupStdOptions):
         )
 
 
+@dataclass(frozen=True)
+class GRPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    std_cal_level: Literal["group", "batch"] = "group"
+    std_threshold: float | None = param(None, minimum=0.0)
+    rank_penalty: float | None = None
+
+
+@register("grpo", kind=ADVANTAGE, summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty")
 class GRPO(_GRPOScoring, GRPOParams):
     pass
 
 
+@dataclass(frozen=True)
+class CorrectBiasParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    rank_penalty: float = 0.25
+
+
+@register("correct_bias", kind=ADVANTAGE, summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs")
 class CorrectBias(_GRPOScoring, CorrectBiasParams):
     """GRPO over the group std on rank-bias-corrected rewards: `grpo` without its other options."""
 

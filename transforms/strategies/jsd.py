@@ -16,11 +16,13 @@ offline, `logprobs` are the logged behaviour log-probs, the same values for an o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 import numpy as np
 
-from rescore.transforms.strategies.catalog import JSDParams
 from rescore.transforms.strategies.distill import TeacherTokens
+from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 
 def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, temperature: float) -> np.ndarray:
@@ -34,6 +36,16 @@ def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, 
     return lambda_coef * (t - m) + (1 - lambda_coef) * (s - m)
 
 
+@dataclass(frozen=True)
+class JSDParams(StrategyParams):
+    lambda_coef: float = param(0.5, minimum=0.0, between=(0.0, 1.0))
+    kl_coef: float = 1.0
+    temperature: float = param(1.0, positive=True)
+    chunk_size: int | None = param(None, minimum=1)
+    """Trinity's chunk_size only bounds GPU memory; the result does not depend on it."""
+
+
+@register("jsd", kind=ADVANTAGE, summary="token-level -kl_coef * JSD(teacher, logprobs) (Trinity `jsd`); needs logprobs and teacher_logprobs")
 class JSD(TeacherTokens, JSDParams):
     def teacher_values(self, student: np.ndarray, teacher: np.ndarray) -> np.ndarray:
         return -self.kl_coef * jsd_per_token(student, teacher, self.lambda_coef, self.temperature)

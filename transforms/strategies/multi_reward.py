@@ -13,14 +13,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.catalog import NormalizeThenSumParams
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum
 from rescore.transforms.strategies.features import NULLABLE_FEATURE
+from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, param, register, StrategyParams
 
 
 def abstaining_zscores(values: Tensor, offsets: Tensor, epsilon: float) -> Tensor:
@@ -46,6 +53,23 @@ def abstaining_zscores(values: Tensor, offsets: Tensor, epsilon: float) -> Tenso
     return torch.where(usable, z, torch.zeros_like(z))
 
 
+@dataclass(frozen=True)
+class NormalizeThenSumParams(StrategyParams):
+    reward_keys: tuple[Column, ...] = ()
+    """The reward columns (a null abstains); none: the `reward` column alone."""
+    reward_weights: tuple[float, ...] | None = None
+    epsilon: float = param(1e-4, minimum=0.0)
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        keys, weights = values["reward_keys"], values["reward_weights"]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"{strategy}: 'reward_keys' names a column twice")
+        if weights is not None and len(weights) != max(len(keys), 1):
+            raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {max(len(keys), 1)} reward columns")
+
+
+@register("normalize_then_sum", kind=ADVANTAGE, summary="per reward column: (x - mean(G)) / (std(G) + epsilon), nulls abstaining; weighted sum; whitened over the batch (TRL)")
 class NormalizeThenSum(NormalizeThenSumParams):
     batch_level = True
 

@@ -24,13 +24,21 @@ Unlike grpo's convention (mean 0, std 1), a group of one row has mean = its rewa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
-from rescore.transforms.strategies.catalog import FlashReinforceParams, MaxRLParams, NormalizeParams
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum, zero_spread
+from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, param, register, StrategyParams
 
 
 def weighted_mean(values: Tensor, weights: Tensor, offsets: Tensor) -> Tensor:
@@ -101,6 +109,28 @@ def normalize_scores(
     return centered / (per_row(std, at) + eps)
 
 
+@dataclass(frozen=True)
+class NormalizeParams(StrategyParams):
+    mean_level: Literal["group", "batch", "none"] = "batch"
+    mean_leave1out: bool = False
+    std_level: Literal["group", "batch", "none"] = "batch"
+    std_unbiased: bool = True
+    eps: float = param(1e-5, minimum=0.0)
+    std_of: Literal["centered", "reward"] = "centered"
+    """centered: the std of r - mean as used, about 0 (AReaL); reward: the std of the raw
+    rewards at that level about their own mean (TRL's scale_rewards=batch)."""
+    weighting: Literal["row", "token"] = "row"
+    """token: every statistic weights a row by its action tokens (AReaL's loss_mask)."""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if values["mean_leave1out"] and values["weighting"] == "token":
+            raise ConfigError(f"{strategy}: 'mean_leave1out' needs weighting=row (a token-weighted leave-one-out mean is not defined)")
+        if values["mean_leave1out"] and values["mean_level"] == "none":
+            raise ConfigError(f"{strategy}: 'mean_leave1out' needs mean_level group or batch")
+
+
+@register("normalize", kind=ADVANTAGE, summary="(r - mean) / (std + eps): mean over group / batch / leave-one-out / none, std over group / batch / none (AReaL NormConfig)")
 class Normalize(ScoreExplanation, NormalizeParams):
     """The family above. A batch-level mean or std comes from batch statistics (the pipeline's
     second GroupByKey): (mean of r, std about it, RMS of r - group-level mean) per batch."""
@@ -191,6 +221,12 @@ def maxrl_scores(reward: Tensor, offsets: Tensor, epsilon: float) -> Tensor:
     return torch.where(sizes > 1, (reward - mean) / (mean + epsilon), reward)
 
 
+@dataclass(frozen=True)
+class MaxRLParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+
+
+@register("maxrl", kind=ADVANTAGE, summary="(r - mean(G)) / (mean(G) + epsilon); a group of one row keeps r (SkyRL `maxrl`)")
 class MaxRL(ScoreExplanation, MaxRLParams):
     batch_level = False
     needs: tuple[str, ...] = ()
@@ -201,6 +237,12 @@ class MaxRL(ScoreExplanation, MaxRLParams):
         return Scores(maxrl_scores(rows.reward, rows.offsets, self.epsilon), keep, mean, std)
 
 
+@dataclass(frozen=True)
+class FlashReinforceParams(StrategyParams):
+    pass
+
+
+@register("flash_reinforce", kind=ADVANTAGE, summary="r - the batch's mean reward, no whitening (OpenRLHF `flash_reinforce`)")
 class FlashReinforce(FlashReinforceParams):
     """r - the batch mean (row-weighted, over the rows this stage sees)."""
 

@@ -58,8 +58,7 @@ from rescore.transforms.strategies.base import (
     WrittenRows,
     group_reasons,
 )
-from rescore.transforms.strategies.catalog import RolloutCorrectionParams
-from rescore.transforms.strategies.offpolicy_spec import parse_is_threshold, parse_rs
+from rescore.transforms.strategies.offpolicy_spec import RolloutCorrectionParams, parse_is_threshold, parse_rs
 from rescore.transforms.strategies.features import OFFPOLICY_FEATURE as FEATURE  # the need's prefix (features.py)
 from rescore.transforms.strategies.segments import group_stats
 
@@ -654,7 +653,7 @@ _PRESETS: dict[type, type] = {}
 
 
 def preset(**values):
-    """The factory of the presets (catalog.py registers each under the framework's name): a
+    """The factory of the presets (offpolicy_spec.py registers each under the framework's name): a
     RolloutCorrection that is also an instance of the preset's own declaration."""
     from rescore.transforms.strategies.registry import spec
 

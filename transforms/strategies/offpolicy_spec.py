@@ -1,12 +1,16 @@
-"""The light half of the off-policy correction (transforms/strategies/offpolicy.py): verl's
-threshold strings parsed and the cross-parameter rules, without torch, so option parsing stays
-light (catalog.py's check calls it)."""
+"""The light half of the off-policy correction (transforms/strategies/offpolicy.py): the
+declaration of `rollout_correction` and of the frameworks' presets of it, verl's threshold
+strings parsed and the cross-parameter rules, without torch, so option parsing stays light."""
 
 from __future__ import annotations
 
+import dataclasses
 import math  # noqa: F401
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from rescore.transforms.strategies.registry import ConfigError
+from rescore.transforms.strategies.registry import FILTER, Column, ConfigError, StrategyParams, param, register
 
 VERL_RS_OPTIONS = (
     "token_k1", "token_k2", "token_k3",
@@ -100,3 +104,107 @@ def check(p: dict, strategy: str) -> None:
             raise ConfigError(f"{strategy}: is_correction_threshold needs low <= high, got {[low, high]}")
         if p["is_correction_mode"] == "clip" and (p["is_correction_level"] == "seq" or p["is_correction_gating"] != "ratio"):
             raise ConfigError(f"{strategy}: is_correction_mode=clip needs is_correction_level=token and is_correction_gating=ratio")
+
+
+# --- the declarations (the math: offpolicy.py) ---------------------------------------------
+
+
+@register(
+    "rollout_correction",
+    kind=FILTER,
+    implementation="offpolicy:RolloutCorrection",
+    summary="importance weights (is_weights) and rejection masks between logprobs and the behaviour log-probs; rows left no token are dropped",
+)
+@dataclass(frozen=True)
+class RolloutCorrectionParams(StrategyParams):
+    behaviour_logprobs: Column = "logprobs_original"
+    # verl 0.9.1 (rollout_corr_helper.py)
+    rollout_is: Literal["token", "sequence"] | None = None
+    rollout_is_threshold: str = "2.0"
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | None = None
+    rollout_is_batch_normalize: bool = False
+    # TRL 1.16.0 (GRPOTrainer)
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] | None = None
+    vllm_importance_sampling_clip_max: float | None = param(3.0, positive=True)
+    vllm_importance_sampling_clip_min: float | None = param(None, minimum=0.0)
+    off_policy_mask_threshold: float | None = param(None, minimum=0.0)
+    # SkyRL (off_policy_correction_utils.py)
+    tis_ratio_type: Literal["token", "sequence"] | None = None
+    token_tis_ratio_clip_high: float = param(2.0, positive=True)
+    sequence_tis_ratio_clip_high: float = param(5.0, positive=True)
+    sequence_mask_metric: Literal["geometric", "product"] | None = None
+    geo_mask_high: float = param(1.01, positive=True)
+    geo_mask_low: float = param(0.99, minimum=0.0)
+    product_mask_high: float = param(2.0, positive=True)
+    product_mask_low: float = param(0.5, minimum=0.0)
+    outlier_token_is_threshold_low: float | None = param(None, minimum=0.0)
+    outlier_token_is_threshold_high: float | None = param(None, minimum=0.0)
+    token_mask_is_threshold_low: float | None = param(None, minimum=0.0)
+    token_mask_is_threshold_high: float | None = param(None, minimum=0.0)
+    # OpenRLHF 0.11.2 (PolicyLoss is_correction_*)
+    is_correction_level: Literal["off", "token", "seq"] = "off"
+    is_correction_mode: Literal["mask", "clip"] = "mask"
+    is_correction_gating: Literal["ratio", "binary_kl", "tv"] = "ratio"
+    is_correction_threshold: tuple[float, float] = (0.5, 5.0)
+    # staleness (Trinity's model_version)
+    max_staleness: int | None = param(None, minimum=0)
+    current_model_version: int | None = None
+    model_version_key: Column = "model_version"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        check(values, strategy)
+
+
+def _correction_preset(name: str, summary: str, **defaults: Any) -> None:
+    """Register `name`: rollout_correction with these defaults (a framework's preset)."""
+    hints = typing.get_type_hints(RolloutCorrectionParams)
+    fields = []
+    for f in dataclasses.fields(RolloutCorrectionParams):
+        if f.name in defaults:
+            fields.append((f.name, hints[f.name], dataclasses.field(default=defaults[f.name], metadata=f.metadata)))
+    cls = dataclasses.make_dataclass(
+        "".join(p.title() for p in name.split("_")) + "Params", fields, bases=(RolloutCorrectionParams,), frozen=True
+    )
+    cls.__module__ = __name__
+    register(name, kind=FILTER, implementation="offpolicy:preset", summary=summary)(cls)
+
+
+_GEO = {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"}
+_K3 = {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.01"}
+# verl 0.9.1 RolloutCorrectionConfig presets (decoupled_* and bypass_* give the same weights and
+# masks; they differ in verl's loss only)
+for _name, _defaults in {
+    "decoupled_token_is": {"rollout_is": "token", "rollout_is_threshold": "2.0"},
+    "decoupled_seq_is": {"rollout_is": "sequence", "rollout_is_threshold": "2.0"},
+    "decoupled_token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+    "decoupled_seq_is_rs": {"rollout_is": "sequence", "rollout_is_threshold": "2.0", "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"},
+    "decoupled_geo_rs": _GEO,
+    "decoupled_geo_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": "2.0", **_GEO},
+    "decoupled_geo_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": "2.0", **_GEO},
+    "decoupled_k3_rs": _K3,
+    "decoupled_k3_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": "2.0", **_K3},
+    "decoupled_k3_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": "2.0", **_K3},
+    "bypass_ppo_clip_geo_rs": _GEO,
+    "bypass_ppo_clip_k3_rs": _K3,
+    "bypass_pg_is": {"rollout_is": "sequence", "rollout_is_threshold": "2.0"},
+    "bypass_pg_token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+    "bypass_pg_geo_rs": _GEO,
+    "bypass_pg_geo_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": "2.0", **_GEO},
+    "bypass_pg_geo_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": "2.0", **_GEO},
+}.items():
+    _correction_preset(_name, f"verl RolloutCorrectionConfig.{_name}() as a rollout_correction preset", **_defaults)
+# TRL 1.16.0 GRPOConfig: vllm_importance_sampling_mode (default sequence_mask, C_max 3, no C_min)
+for _mode in ("sequence_mask", "sequence_truncate", "token_mask", "token_truncate"):
+    _correction_preset(
+        f"trl_{_mode}", f"TRL GRPOTrainer vllm_importance_sampling_mode={_mode} (clip_max 3.0)", vllm_importance_sampling_mode=_mode
+    )
+# SkyRL off_policy_correction defaults
+_correction_preset("skyrl_geometric_mask", "SkyRL sequence_mask_metric=geometric, rows outside [0.99, 1.01]", sequence_mask_metric="geometric")
+_correction_preset("skyrl_product_mask", "SkyRL sequence_mask_metric=product, rows outside [0.5, 2.0]", sequence_mask_metric="product")
+_correction_preset("skyrl_token_tis", "SkyRL tis_ratio_type=token (clip 2.0)", tis_ratio_type="token")
+_correction_preset("skyrl_sequence_tis", "SkyRL tis_ratio_type=sequence (clip 5.0)", tis_ratio_type="sequence")
+# OpenRLHF 0.11.2 is_correction (mask mode, ratio gate, [0.5, 5.0])
+_correction_preset("openrlhf_token_mask", "OpenRLHF is_correction_level=token (ICEPOP, [0.5, 5.0])", is_correction_level="token")
+_correction_preset("openrlhf_seq_mask", "OpenRLHF is_correction_level=seq (geometric-mean ratio in [0.5, 5.0])", is_correction_level="seq")

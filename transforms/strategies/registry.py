@@ -117,8 +117,9 @@ class StrategySpec:
     name: str
     kind: str
     params: type[StrategyParams]
-    implementation: str
-    """'module:Class' under rescore.transforms.strategies; the class subclasses `params`."""
+    implementation: str | Callable[..., Any]
+    """The class that does the math (a subclass of `params`), or 'module:Name' under
+    rescore.transforms.strategies for a declaration whose math lives elsewhere (a preset)."""
     summary: str
 
     @property
@@ -127,6 +128,8 @@ class StrategySpec:
 
     @property
     def factory(self) -> Callable[..., Any]:
+        if not isinstance(self.implementation, str):
+            return self.implementation
         module, _, cls = self.implementation.partition(":")
         return getattr(importlib.import_module(f"rescore.transforms.strategies.{module}"), cls)
 
@@ -137,12 +140,26 @@ class StrategySpec:
 
 
 _REGISTRY: dict[str, StrategySpec] = {}
+FAMILIES = "rescore.transforms.strategies.catalog"
+"""The module whose import registers every shipped strategy (each family module registers its
+own); `names()` and `spec()` import it on first use, so importing this package (or
+strategies/features.py from the row layer) loads no family and no numpy."""
 
 
-def register(name: str, *, kind: str, implementation: str, summary: str):
-    """Decorator on a StrategyParams dataclass: register it under `name`.
+def _registry() -> dict[str, StrategySpec]:
+    """Every registered strategy, the shipped families' included."""
+    importlib.import_module(FAMILIES)
+    return _REGISTRY
 
-    Refuses a name that is already taken, so two declarations cannot silently shadow each other.
+
+def register(name: str, *, kind: str, summary: str, implementation: str | None = None):
+    """Decorator on a strategy's class: register it under `name` (as verl's `register_adv_est`).
+
+    The class subclasses its parameters' frozen dataclass (a StrategyParams); that dataclass's
+    typed fields are the declaration. Without a class of its own (a framework's preset of
+    another strategy), decorate the dataclass and name the math as `implementation`
+    ('module:Name'). Refuses a name that is already taken, so two declarations cannot silently
+    shadow each other.
     """
     if kind not in (SHAPE, *KINDS):
         raise ValueError(f"strategy {name!r}: kind must be one of {', '.join((SHAPE, *KINDS))}")
@@ -150,15 +167,25 @@ def register(name: str, *, kind: str, implementation: str, summary: str):
     def wrap(cls):
         if name in _REGISTRY:
             raise ValueError(f"strategy {name!r} is already registered")
-        _hints(cls)  # a declaration whose types do not resolve fails here, at import
-        _REGISTRY[name] = StrategySpec(name, kind, cls, implementation, summary)
+        params = declaration(cls)
+        _hints(params)  # a declaration whose types do not resolve fails here, at import
+        _REGISTRY[name] = StrategySpec(name, kind, params, implementation or cls, summary)
         return cls
 
     return wrap
 
 
+def declaration(cls: type) -> type[StrategyParams]:
+    """The parameters' dataclass of a strategy class: the nearest StrategyParams dataclass it is
+    or derives from."""
+    for c in cls.__mro__:
+        if "__dataclass_fields__" in c.__dict__ and issubclass(c, StrategyParams):
+            return c
+    raise TypeError(f"{cls.__name__} is not a StrategyParams dataclass nor derived from one")
+
+
 def names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def close_match(name: str, choices) -> str | None:
@@ -187,7 +214,7 @@ def did_you_mean(hints: list[str]) -> str:
 def spec(name: str) -> StrategySpec:
     """The strategy `name`; an unknown name is a ConfigError naming the nearest ones (never all
     of them: `rescore strategies` lists those)."""
-    if name not in _REGISTRY:
+    if name not in _registry():
         raise ConfigError(
             f"unknown strategy {name!r}{did_you_mean(close_matches(name, names()))}; "
             f"`rescore strategies` lists all {len(_REGISTRY)}"
@@ -218,6 +245,7 @@ def create(name: str, params: Mapping[str, Any] | None = None):
     """The strategy `name` with `params` over its defaults. Raises ConfigError on anything off."""
     values = resolve(name, params)
     s = spec(name)
+    importlib.import_module("torch")  # the math's library, loaded with the strategy (tensors.py)
     return s.factory(**values, name=name, kind=s.kind)
 
 

@@ -26,16 +26,22 @@ the row's own action mask when the row is written (`token_values`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
-from rescore.transforms.strategies.catalog import ReinforcePlusPlusParams
 from rescore.transforms.strategies.features import DISCOUNT_COLUMNS, discount_need
 from rescore.transforms.strategies.flat import action_means, flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
+from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 TRINITY, VERL = "trinity", "verl"
 
@@ -142,6 +148,11 @@ def reinforce_pp_tokens(
     return values, action_means(values, mask, offsets)
 
 
+@dataclass(frozen=True)
+class ReinforcePlusPlusParams(StrategyParams):
+    gamma: float = param(1.0, minimum=0.0, between=(0.0, 1.0))
+
+
 class ReinforcePlusPlus(ReinforcePlusPlusParams):
     """REINFORCE++ with discounting `mode` (TRINITY or VERL, see the module doc)."""
 
@@ -207,9 +218,11 @@ class ReinforcePlusPlus(ReinforcePlusPlusParams):
         return reinforce_pp_tokens(reward, inv_sigma, mu, lengths, mask, self.gamma, self.mode, token_penalties)
 
 
+@register("reinforceplusplus", kind=ADVANTAGE, summary="REINFORCE++ (Trinity): discounted token returns (gamma), whitened over the batch's action tokens")
 class TrinityReinforcePlusPlus(ReinforcePlusPlus):
     mode = TRINITY
 
 
+@register("reinforce_plus_plus", kind=ADVANTAGE, summary="REINFORCE++ (verl): discounted returns over action tokens (gamma), whitened over the batch")
 class VerlReinforcePlusPlus(ReinforcePlusPlus):
     mode = VERL

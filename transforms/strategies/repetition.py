@@ -11,15 +11,21 @@ never cross the shuffle) by `ngram_repeat_ratio`, numpy only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.catalog import NgramRepetitionFilterParams
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.features import NGRAM_FEATURE, ngram_column
+from rescore.transforms.strategies.registry import FILTER, param, register, StrategyParams
 
 
 def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:
@@ -46,6 +52,13 @@ def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.nd
     return out
 
 
+@dataclass(frozen=True)
+class NgramRepetitionFilterParams(StrategyParams):
+    rep_len: int = param(10, minimum=1)
+    max_ratio: float = param(0.5, between=(0.0, 1.0))
+
+
+@register("ngram_repetition_filter", kind=FILTER, summary="row-level: drop responses whose share of repeated token n-grams (rep_len) > max_ratio; needs tokens")
 class NgramRepetitionFilter(NgramRepetitionFilterParams):
     batch_level = False
 

@@ -8,9 +8,13 @@ kernels add in a nondeterministic order.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def segment_sum(values: Tensor, offsets: Tensor) -> Tensor:

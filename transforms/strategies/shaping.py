@@ -24,25 +24,26 @@ the row is read, as a light column; tokens never cross the shuffle.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
 import json
 
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.catalog import (
-    DAPOOverlongPenaltyParams,
-    KLPenaltyParams,
-    RewardShapingParams,
-    RewardSumParams,
-    TruncatedRewardParams,
-)
 from rescore.transforms.strategies.filters import truncated_flags
-from rescore.transforms.strategies.registry import Column, ConfigError
 from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.features import KL_FEATURE
 from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.registry import Column, ConfigError, param, register, SHAPE, StrategyParams
 
 
 def column_op(reward: Tensor, x: Tensor, op: str, weight: float) -> Tensor:
@@ -90,6 +91,26 @@ class _Shaping:
         return Scores(None, keep, *group_stats(rows.reward, rows.offsets))
 
 
+@dataclass(frozen=True)
+class RewardShapingParams(StrategyParams):
+    stats_key: Column | None = None
+    """Trinity's column operation: the number column it applies (a missing or null value leaves
+    the reward as it is, as Trinity skips a missing info key); none: no column operation."""
+    op_type: Literal["add", "sub", "mul", "div"] = "add"
+    weight: float = 1.0
+    scale: float = 1.0
+    bias: float = 0.0
+    clip_min: float | None = None
+    clip_max: float | None = None
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        low, high = values["clip_min"], values["clip_max"]
+        if low is not None and high is not None and not low <= high:
+            raise ConfigError(f"{strategy}: needs clip_min <= clip_max, got {low!r} > {high!r}")
+
+
+@register("reward_shaping", kind=SHAPE, summary="r <- clip(scale * (r op weight * column) + bias, clip_min, clip_max); op add|sub|mul|div (Trinity RewardShapingMapper)")
 class RewardShaping(_Shaping, RewardShapingParams):
     @property
     def needs(self) -> tuple[str, ...]:
@@ -102,6 +123,23 @@ class RewardShaping(_Shaping, RewardShapingParams):
         return affine_clip(reward, self.scale, self.bias, self.clip_min, self.clip_max)
 
 
+@dataclass(frozen=True)
+class DAPOOverlongPenaltyParams(StrategyParams):
+    max_resp_len: int = param(20480, minimum=1)
+    """The generation's maximum response length in tokens (DAPO: 16384 expected + 4096 buffer)."""
+    overlong_buffer_len: int = param(4096, minimum=1)
+    penalty_factor: float = param(1.0, minimum=0.0)
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["max_resp_len"] >= values["overlong_buffer_len"]:
+            raise ConfigError(
+                f"{strategy}: needs max_resp_len >= overlong_buffer_len, got {values['max_resp_len']} < {values['overlong_buffer_len']}"
+            )
+
+
+@register("dapo_overlong_penalty", kind=SHAPE, summary="r <- r + min(0, (max_resp_len - overlong_buffer_len - length) / overlong_buffer_len) * penalty_factor, "
+    "at least -penalty_factor (DAPO soft overlong punishment)")
 class DAPOOverlongPenalty(_Shaping, DAPOOverlongPenaltyParams):
     needs = ()
 
@@ -109,6 +147,14 @@ class DAPOOverlongPenalty(_Shaping, DAPOOverlongPenaltyParams):
         return rows.reward + overlong_penalty(rows.response_length, self.max_resp_len, self.overlong_buffer_len, self.penalty_factor)
 
 
+@dataclass(frozen=True)
+class TruncatedRewardParams(StrategyParams):
+    truncate_status_key: Column = "truncate_status"
+    value: float = 0.0
+    mode: Literal["set", "add"] = "set"
+
+
+@register("truncated_reward", kind=SHAPE, summary="truncated responses (truncate_status) get reward `value` (mode=set, ProRL/SkyRL/AReaL: 0) or r + value (mode=add)")
 class TruncatedReward(_Shaping, TruncatedRewardParams):
     @property
     def needs(self) -> tuple[str, ...]:
@@ -121,6 +167,22 @@ class TruncatedReward(_Shaping, TruncatedRewardParams):
         return torch.where(flags, new, rows.reward)
 
 
+@dataclass(frozen=True)
+class RewardSumParams(StrategyParams):
+    reward_keys: tuple[Column, ...] = ("reward",)
+    """The number columns summed (`reward` may be one of them); a null rejects the row."""
+    reward_weights: tuple[float, ...] | None = None
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        keys, weights = values["reward_keys"], values["reward_weights"]
+        if not keys:
+            raise ConfigError(f"{strategy}: 'reward_keys' names no column")
+        if weights is not None and len(weights) != len(keys):
+            raise ConfigError(f"{strategy}: 'reward_weights' has {len(weights)} weights for {len(keys)} reward columns")
+
+
+@register("reward_sum", kind=SHAPE, summary="r <- sum_k w_k * column_k over named reward columns (weights default 1)")
 class RewardSum(_Shaping, RewardSumParams):
     @property
     def needs(self) -> tuple[Column, ...]:
@@ -151,6 +213,19 @@ def kl_values(logprobs: np.ndarray, ref_logprobs: np.ndarray, kind: str) -> np.n
     return np.clip(np.exp(d) - d - 1.0, -10.0, 10.0)
 
 
+@dataclass(frozen=True)
+class KLPenaltyParams(StrategyParams):
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    kl_coef: float = param(0.001, minimum=0.0)
+    ref_logprobs: Column = "ref_logprobs"
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if not values["ref_logprobs"].endswith("ref_logprobs"):
+            raise ConfigError(f"{strategy}: ref_logprobs names the reference model's log-prob column, ending in 'ref_logprobs', got {values['ref_logprobs']!r}")
+
+
+@register("kl_penalty", kind=SHAPE, summary="r <- r - kl_coef * sum over action tokens of kl(logprobs, ref_logprobs) (verl's use_kl_in_reward, fixed coefficient)")
 class KLPenalty(_Shaping, KLPenaltyParams):
     """verl's KL in the reward (algorithm.use_kl_in_reward) with a fixed kl_coef: each row's
     token rewards less kl_coef * kl_t on its action tokens. verl's outcome estimators (grpo,

@@ -10,15 +10,21 @@ run k are divided by its number of steps.
 
 from __future__ import annotations
 
+from typing import Literal
+
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.catalog import StepWiseGRPOParams
 from rescore.transforms.strategies.grpo import GroupStdOptions, grpo_scores
 from rescore.transforms.strategies.segments import per_row, run_offsets
+from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,15 @@ def step_wise_grpo_scores(
     return Scores(score, keep, per_run.group_mean, per_run.group_std, token_scale)
 
 
+@dataclass(frozen=True)
+class StepWiseGRPOParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    enable_step_norm: bool = False
+    std_cal_level: Literal["group", "batch"] = "group"
+    std_threshold: float | None = param(None, minimum=0.0)
+
+
+@register("step_wise_grpo", kind=ADVANTAGE, summary="multi-step runs: GRPO over each run's last-step reward, broadcast to all its steps")
 class StepWiseGRPO(GroupStdOptions, StepWiseGRPOParams):
     needs: tuple[str, ...] = ()
     audit_unit = "run"

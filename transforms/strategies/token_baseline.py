@@ -48,19 +48,24 @@ How they run in the job (the registered classes at the end of this module):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import json
 
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, Strategy, TokenColumn, WrittenRows
-from rescore.transforms.strategies.catalog import ClipBParams, OptimalTokenBaselineParams
-from rescore.transforms.strategies.registry import ConfigError
 from rescore.transforms.strategies.features import CLIPB_FEATURE
 from rescore.transforms.strategies.features import TOKEN_BASELINE_FEATURE as FEATURE  # the need's prefix (features.py)
 from rescore.transforms.strategies.flat import action_means, flat_segment_sum
 from rescore.transforms.strategies.segments import group_stats
+from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, param, register, StrategyParams
 
 OTB_EPSILON = 1e-8
 CLIPB_EPSILON = 1e-6
@@ -266,6 +271,14 @@ def _aligned(rows: WrittenRows, name: str, lengths: np.ndarray, bad: np.ndarray)
     return values
 
 
+@dataclass(frozen=True)
+class OptimalTokenBaselineParams(StrategyParams):
+    handle_zero_tail: bool = True
+    epsilon: float = param(1e-8, minimum=0.0)
+    rollout_is_weights: bool = False
+
+
+@register("optimal_token_baseline", kind=ADVANTAGE, summary="G_t - B_t, B_t per group and position weighted by the path variance (verl); needs logprobs and sum_pi_squared")
 class OptimalTokenBaseline(OptimalTokenBaselineParams):
     """verl's optimal token baseline (see the module doc). The path variance W_t m_t of each row
     is computed where the row is read and crosses the shuffle as a token feature; score() forms
@@ -382,6 +395,7 @@ class OptimalTokenBaseline(OptimalTokenBaselineParams):
         return values, action_means(values, mask, offsets)
 
 
+@register("tir_optimal_token_baseline", kind=ADVANTAGE, summary="optimal_token_baseline over each row's action tokens only (verl's multi-turn variant)")
 class TIROptimalTokenBaseline(OptimalTokenBaseline):
     tir = True
 
@@ -413,6 +427,13 @@ def moment_values(s1: np.ndarray, s2: np.ndarray, n: np.ndarray) -> tuple[np.nda
     return np.concatenate([m + d, m - d]), np.concatenate([n / 2, n / 2])
 
 
+@dataclass(frozen=True)
+class ClipBParams(StrategyParams):
+    epsilon: float = param(1e-6, minimum=0.0)
+    mu: float = param(2.5, minimum=0.0)
+
+
+@register("clipb", kind=ADVANTAGE, summary="GRPO advantages; negative-advantage tokens whose p(H + log p) is mu batch stds below its mean leave the action mask (Trinity); needs logprobs and entropy")
 class ClipB(ClipBParams):
     """Trinity-RFT 0.6.0 ClipBAdvantageFn (see the module doc). Each row's sums of S and S^2 over
     its action tokens are computed where it is read; the batch's ES and varS are batch

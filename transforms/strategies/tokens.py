@@ -6,9 +6,13 @@ computed on flat token arrays with per-row lengths (never row by row).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def token_advantages(row_value: Tensor, lengths: Tensor, mask: Tensor | None = None) -> Tensor:

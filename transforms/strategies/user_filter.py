@@ -20,19 +20,27 @@ that does not import is refused where the run starts, like --reward-fn's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.errors import first_line
 from rescore.user_code import load_function
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.catalog import GROUP_FILTER_FLAG, GroupFilterParams
 from rescore.transforms.strategies.segments import group_stats, per_row
 from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.registry import Column, FILTER, register, StrategyParams
+
+GROUP_FILTER_FLAG = "--group-filter"
 
 def load_group_filter(spec: str) -> Callable[[dict[str, Any]], Any]:
     """'package.module:function' -> the function; ConfigError (one line) otherwise (Python's
@@ -54,6 +62,23 @@ def group_decision(fn: Callable[[dict[str, Any]], Any], group: dict[str, Any]) -
     return bool(result), reason
 
 
+@dataclass(frozen=True)
+class GroupFilterParams(StrategyParams):
+    function: str | None = None
+    """MODULE:FUNCTION, imported where the run starts (a bad one: exit 2) and on each worker;
+    none keeps every group."""
+    columns: tuple[Column, ...] = ()
+    """Number columns passed to the function besides the ids and the reward (a null crosses as NaN)."""
+
+    @classmethod
+    def check(cls, values: dict[str, Any], strategy: str) -> None:
+        if values["function"] is not None:
+            from rescore.user_code import load_function  # the run's start: a bad spec is exit 2 here
+
+            load_function(values["function"], GROUP_FILTER_FLAG)
+
+
+@register("group_filter", kind=FILTER, summary="a user function MODULE:FUNCTION over each group's rows returns keep (or (keep, reason)); --group-filter")
 class GroupFilter(GroupFilterParams):
     batch_level = False
 

@@ -11,14 +11,19 @@ copy plan) and how they are written is the row layer's (transforms/rows/copies.p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.catalog import DuplicateInformativeParams, RewardVarianceParams
-from rescore.transforms.strategies.registry import WHOLE_BATCH
 from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var
+from rescore.transforms.strategies.registry import DUPLICATE, FILTER, param, register, StrategyParams, WHOLE_BATCH
 
 
 def informative_groups(reward: Tensor, offsets: Tensor, variance_threshold: float) -> Tensor:
@@ -53,10 +58,27 @@ class _VarianceFilter(_Groups):
         return Scores(None, keep, *self._stats(rows))
 
 
+@dataclass(frozen=True)
+class RewardVarianceParams(StrategyParams):
+    variance_threshold: float = 0.0
+
+
+@register("reward_variance", kind=FILTER, summary="drop groups with fewer than 2 rows or reward variance (ddof=0) <= variance_threshold")
 class RewardVariance(_VarianceFilter, RewardVarianceParams):
     pass
 
 
+@dataclass(frozen=True)
+class DuplicateInformativeParams(StrategyParams):
+    variance_threshold: float = 0.0
+    seed: int = param(0, minimum=0)
+    min_replace_ratio: float | None = param(None, between=(0.0, 1.0), hidden_at_default=True)
+    """POLARIS / SkyRL `replace`: a batch is rebalanced only where its informative groups are
+    more than min_replace_ratio of the groups reaching this stage; otherwise the batch is kept
+    whole, uncopied. None: always rebalanced (a batch without an informative group writes nothing)."""
+
+
+@register("duplicate_informative", kind=DUPLICATE, summary="reward_variance, then copy kept groups until the batch has its rows again (POLARIS)")
 class DuplicateInformative(_VarianceFilter, DuplicateInformativeParams):
     """The variance filter as the duplicate stage; the copies are planned by the row layer
     from the groups it keeps, seeded with `seed`. With `min_replace_ratio`, a batch with too few

@@ -7,13 +7,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch import Tensor
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows
-from rescore.transforms.strategies.catalog import ConstantParams, RAFTParams
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_max
+from rescore.transforms.strategies.registry import ADVANTAGE, register, StrategyParams
 
 
 class _FixedWeight:
@@ -24,6 +30,14 @@ class _FixedWeight:
         return group_stats(rows.reward, rows.offsets)
 
 
+@dataclass(frozen=True)
+class RAFTParams(StrategyParams):
+    reward_threshold: float | None = 0.0
+    top_only: bool = True
+    weight: float = 1.0
+
+
+@register("raft", kind=ADVANTAGE, summary="keep rows with the top reward of their group and reward > reward_threshold; score = weight")
 class RAFT(_FixedWeight, RAFTParams):
     def drop_reasons(self, rows: GroupedRows, reached: np.ndarray, dropped: np.ndarray, group_std: np.ndarray) -> list[str]:
         reward, offsets, g, _ = audit_rows(rows)
@@ -47,6 +61,12 @@ class RAFT(_FixedWeight, RAFTParams):
         return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
 
 
+@dataclass(frozen=True)
+class ConstantParams(StrategyParams):
+    weight: float = 1.0
+
+
+@register("constant", kind=ADVANTAGE, summary="every row scores `weight` (SFT pass-through)")
 class Constant(_FixedWeight, ConstantParams):
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
