@@ -35,20 +35,18 @@ numpy (`WrittenRows`) and turns what they return back into Arrow.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, KINDS, SHAPE  # noqa: F401  (re-exported)
+from rescore.transforms.strategies.segments import segment_sum
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, KINDS, SHAPE  # noqa: F401  (re-exported)
-from rescore.transforms.strategies.segments import segment_sum
 
 
 @dataclass(frozen=True)

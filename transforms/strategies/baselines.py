@@ -12,29 +12,20 @@ A group of one row has baseline 0 (its score is its reward) in all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-from typing import TYPE_CHECKING
-
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
+from rescore.transforms.strategies.function_estimator import estimator
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
+from rescore.transforms.strategies.segments import group_stats, per_row, segment_max, segment_sum, zero_spread
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
-from rescore.transforms.strategies.function_estimator import estimator
-from rescore.transforms.strategies.segments import (
-    group_stats,
-    per_row,
-    segment_max,
-    segment_sum,
-    zero_spread,
-)
-from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 WHITEN_EPSILON = 1e-8
 """verl's `masked_whiten` adds 1e-8 to the variance."""

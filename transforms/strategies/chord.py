@@ -13,23 +13,21 @@ stand-in and are documented as such.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from typing import TYPE_CHECKING
-
 import math
 from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, OutputColumn, Scores, TokenColumn, WrittenRows
+from rescore.transforms.strategies.grpo import grpo_scores
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
+from rescore.transforms.strategies.segments import group_stats, segment_sum
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, OutputColumn, Scores, TokenColumn, WrittenRows
-from rescore.transforms.strategies.grpo import grpo_scores
-from rescore.transforms.strategies.segments import group_stats, segment_sum
-from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 MU, LOSS_WEIGHT, SFT_TOKEN_WEIGHTS = "mu", "loss_weight", "sft_token_weights"
 

@@ -11,19 +11,18 @@ advantage over action tokens (0 for a row without any).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
+from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, register
+from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
-from rescore.transforms.strategies.flat import flat_segment_sum
-from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.registry import ADVANTAGE, register, StrategyParams
 
 
 def token_level_only(rows: GroupedRows) -> Scores:

@@ -16,20 +16,21 @@ their rule for groups of one row and for all-equal groups reaches every estimato
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-from typing import Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from rescore.transforms.strategies.tensors import torch
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
 from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.registry import (
+    ADVANTAGE,
+    Column,
+    ConfigError,
+    StrategyParams,
+    param,
+    register,
+)
 from rescore.transforms.strategies.segments import (
     group_stats,
     masked_group_stats,
@@ -40,7 +41,10 @@ from rescore.transforms.strategies.segments import (
     segment_max,
     segment_sum,
 )
-from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, param, register, StrategyParams
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _sizes(offsets: Tensor) -> Tensor:

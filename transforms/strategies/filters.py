@@ -27,23 +27,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-from typing import Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from rescore.transforms.files.layout import task_stats_table
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE
+from rescore.transforms.strategies.hashing import RESPONSE_TRUNCATED, string_key
+from rescore.transforms.strategies.registry import (
+    FILTER,
+    Column,
+    ConfigError,
+    Path,
+    StrategyParams,
+    param,
+    register,
+)
+from rescore.transforms.strategies.segments import (
+    group_stats,
+    masked_group_stats,
+    per_row,
+    population_var,
+    segment_sum,
+)
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.files.layout import task_stats_table
-from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.hashing import RESPONSE_TRUNCATED, string_key
-from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var, segment_sum
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE
-from rescore.transforms.strategies.registry import Column, ConfigError, FILTER, param, Path, register, StrategyParams
 
 TRUNCATED = RESPONSE_TRUNCATED  # one of hashing.COMPARED_STRINGS: its code is exact
 

@@ -26,19 +26,23 @@ either way. With `batch`, all rows of a batch go to one shuffle bucket (the WHOL
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from typing import TYPE_CHECKING
-
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE
+from rescore.transforms.strategies.registry import (
+    ADVANTAGE,
+    WHOLE_BATCH,
+    Column,
+    StrategyParams,
+    param,
+    register,
+)
+from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE
-from rescore.transforms.strategies.registry import ADVANTAGE, Column, param, register, StrategyParams, WHOLE_BATCH
 
 
 def normalise(values: Tensor, offsets: Tensor, *, fnorm: str, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:

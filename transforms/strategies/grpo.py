@@ -8,17 +8,18 @@ References: Trinity-RFT `GRPOGroupedAdvantage` and `CorrectBiasAddStrategy`; ver
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from rescore.transforms.strategies.tensors import torch
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores, audit_rows, group_reasons
+from rescore.transforms.strategies.base import (
+    GroupedRows,
+    ScoreExplanation,
+    Scores,
+    audit_rows,
+    group_reasons,
+)
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 from rescore.transforms.strategies.segments import (
     group_stats,
     per_row,
@@ -26,7 +27,10 @@ from rescore.transforms.strategies.segments import (
     single_units,
     std_of,
 )
-from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def rank_corrected_rewards(reward: Tensor, mean_logprob: Tensor, offsets: Tensor, rank_penalty: float) -> Tensor:

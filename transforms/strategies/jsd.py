@@ -16,13 +16,13 @@ offline, `logprobs` are the logged behaviour log-probs, the same values for an o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-import math
 import numpy as np
 
 from rescore.transforms.strategies.distill import TeacherTokens
-from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 
 
 def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, temperature: float) -> np.ndarray:

@@ -14,20 +14,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.features import NULLABLE_FEATURE
+from rescore.transforms.strategies.registry import (
+    ADVANTAGE,
+    Column,
+    ConfigError,
+    StrategyParams,
+    param,
+    register,
+)
+from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum
-from rescore.transforms.strategies.features import NULLABLE_FEATURE
-from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, param, register, StrategyParams
 
 
 def abstaining_zscores(values: Tensor, offsets: Tensor, epsilon: float) -> Tensor:

@@ -25,20 +25,17 @@ Unlike grpo's convention (mean 0, std 1), a group of one row has mean = its rewa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-from typing import Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
+from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, StrategyParams, param, register
+from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum, zero_spread
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
-from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum, zero_spread
-from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, param, register, StrategyParams
 
 
 def weighted_mean(values: Tensor, weights: Tensor, offsets: Tensor) -> Tensor:

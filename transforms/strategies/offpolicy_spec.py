@@ -10,7 +10,14 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rescore.transforms.strategies.registry import FILTER, Column, ConfigError, StrategyParams, param, register
+from rescore.transforms.strategies.registry import (
+    FILTER,
+    Column,
+    ConfigError,
+    StrategyParams,
+    param,
+    register,
+)
 
 VERL_RS_OPTIONS = (
     "token_k1", "token_k2", "token_k3",

@@ -27,21 +27,20 @@ the row's own action mask when the row is written (`token_values`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
-from rescore.transforms.strategies.tensors import torch
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
 from rescore.transforms.strategies.features import DISCOUNT_COLUMNS, discount_need
 from rescore.transforms.strategies.flat import action_means, flat_segment_sum
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 TRINITY, VERL = "trinity", "verl"
 

@@ -12,20 +12,19 @@ never cross the shuffle) by `ngram_repeat_ratio`, numpy only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.features import NGRAM_FEATURE, ngram_column
+from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.registry import FILTER, StrategyParams, param, register
+from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.hashing import mix64
-from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.features import NGRAM_FEATURE, ngram_column
-from rescore.transforms.strategies.registry import FILTER, param, register, StrategyParams
 
 
 def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:

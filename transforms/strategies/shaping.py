@@ -24,26 +24,21 @@ the row is read, as a light column; tokens never cross the shuffle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-from typing import Literal
-
-from typing import TYPE_CHECKING
-
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
+from rescore.transforms.strategies.features import KL_FEATURE, OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.filters import truncated_flags
+from rescore.transforms.strategies.registry import SHAPE, Column, ConfigError, StrategyParams, param, register
+from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.filters import truncated_flags
-from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.features import KL_FEATURE
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
-from rescore.transforms.strategies.registry import Column, ConfigError, param, register, SHAPE, StrategyParams
 
 
 def column_op(reward: Tensor, x: Tensor, op: str, weight: float) -> Tensor:
@@ -194,8 +189,6 @@ class RewardSum(_Shaping, RewardSumParams):
         for key, w in zip(self.reward_keys, weights):
             out = out + w * rows.columns[key].to(torch.float64)
         return out
-
-
 
 
 def kl_values(logprobs: np.ndarray, ref_logprobs: np.ndarray, kind: str) -> np.ndarray:

@@ -10,21 +10,17 @@ run k are divided by its number of steps.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from typing import TYPE_CHECKING
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.grpo import GroupStdOptions, grpo_scores
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
+from rescore.transforms.strategies.segments import per_row, run_offsets
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.grpo import GroupStdOptions, grpo_scores
-from rescore.transforms.strategies.segments import per_row, run_offsets
-from rescore.transforms.strategies.registry import ADVANTAGE, param, register, StrategyParams
 
 
 @dataclass(frozen=True)

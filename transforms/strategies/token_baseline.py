@@ -48,24 +48,22 @@ How they run in the job (the registered classes at the end of this module):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
-import json
-
 import numpy as np
-from rescore.transforms.strategies.tensors import torch
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, Strategy, TokenColumn, WrittenRows
 from rescore.transforms.strategies.features import CLIPB_FEATURE
 from rescore.transforms.strategies.features import TOKEN_BASELINE_FEATURE as FEATURE  # the need's prefix (features.py)
 from rescore.transforms.strategies.flat import action_means, flat_segment_sum
+from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, param, register, StrategyParams
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 OTB_EPSILON = 1e-8
 CLIPB_EPSILON = 1e-6

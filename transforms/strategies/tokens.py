@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:

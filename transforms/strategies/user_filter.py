@@ -20,25 +20,22 @@ that does not import is refused where the run starts, like --reward-fn's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from typing import TYPE_CHECKING
-
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from rescore.errors import first_line
+from rescore.transforms.strategies.base import GroupedRows, Scores
+from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.registry import FILTER, Column, StrategyParams, register
+from rescore.transforms.strategies.segments import group_stats, per_row
 from rescore.transforms.strategies.tensors import torch
+from rescore.user_code import load_function
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.errors import first_line
-from rescore.user_code import load_function
-from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.segments import group_stats, per_row
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
-from rescore.transforms.strategies.registry import Column, FILTER, register, StrategyParams
 
 GROUP_FILTER_FLAG = "--group-filter"
 

@@ -12,18 +12,24 @@ copy plan) and how they are written is the row layer's (transforms/rows/copies.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
+from rescore.transforms.strategies.registry import (
+    DUPLICATE,
+    FILTER,
+    WHOLE_BATCH,
+    StrategyParams,
+    param,
+    register,
+)
+from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.segments import group_stats, masked_group_stats, per_row, population_var
-from rescore.transforms.strategies.registry import DUPLICATE, FILTER, param, register, StrategyParams, WHOLE_BATCH
 
 
 def informative_groups(reward: Tensor, offsets: Tensor, variance_threshold: float) -> Tensor:

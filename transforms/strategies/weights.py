@@ -8,18 +8,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, register
+from rescore.transforms.strategies.segments import group_stats, per_row, segment_max
 from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows
-from rescore.transforms.strategies.segments import group_stats, per_row, segment_max
-from rescore.transforms.strategies.registry import ADVANTAGE, register, StrategyParams
 
 
 class _FixedWeight:
