@@ -42,7 +42,7 @@ INPUTS = ("reward", "offsets")
 """The estimator function's positional arguments, in order."""
 
 
-class _FunctionEstimator(ScoreExplanation):
+class FunctionEstimator(ScoreExplanation):
     """The strategy around an estimator function: no batch statistics, every row kept."""
 
     needs: tuple[str, ...] = ()
@@ -63,7 +63,7 @@ def estimator(name: str, *, summary: str, check: Callable[[dict[str, Any], str],
         fn.parameters = _parameters(name, fn, check)
         fn.strategy = type(
             "".join(p.title() for p in fn.__name__.split("_")),
-            (_FunctionEstimator, fn.parameters),
+            (FunctionEstimator, fn.parameters),
             {"function": staticmethod(fn), "__module__": fn.__module__, "__qualname__": f"{fn.__qualname__}.strategy"},
         )
         register(name, kind=ADVANTAGE, summary=summary)(fn.strategy)

@@ -175,6 +175,11 @@ def register(name: str, *, kind: str, summary: str, implementation: str | None =
     return wrap
 
 
+def unregister(name: str) -> None:
+    """Forget the strategy `name` (one a test or a plugin registered for a while)."""
+    _REGISTRY.pop(name, None)
+
+
 def declaration(cls: type) -> type[StrategyParams]:
     """The parameters' dataclass of a strategy class: the nearest StrategyParams dataclass it is
     or derives from."""
