@@ -1,5 +1,5 @@
 """`rescore strategies [NAME]` and `rescore configs`: what there is to choose from, read from the
-declarations (transforms/strategies/catalog.py, registry.py) and the shipped run configs.
+declarations (each family module of transforms/strategies/, registry.py) and the shipped run configs.
 
     rescore strategies            every strategy by kind, with its one-line summary
     rescore strategies grpo       its parameters, types and defaults (what --set takes)

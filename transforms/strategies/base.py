@@ -162,7 +162,7 @@ class Scores:
 
 @runtime_checkable
 class Strategy(Protocol):
-    """A scoring strategy with its parameters bound (a subclass of its catalog declaration)."""
+    """A scoring strategy with its parameters bound (a subclass of its parameters' declaration)."""
 
     name: str
     kind: str

@@ -2,20 +2,27 @@
 from them. Light on purpose: no torch, numpy, pyarrow or Beam here, so option parsing and
 `--help` can list and validate strategies without loading the math.
 
-A strategy's parameters are one frozen dataclass (see catalog.py), registered under its
-reference name with its kind and the class that does the math:
+A strategy is declared in its family's module, beside its math: its parameters one frozen
+dataclass, and the class that does the math, a subclass of it, registered under the reference's
+name with its kind and a one-line summary:
 
-    @register("opmd", kind=ADVANTAGE, implementation="baselines:OPMD", summary="r - b, ...")
     @dataclass(frozen=True)
     class OPMDParams(StrategyParams):
         opmd_baseline: Literal["mean", "logavgexp"] = "mean"
         tau: float = param(1.0, positive=True)
 
-The field types say what a value may be (`float`, `int`, `bool`, `Literal[...]` for a choice,
-`Column` for an input column name, `X | None` where null is allowed, tuples for lists); `param()`
-adds bounds. Defaults, validation, the one-line errors, `--help` and the docs listing all come
-from that one declaration. The implementation module is imported only when a strategy is
-created, and its class subclasses the declaration, so `self.tau` is the checked value.
+
+    @register("opmd", kind=ADVANTAGE, summary="r - b, ...")
+    class OPMD(_GroupBaseline, OPMDParams):
+        ...
+
+(An estimator that is one function over a group's rewards is declared by its signature
+instead: function_estimator.py.) The field types say what a value may be (`float`, `int`,
+`bool`, `Literal[...]` for a choice, `Column` for an input column name, `X | None` where null is
+allowed, tuples for lists); `param()` adds bounds. Defaults, validation, the one-line errors,
+`--help` and the docs tables (pipelines/strategy_docs.py) all come from that one declaration,
+so `self.tau` is the checked value. The family modules import torch only on first use
+(tensors.py): listing and checking strategies loads none of the math's libraries but numpy.
 """
 
 from __future__ import annotations

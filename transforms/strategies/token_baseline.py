@@ -240,7 +240,7 @@ def clipb_scores(reward: np.ndarray, group: np.ndarray, epsilon: float = CLIPB_E
     return out
 
 
-# --- the registered estimators (catalog.py: optimal_token_baseline, tir_optimal_token_baseline) --
+# --- the registered estimators (optimal_token_baseline, tir_optimal_token_baseline) ----------
 
 PATH_VARIANCE, BAD, LAST = "otb_path_variance", "otb_bad", "otb_last"
 IS_WEIGHTS = "is_weights"
@@ -409,7 +409,7 @@ def light_features(need: str, rows: WrittenRows) -> dict[str, np.ndarray | Token
     return create(*feature["stage"]).light_features(rows, correction, **extra)
 
 
-# --- clipb (catalog.py) ----------------------------------------------------------------------
+# --- clipb -----------------------------------------------------------------------------------
 
 S_SUM, S2_SUM, S_BAD = "clipb_s", "clipb_s2", "clipb_bad"
 
