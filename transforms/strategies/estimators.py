@@ -23,14 +23,7 @@ import numpy as np
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
 from rescore.transforms.strategies.hashing import mix64
-from rescore.transforms.strategies.registry import (
-    ADVANTAGE,
-    Column,
-    ConfigError,
-    StrategyParams,
-    param,
-    register,
-)
+from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import (
     group_stats,
     masked_group_stats,

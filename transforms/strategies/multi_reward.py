@@ -20,14 +20,7 @@ import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.features import NULLABLE_FEATURE
-from rescore.transforms.strategies.registry import (
-    ADVANTAGE,
-    Column,
-    ConfigError,
-    StrategyParams,
-    param,
-    register,
-)
+from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum
 from rescore.transforms.strategies.tensors import torch
 
