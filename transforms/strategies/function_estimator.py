@@ -13,7 +13,8 @@ and std and the audit columns' baseline (the group mean) are the shared segment 
 
 The parameters are checked as a dataclass declaration's fields are (registry.py): `float`,
 `int`, `bool`, `Literal[...]`, `Column`, `X | None`, tuples; `param(default, minimum=...)` as
-the default adds bounds (the registry always passes every parameter); `check=` takes a rule
+the default adds bounds (the decorator then puts the plain default back on the function, so a
+unit test calls it as written); `check=` takes a rule
 across parameters, `check(values, strategy)` raising ConfigError. A strategy that needs more
 than the rewards (token columns, batch statistics, output columns, dropping rows) is a class
 registered with `registry.register`.
@@ -86,6 +87,7 @@ def _parameters(name: str, fn: Callable[..., Any], check) -> type[StrategyParams
             raise TypeError(f"estimator {name!r}: parameter {p.name!r} needs a type and a default")
         default = p.default if isinstance(p.default, dataclasses.Field) else param(p.default)
         fields.append((p.name, fn.__annotations__[p.name], default))
+        fn.__kwdefaults__[p.name] = default.default  # called directly, the function gets the value
     namespace = {} if check is None else {"check": classmethod(lambda cls, values, strategy: check(values, strategy))}
     params = dataclasses.make_dataclass(
         "".join(p.title() for p in fn.__name__.split("_")) + "Params", fields, bases=(StrategyParams,), frozen=True, namespace=namespace

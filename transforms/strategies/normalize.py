@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
+from rescore.transforms.strategies.function_estimator import estimator
 from rescore.transforms.strategies.registry import ADVANTAGE, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum, zero_spread
 from rescore.transforms.strategies.tensors import torch
@@ -211,27 +212,12 @@ class Normalize(ScoreExplanation, NormalizeParams):
         return Scores(centered / (std + self.eps), torch.ones_like(reward, dtype=torch.bool), g_mean, g_std)
 
 
-def maxrl_scores(reward: Tensor, offsets: Tensor, epsilon: float) -> Tensor:
+@estimator("maxrl", summary="(r - mean(G)) / (mean(G) + epsilon); a group of one row keeps r (SkyRL `maxrl`)")
+def maxrl_scores(reward: Tensor, offsets: Tensor, *, epsilon: float = param(1e-6, minimum=0.0)) -> Tensor:
     """(n,) (r - mean(G)) / (mean(G) + epsilon); r for a group of one (SkyRL)."""
     sizes = per_row(offsets[1:] - offsets[:-1], offsets)
     mean = per_row(weighted_mean(reward, torch.ones_like(reward), offsets), offsets)
     return torch.where(sizes > 1, (reward - mean) / (mean + epsilon), reward)
-
-
-@dataclass(frozen=True)
-class MaxRLParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-
-
-@register("maxrl", kind=ADVANTAGE, summary="(r - mean(G)) / (mean(G) + epsilon); a group of one row keeps r (SkyRL `maxrl`)")
-class MaxRL(ScoreExplanation, MaxRLParams):
-    batch_level = False
-    needs: tuple[str, ...] = ()
-
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        mean, std = group_stats(rows.reward, rows.offsets)
-        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
-        return Scores(maxrl_scores(rows.reward, rows.offsets, self.epsilon), keep, mean, std)
 
 
 @dataclass(frozen=True)
