@@ -191,7 +191,10 @@ class GcsLock:
             except exceptions.PreconditionFailed:
                 pass
             except (exceptions.Forbidden, exceptions.Unauthorized) as e:
-                raise OutputError(f"--output {output}: no permission to write {self.path}: {e.code} {first_line(e.message)}") from None
+                from rescore.transforms.files.stores import refused_write
+
+                said = refused_write(self.path, e) or f"no permission to write {self.path}: {e.code} {first_line(e.message)}"
+                raise OutputError(f"--output {output}: {said}") from None
             bucket, _, name = self.path[len("gs://"):].partition("/")
             held = self.client.bucket(bucket).get_blob(name)
             if held is None:
@@ -288,7 +291,11 @@ class S3Lock:
             except ClientError as e:
                 code = _s3_code(e)
                 if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                    raise OutputError(f"--output {output}: no permission to write {self.path} ({code})") from None
+                    from rescore.transforms.files.stores import refused_write
+
+                    said = (refused_write(self.path, e) if code in ("AccessDenied", "403") else None) or (
+                        f"no permission to write {self.path} ({code})")
+                    raise OutputError(f"--output {output}: {said}") from None
                 if code in ("NotImplemented", "501"):
                     raise self._not_atomic(output) from None
                 if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
