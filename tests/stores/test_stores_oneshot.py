@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import threading
+import time
 
 import pytest
 from batched import run_many
@@ -140,3 +143,61 @@ def test_the_output_lock_has_exactly_one_winner(store):
         won[0].release()
         assert server.names(output) == []
         output_lock.acquire(output).release()
+
+
+def test_a_stale_or_orphaned_lock_is_taken_over_and_by_one_run_only(store, monkeypatch):
+    """The lock object a killed run left (its pid gone on this host) is taken over at once; one
+    whose heartbeat stopped (another host) is refused while fresh and taken over once older than
+    STALE_SECONDS; eight runs that find that stale lock at once: one takes it over, seven are told
+    who holds it now (the takeover deletes only the lock object it saw, the create is
+    create-if-absent). GCS: fake-gcs-server deletes whatever the generation, so there the race
+    runs once with the lock already taken over (real GCS applies ifGenerationMatch to a delete)."""
+    from rescore.errors import LockBusy
+    from rescore.transforms.files import lock as output_lock
+    from rescore.transforms.files import stores
+
+    server, bucket = store
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    output = f"{bucket}/orphaned"
+    lock = f"{output}/_rescore.lock"
+
+    def left_by(pid, host):
+        server.put(lock, json.dumps({"pid": pid, "host": host, "started": "2026-11-27T00:00:00+00:00"}).encode())
+
+    with store_environment(server):
+        stores.preflight([("--output", output)], server.beam_args)
+        left_by(gone.pid, socket.gethostname())
+        taken = output_lock.acquire(output)
+        assert json.loads(server.get(lock))["pid"] == os.getpid()
+        taken.release()
+        assert server.names(output) == []
+
+        left_by(1, "another-host")
+        with pytest.raises(LockBusy, match=r"being written by another run \(pid 1 on host another-host, started "):
+            output_lock.acquire(output)  # its heartbeat is fresh
+        time.sleep(1.5)
+        monkeypatch.setattr(output_lock, "STALE_SECONDS", 1.0)  # (600 s: the test would wait that long)
+        won, busy, other = [], [], []
+        racers = 8 if bucket.startswith("s3://") else 1
+        start = threading.Barrier(racers)
+
+        def take():
+            start.wait()
+            try:
+                won.append(output_lock.acquire(output))
+            except LockBusy as e:
+                busy.append(str(e))
+            except Exception as e:  # noqa: BLE001
+                other.append(repr(e))
+
+        threads = [threading.Thread(target=take) for _ in range(racers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert other == [] and len(won) == 1 and len(busy) == len(threads) - 1, (won, busy, other)
+        assert all(m.startswith(f"{output} is being written by another run (pid {os.getpid()} on host ") for m in busy)
+        assert json.loads(server.get(lock))["host"] == socket.gethostname()
+        won[0].release()
+        assert server.names(output) == []

@@ -332,13 +332,16 @@ class S3Lock:
         raise self._not_atomic(output)
 
     def _delete_if(self, client, etag: str) -> None:
-        """Delete the lock object if it is still the one with `etag` (a takeover or a release)."""
+        """Delete the lock object if it is still the one with `etag` (a takeover or a release):
+        a conditional delete (If-Match: S3 answers 412 where another run has written the lock
+        since), after a HEAD for a store that ignores the condition (there a takeover racing
+        another's can still delete the other's new lock)."""
         from botocore.exceptions import ClientError
 
         bucket, key = self._where()
         try:
             if client.head_object(Bucket=bucket, Key=key)["ETag"] == etag:
-                client.delete_object(Bucket=bucket, Key=key)
+                client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
         except ClientError:
             pass
 
