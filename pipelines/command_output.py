@@ -69,8 +69,7 @@ def claim(out: str, flag: str, names: tuple[str, ...], *, sources: list[str], ov
     """Every check of `out` before any work; OutputError (exit 2, one line) where the command must
     not write there. `names`: the command's file names; `sources`: the paths it reads (never
     written); `what`: the output's kind in messages ("export", "task statistics")."""
-    if "://" in out:
-        raise OutputError(f"{flag} {out}: this command writes a local directory")
+    refuse_bucket(out, flag)
     ownership.check_output_path(out, flag)  # a file, under a file, a dangling symlink, not writable
     real = os.path.realpath(out)
     for source in sources:
@@ -83,6 +82,21 @@ def claim(out: str, flag: str, names: tuple[str, ...], *, sources: list[str], ov
     ownership.check_not_input(out, [s for s in sources if os.path.isfile(s)])
     if directory and os.path.isdir(out):
         _claim_directory(out, flag, names, overwrite, what, legacy)
+
+
+def refuse_bucket(out: str, flag: str, command: str | None = None) -> None:
+    """OutputError (exit 2, one line, before any work) for an `out` in a bucket: these commands
+    check, stage and publish their files with a local disk's operations (listing, rename, the
+    ledger), so they write a local directory, which the user then copies (the line says how)."""
+    if "://" not in out:
+        return
+    kind, where = out.split("://", 1)[0].lower(), out.rstrip("/")
+    copy = {"gs": f"gcloud storage cp -r DIR {where}", "s3": f"aws s3 cp --recursive DIR {where}"}.get(kind)
+    raise OutputError(
+        f"{flag} {out}: {f'rescore {command}' if command else 'this command'} writes a local directory only (its "
+        "output checks and staged publish work on a local disk): write to a local DIR, then copy it to the bucket"
+        + (f" ({copy})" if copy else "")
+    )
 
 
 def claim_table(out: str, flag: str, *, sources: list[str]) -> None:

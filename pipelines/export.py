@@ -93,6 +93,7 @@ def run(argv: list[str]) -> dict:
     out = args.output
     from rescore.pipelines import command_output
 
+    command_output.refuse_bucket(out, "--output", "export")
     found = other_output(os.listdir(out), Kind.EXPORT) if "://" not in out and os.path.isdir(out) else None
     if found:  # never mixed into (nor, with --overwrite, over) another command's output: name it
         raise ConfigError(other_output_message(out, found))

@@ -124,22 +124,23 @@ def _check_target(to: str) -> None:
         ownership.check_output_path(to, "--to")
     except ownership.OutputError as e:
         raise ReportError(str(e)) from None
-    html_path = os.path.join(to, REPORT_HTML)
-    if os.path.exists(html_path) and not _is_report(html_path):
+    html_path = storage.join(to, REPORT_HTML)
+    if storage.exists(html_path) and not _is_report(html_path):
         raise ReportError(f"{html_path} is not a Rescore report, and Rescore replaces only its own files: "
                           "move it away or pass --to another directory")
     # A chart name is Rescore's where the directory's ledger lists it or the directory holds a
-    # Rescore report (MARKER); else it is the user's, and neither deleted nor replaced.
+    # Rescore report (MARKER); else it is the user's, and neither deleted nor replaced (in a
+    # bucket as on a disk).
     try:
-        ledger = ownership.read_ledger(to) if os.path.isdir(to) else None
+        ledger = ownership.read_ledger(to) if not storage.is_local(to) or os.path.isdir(to) else None
     except ownership.OutputError as e:
         raise ReportError(str(e)) from None
     if not _is_report(html_path):
         charts = [report_chart(name) for name in (*CHARTS, *OPTIONAL_CHARTS)]
-        theirs = [c for c in charts if os.path.exists(os.path.join(to, c)) and c not in (ledger or [])]
+        theirs = [c for c in charts if storage.exists(storage.join(to, c)) and c not in (ledger or [])]
         if theirs:
-            raise ReportError(f"{os.path.join(to, theirs[0])} is not Rescore's, and Rescore replaces only its own files: "
-                              "move it away or pass --to another directory")
+            raise ReportError(f"{storage.join(to, theirs[0])} is not Rescore's, and Rescore replaces only its own "
+                              "files: move it away or pass --to another directory")
 
 
 def _own(directory: str, paths) -> None:

@@ -167,9 +167,9 @@ def run(argv: list[str]) -> dict:
     if not 0 <= args.wait_for_lock < math.inf:
         raise ConfigError(f"--wait-for-lock must be a number of seconds >= 0, got {args.wait_for_lock}")
     out = args.output
-    if "://" in out:
-        raise ConfigError("rescore task-stats writes a local --output")
     from rescore.pipelines import command_output
+
+    command_output.refuse_bucket(out, "--output", "task-stats")
     from rescore.pipelines.beam_args import pipeline_args
 
     # The run command's parser of runner arguments, and its cluster-path refusal (one for every command).

@@ -19,11 +19,11 @@ What is fetched, into `$RESCORE_FLINK_CACHE` (default `~/.cache/rescore/flink`),
   shaded jar (`--flink_job_server_jar`). 2.62.0 is the newest version of it whose dependencies
   Maven Central serves (2.70.0's `beam-runners-java-job-service` is missing).
 
-The SDK workers: Docker is not used. Each TaskManager starts its Python SDK workers itself
-(`--environment_type=PROCESS`) with `WORKDIR/sdk_worker`, a small boot program written by `up`
-that does what Beam's container boot does (asks the runner's provision service for the
-pipeline options, then runs `apache_beam.runners.worker.sdk_worker_main`) with this Python, so
-every worker imports the Rescore and torch of this environment. One Beam worker pool shared by
+The SDK workers: Docker is not used. Each TaskManager (in its own `WORKDIR/taskmanager-N`) starts
+its Python SDK workers itself (`--environment_type=PROCESS`) with `WORKDIR/sdk_worker`, which asks
+`WORKDIR/sdk_zygote.py` (tools/flink_sdk_worker.py: Beam's container boot, with this Python, so
+every worker imports this environment's Rescore and torch) for one. `Cluster.private(paths)`
+hides the launcher's paths from the workers (a cluster without a shared disk). One Beam worker pool shared by
 two TaskManagers (`--environment_type=EXTERNAL`) does not work: both TaskManagers number their
 workers `1-1`, `2-1`, ... and the pool keys its processes by that id, so one TaskManager's
 "stop worker 1-1" kills the other's (its bundles then wait 3 minutes for a data channel and fail).
@@ -33,6 +33,8 @@ On Kubernetes each TaskManager pod has its own pool sidecar, where EXTERNAL is r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import shlex
@@ -159,174 +161,12 @@ def fetch() -> None:
 
 # ---------------------------------------------------------------------------------------- cluster
 
-_ZYGOTE = r"""
-# Beam SDK workers for --environment_type=PROCESS, forked from one process that has imported
-# Beam, torch and Rescore once (`sdk_worker`, the command each TaskManager runs, asks it for a
-# worker; Python's own forkserver does the same for multiprocessing). A worker does what the
-# SDK container's boot does: asks the runner's provision service for the pipeline options, then
-# runs Beam's sdk_worker_main. `--direct ARGS` boots one worker in this process (the fallback).
-import array, importlib, json, os, select, signal, socket, struct, sys, tempfile, traceback
-
-PRELOAD = ("grpc", "google.protobuf.json_format", "apache_beam.runners.worker.sdk_worker_main", "torch",
-           "rescore.transforms.read", "rescore.transforms.score", "rescore.transforms.write",
-           "rescore.transforms.finalize")
-
-
-def boot(argv):
-    import argparse
-    import grpc
-    from google.protobuf import json_format, text_format
-    from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc, endpoints_pb2
-
-    ap = argparse.ArgumentParser()
-    for name in ("id", "provision_endpoint", "control_endpoint", "logging_endpoint", "artifact_endpoint",
-                 "semi_persist_dir"):
-        ap.add_argument("--" + name, default="")
-    a, _ = ap.parse_known_args(argv)
-    with grpc.insecure_channel(a.provision_endpoint) as channel:
-        info = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel).GetProvisionInfo(
-            beam_provision_api_pb2.GetProvisionInfoRequest(), metadata=[("worker_id", a.id)]).info
-
-    def descriptor(url):
-        return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
-
-    os.environ["WORKER_ID"] = a.id
-    os.environ["PIPELINE_OPTIONS"] = json_format.MessageToJson(info.pipeline_options)
-    os.environ["CONTROL_API_SERVICE_DESCRIPTOR"] = descriptor(info.control_endpoint.url or a.control_endpoint)
-    os.environ["LOGGING_API_SERVICE_DESCRIPTOR"] = descriptor(info.logging_endpoint.url or a.logging_endpoint)
-    os.environ["RUNNER_CAPABILITIES"] = " ".join(info.runner_capabilities)
-    os.environ["SEMI_PERSISTENT_DIRECTORY"] = a.semi_persist_dir or tempfile.mkdtemp(prefix="beam-worker-")
-    from apache_beam.runners.worker import sdk_worker_main
-    sdk_worker_main.main(sys.argv[:1])
-
-
-def _worker(request, fds):
-    for i, fd in enumerate(fds):  # the TaskManager's pipes for the command it started
-        os.dup2(fd, i)
-    for fd in fds:
-        os.close(fd)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    sys.argv = request["argv"]
-    code = 0
-    try:
-        boot(request["argv"][1:])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _supervise(conn):
-    # the request: 4-byte length (with the client's stdin, stdout, stderr attached), then JSON
-    fds = array.array("i")
-    head, ancillary, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    (size,) = struct.unpack("!I", head)
-    payload = b""
-    while len(payload) < size:
-        chunk = conn.recv(size - len(payload))
-        if not chunk:
-            os._exit(1)
-        payload += chunk
-    request = json.loads(payload)
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
-        _worker(request, list(fds))
-    for fd in fds:
-        os.close(fd)
-    while True:  # the client's exit is the worker's: a client killed (EOF) takes its worker along
-        readable, _, _ = select.select([conn], [], [], 0.2)
-        if readable and not conn.recv(1):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os._exit(0)
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
-            os._exit(0)
-
-
-def serve(path):
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            print(f"sdk_zygote: not preloaded: {name} ({e})", file=sys.stderr, flush=True)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    if os.path.exists(path):
-        os.unlink(path)
-    server.bind(path + ".tmp")
-    server.listen(64)
-    os.rename(path + ".tmp", path)  # clients find it only once the imports are done
-    server.settimeout(1.0)
-    print(f"sdk_zygote: serving on {path}", file=sys.stderr, flush=True)
-    while True:
-        try:  # reap finished supervisors (so their CPU time counts in this process's children's)
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            pass
-        try:
-            conn, _ = server.accept()
-        except TimeoutError:
-            continue
-        conn.settimeout(None)
-        if os.fork() == 0:
-            server.close()
-            try:
-                _supervise(conn)
-            finally:
-                os._exit(1)
-        conn.close()
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "--serve":
-        serve(sys.argv[2])
-    else:  # --direct ARGS...
-        sys.argv = [sys.argv[0], *sys.argv[2:]]
-        boot(sys.argv[1:])
-"""
-
-_BOOT = """#!{python} -S
-# Beam SDK worker for --environment_type=PROCESS: asks sdk_zygote.py (SOCKET) for one, forked from
-# a process that has imported Beam, torch and Rescore already, and exits with its exit status;
-# killed, it takes the worker along. Where the zygote is not up, it boots the worker itself.
-# It dies with the TaskManager that started it (it watches its parent process), as a worker in
-# the TaskManager's container does: a TaskManager killed with kill -9 leaves no worker behind
-# that could go on writing a file the restarted task writes again.
-import array, json, os, select, socket, struct, sys
-
-parent = os.getppid()
-try:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect("{socket}")
-except OSError:
-    os.execv("{python}", ["{python}", "{zygote}", "--direct", *sys.argv[1:]])
-payload = json.dumps({"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-s.sendmsg([struct.pack("!I", len(payload))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
-s.sendall(payload)
-code = b""
-while len(code) < 4:
-    if not select.select([s], [], [], 0.2)[0]:
-        if os.getppid() != parent:  # the TaskManager is gone: so is its worker (our EOF)
-            sys.exit(1)
-        continue
-    chunk = s.recv(4 - len(code))
-    if not chunk:
-        sys.exit(1)
-    code += chunk
-sys.exit(struct.unpack("!i", code)[0])
-"""
+def _worker_module():
+    """tools/flink_sdk_worker.py (this file is loaded by path, not as a package)."""
+    spec = importlib.util.spec_from_file_location("flink_sdk_worker", Path(__file__).with_name("flink_sdk_worker.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -384,11 +224,27 @@ class Cluster:
     def start_taskmanager(self) -> int:
         """Start one more TaskManager (as `up` starts each); returns its pid."""
         n = len(self.pids("taskmanager"))
+        home = self.workdir / f"taskmanager-{n}"  # its SDK workers' working directory, not the launcher's
+        home.mkdir(exist_ok=True)
         pid = _spawn(self.state["taskmanager_command"], self.workdir / "log" / f"taskmanager-{n}.log",
-                     dict(os.environ, **self.state["env"]))
+                     dict(os.environ, **self.state["env"]), cwd=home)
         self.state["processes"].append({"role": "taskmanager", "pid": pid})
         (self.workdir / "cluster.json").write_text(json.dumps(self.state, indent=1))
         return pid
+
+    @contextlib.contextmanager
+    def private(self, paths: list[str]):
+        """While inside, the SDK workers that start cannot see `paths` (flink_sdk_worker.fence),
+        as on a cluster without a shared disk. Yields a function: {worker pid: how it was fenced}."""
+        fenced = self.workdir / "fenced"
+        shutil.rmtree(fenced, ignore_errors=True)
+        fenced.mkdir()
+        listing = self.workdir / "private-paths"
+        listing.write_text("".join(os.path.abspath(p) + "\n" for p in paths))
+        try:
+            yield lambda: {int(f.name): f.read_text() for f in fenced.iterdir()}
+        finally:
+            listing.unlink()
 
     def wait_for_taskmanagers(self, n: int, timeout: float = 120.0) -> None:
         deadline = time.time() + timeout
@@ -500,9 +356,9 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
             if probe.connect_ex(("localhost", rest_port)) == 0:
                 raise RuntimeError(f"port {rest_port} is in use (another Flink?): pass --rest-port PORT")
     zygote, sock = workdir / "sdk_zygote.py", workdir / "sdk_zygote.sock"
-    zygote.write_text(_ZYGOTE)
+    shutil.copyfile(Path(__file__).with_name("flink_sdk_worker.py"), zygote)
     boot = workdir / "sdk_worker"
-    boot.write_text(_BOOT.replace("{python}", python).replace("{zygote}", str(zygote)).replace("{socket}", str(sock)))
+    boot.write_text(_worker_module().BOOT.replace("{python}", python).replace("{zygote}", str(zygote)).replace("{socket}", str(sock)))
     boot.chmod(0o755)
     local = {
         "jobmanager.rpc.address": "localhost", "jobmanager.rpc.port": str(rpc), "jobmanager.bind-host": "localhost",
@@ -523,7 +379,7 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
     (conf / "flink-conf.yaml").write_text(cluster_conf(local))
     (workdir / "tmp").mkdir(exist_ok=True)
     (workdir / "log").mkdir(exist_ok=True)
-    extra = dict(env or {})
+    extra = dict(env or {}, RESCORE_FLINK_WORKDIR=str(workdir))  # the workers' fence (Cluster.private)
     env = dict(os.environ, **extra, FLINK_CONF_DIR=str(conf))
     cp = _classpath(home)
     log4j = conf / "log4j.properties"

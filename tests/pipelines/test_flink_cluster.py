@@ -1,5 +1,8 @@
 """Rescore on a real Flink cluster (one JobManager, two TaskManagers, 2 slots each) through
 Beam's FlinkRunner and job server: the same bytes as in-process, work on both TaskManagers;
+the chain case as on a cluster without a shared disk: input and output in an S3 server
+(tests/stores/servers.py), the launcher's local paths hidden from every SDK worker, no
+`--shared-filesystem`;
 TaskManagers killed with kill -9 while the job reads, scores and writes: the job recovers (the
 shipped cluster config's restart strategy and region failover) with the same bytes; the job
 server killed: one line, no `_SUCCESS`, the job cancelled on the cluster, and a rerun succeeds.
@@ -20,6 +23,8 @@ import pytest
 from data import SCHEMA_MULTI_STEP, multi_step_rows, write_parquet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "stores"))
+from servers import S3Server, Unavailable, upload_tree  # noqa: E402
 pytestmark = pytest.mark.slow  # under pytest-xdist, `--dist loadfile` runs them in one process: one cluster
 
 _spec = importlib.util.spec_from_file_location("flink_local", os.path.join(ROOT, "tools", "flink_local.py"))
@@ -29,10 +34,13 @@ _spec.loader.exec_module(flink_local)
 CHAIN = ["--strategy", "reward_variance,grpo,duplicate_informative", "--set", "std_cal_level=batch"]
 # GRPO on its own is not a case of its own: the chain runs it between the filter and the
 # duplication (and the recovery test runs the chain twice more); a Flink run costs a minute of CI.
+# The chain reads and writes a bucket (the only case that does: the other one, and the recovery
+# test, keep the local disk the cluster shares with the launcher).
 CASES = {
-    "filter-duplicate-chain": CHAIN,
+    "filter-duplicate-chain-in-s3": CHAIN,
     "multi-step-grpo": ["--algorithm", "multi_step_grpo"],
 }
+IN_A_BUCKET = {"filter-duplicate-chain-in-s3"}
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +65,19 @@ def flink(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server (tests/stores/servers.py) for this module."""
+    server = S3Server()
+    try:
+        server.start()
+    except Unavailable as e:
+        server.close()
+        pytest.skip(str(e))
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -99,22 +120,52 @@ def _work_per_taskmanager(cluster, jid):
     return per_tm
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_path, case):
+def _run_on_flink(flink, experience, out, args):
     from rescore.pipelines.cli import run
 
+    return run(["--config", os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience,
+                "--output", out, *args, *flink.beam_args(parallelism=4), "--max_bundle_size=700"])
+
+
+def _run_on_flink_in_s3(flink, s3, experience, launcher_dir, args):
+    """The run as on a cluster without a shared disk: the experience uploaded to the S3 server,
+    the output there, the store's settings in Beam's options only (--s3_endpoint_url...: they
+    reach the SDK workers with the pipeline options; nothing in any process's environment), and
+    the launcher's local paths (the experience's folder, this test's tmp_path) hidden from every
+    SDK worker of the job. Returns (the run's document, {scored file: bytes}, the bucket's names)."""
+    local_in = os.path.dirname(experience)
+    bucket = s3.bucket("flink-cluster")
+    upload_tree(s3, local_in, f"{bucket}/experience")
+    out = f"{bucket}/scored/chain"
+    # the server's port is new: only the pipeline options can tell the SDK workers where it is
+    assert s3.url not in repr(flink.state) and s3.url not in repr(dict(os.environ))
+    with flink.private([local_in, launcher_dir]) as fenced:
+        doc = _run_on_flink(flink, f"{bucket}/experience/*.parquet", out, [*args, *s3.beam_args])
+        how = fenced()
+    print(f"SDK workers fenced off the launcher's paths: {sorted(how.values())}")  # shown by -rP
+    assert how, "no SDK worker of the job started while the launcher's paths were private"
+    assert set(how.values()) <= {"mount namespace", "audit hook"}
+    names = s3.names(out)
+    return doc, {n: s3.get(f"{out}/{n}") for n in names if n.endswith(".parquet")}, names
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_flink_output_is_byte_identical_to_in_process(flink, experience, tmp_path, case, request):
     args = CASES[case]
     expected = _in_process(experience, str(tmp_path / "local"), args)
     since = int(time.time() * 1000)
     cpu = flink.cpu_seconds() + _own_cpu_seconds()
-    out = str(tmp_path / "flink")
-    doc = run(["--config", os.path.join(ROOT, "run_configs", "flink.yaml"), "--input", experience,
-               "--output", out, *args, *flink.beam_args(parallelism=4), "--max_bundle_size=700"])
+    if case in IN_A_BUCKET:
+        doc, got, names = _run_on_flink_in_s3(flink, request.getfixturevalue("s3"), experience, str(tmp_path), args)
+        assert "_SUCCESS" in names and "metrics.json" in names
+    else:
+        out = str(tmp_path / "flink")
+        doc = _run_on_flink(flink, experience, out, args)
+        assert os.path.exists(os.path.join(out, "_SUCCESS"))
+        got = _files(out)
     print(f"Flink run: {time.time() - since / 1000:.0f} s wall, "  # shown by -rP (docs/runners.md's figures)
           f"{flink.cpu_seconds() + _own_cpu_seconds() - cpu:.0f} CPU-s (cluster, SDK workers, job server, launcher)")
     assert doc["totals"]["rows_read"] == sum(1 for _ in multi_step_rows(31))
-    assert os.path.exists(os.path.join(out, "_SUCCESS"))
-    got = _files(out)
     assert sorted(got) == sorted(expected) and got == expected  # values and row order, per file
     (job,) = _flink_jobs(flink, since)
     assert job["state"] == "FINISHED"

@@ -114,6 +114,32 @@ def test_report_task_stats_and_export_from_a_bucket(bucket, local_readers, runs,
     assert pq.read_table(tmp_path / "sft" / "sft.parquet").equals(pq.read_table(local_readers / "sft" / "sft.parquet"))
 
 
+@pytest.mark.slow
+def test_commands_that_publish_locally_refuse_a_bucket_and_report_keeps_a_users_chart(bucket, runs):
+    """task-stats and export write a local directory only: --output in a bucket is exit 2 and one
+    line saying why and how to copy it there, nothing written. report --to a bucket holding a
+    chart Rescore did not write: refused as on a disk, the chart untouched."""
+    scheme, server, env, urls = bucket
+    base = urls["oneshot"].rsplit("/", 1)[0]
+    copy = {"gs": "gcloud storage cp -r DIR", "s3": "aws s3 cp --recursive DIR"}[scheme]
+    why = "writes a local directory only (its output checks and staged publish work on a local disk): write to a " \
+          "local DIR, then copy it to the bucket"
+    for argv, command in ((["task-stats", "--input", urls["table"], "--output", f"{base}/stats", RUNNER], "task-stats"),
+                          (["task-stats", "--input", urls["table"], "--output", f"{base}/stats", "--incremental", RUNNER],
+                           "task-stats"),
+                          (["export", urls["table"], "--output", f"{base}/sft", "--format", "sft"], "export")):
+        code, err = runs.run(argv, env)
+        assert (code, err) == (2, f"rescore: error: --output {argv[argv.index('--output') + 1]}: rescore {command} "
+                                  f"{why} ({copy} {argv[argv.index('--output') + 1]})\n"), err
+    mine = f"{base}/mine"
+    server.put(f"{mine}/report-reward.png", b"the user's own chart")
+    code, err = runs.run(["report", urls["oneshot"], "--to", mine], env)
+    assert (code, err) == (2, f"rescore: error: {mine}/report-reward.png is not Rescore's, and Rescore replaces only "
+                              "its own files: move it away or pass --to another directory\n"), err
+    assert server.names(mine) == ["report-reward.png"] and server.get(f"{mine}/report-reward.png") == b"the user's own chart"
+    assert not [n for n in server.names(base) if n.startswith(("stats/", "sft/"))]
+
+
 def test_an_unfinished_or_damaged_output_in_a_bucket_is_one_line(bucket, local, runs):
     scheme, server, env, urls = bucket
     base = urls["oneshot"].rsplit("/", 1)[0]

@@ -59,3 +59,20 @@ def test_settings_that_make_a_commit_unsafe_are_refused(monkeypatch, where, name
 def test_safe_settings_pass(monkeypatch):
     monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "false")
     check_settings("s3://b/t", {"aws_conditional_put": "etag"})
+
+
+def test_a_table_path_in_a_bucket_that_delta_rs_would_cut_or_decode_is_refused():
+    """delta-rs takes a bucket path as a URL: '#' and '?' would cut it (the table written
+    elsewhere), a percent escape would be decoded on reading. Spaces and Unicode pass."""
+    from rescore.transforms.files.delta_table import check_table_path
+
+    for path, said in (("s3://b/day #2", "'#', which delta-rs reads as the start of a URL's fragment"),
+                       ("gs://b/t?x=1", "'?', which delta-rs reads as the start of a URL's query"),
+                       ("gs://b/t%41", "a percent escape ('%41'), which delta-rs decodes when it reads the table")):
+        with pytest.raises(ConfigError) as e:
+            check_table_path(path, ConfigError)
+        assert str(e.value) == (f"{path}: a Delta table's path in a bucket cannot hold {said}"
+                                + (" (it would write the table at the path cut there)" if "URL" in said else "")
+                                + "; pick a path without '#', '?' or '%' followed by two hex digits")
+    check_table_path("s3://b/tables/день 1 é", ConfigError)
+    check_table_path("gs://b/100% done", ConfigError)

@@ -83,9 +83,12 @@ def test_gcs_a_refused_write_or_a_restarted_server_fail_with_one_line_and_a_reru
             args = ["--input", f"{bucket}/in/*.parquet", "--strategy", "grpo", RUNNER, "--quiet", *beam]
             runs = run_many(tmp_path, [([*args, "--output", refused], env), ([*args, "--output", restarted], env)])
         assert stopped.hits == 1 and any(status == 0 for _, _, status in proxy.requests)  # it found the server gone
-        # (google-resumable-media's message: "(403, 'Expected one of', <HTTPStatus.OK: 200>, ...)")
-        for (code, err), status in zip(runs, (403, 404)):
-            assert code == 1 and err.count("\n") == 1 and err.startswith(f"rescore: error: pipeline failed: ({status}, "), err
+        # the refusal names the object and what to check (google-resumable-media's own message was
+        # "(403, 'Expected one of', <HTTPStatus.OK: 200>, ...)"); the lost upload session is its own
+        for (code, err), start in zip(runs, (f"no permission to write {refused}/_staging/scored-", "(404, ")):
+            assert code == 1 and err.count("\n") == 1 and err.startswith(f"rescore: error: pipeline failed: {start}"), err
+        assert "(403 the retention policy forbids it): check that the account the run writes with" in runs[0][1]
+        assert f"objects in {bucket} (storage.objects.create, storage.objects.delete)" in runs[0][1]
         for output in (refused, restarted):
             assert "_SUCCESS" not in server.names(output) and "metrics.json" not in server.names(output)
             _run_in_process(server.env, [], bucket, output)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import threading
+import time
 
 import pytest
 from batched import run_many
@@ -52,13 +55,18 @@ def test_one_shot_run_in_a_bucket_equals_the_local_run_and_keeps_the_output_rule
     a second run without --overwrite (refused), with it (the same bytes again), a run into an
     output holding a file Rescore did not write (refused, the file kept), a run into an output
     whose lock another run holds (refused, naming the holder), and a run through a store that
-    ignores the lock's condition (refused: the lock could not be atomic)."""
+    ignores the lock's condition (refused: the lock could not be atomic). The input and the output
+    have a space, Unicode, '#' and '?' in their names (a glob's literal '?' is `[?]`): every object
+    has exactly its name. An incremental table at such a path is refused before any work: delta-rs
+    would write it at the path cut at the '#'."""
     from rescore.transforms.files import lock as output_lock
 
     server, bucket = store
     scheme = bucket.split("://")[0]
-    output = f"{bucket}/out/grpo"
-    doc = _run(server, "--input", f"{bucket}/in/*.parquet", "--output", output, "--strategy", "grpo")
+    output = f"{bucket}/out é #1 ?x/grpo"
+    for name in ("part-0.parquet", "part-1.parquet"):
+        server.put(f"{bucket}/in dir é#?/{name}", server.get(f"{bucket}/in/{name}"))
+    doc = _run(server, "--input", f"{bucket}/in dir é#[?]/*.parquet", "--output", output, "--strategy", "grpo")
     assert doc["totals"]["rows_written"] == local_run[0]["totals"]["rows_written"] == 64
     names = _same_as_local(server, output, local_run)
     assert set(names) == {"_SUCCESS", "_rescore_files.json", "metrics.json", *local_run[1]}
@@ -83,11 +91,12 @@ def test_one_shot_run_in_a_bucket_equals_the_local_run_and_keeps_the_output_rule
                 ([*args, "--output", theirs, *server.beam_args], server.env),
                 ([*args, "--output", held, *server.beam_args], server.env),
                 ([*args, "--output", unguarded, *proxy_beam], proxy_env),
+                ([*args, "--output", f"{bucket}/day #2", "--incremental", *server.beam_args], server.env),
             ])
     finally:
         with store_environment(server):
             holder.release()
-    (finished, _), (overwrite, overwrite_err), (foreign, _), (locked, locked_err), (unsafe, unsafe_err) = runs
+    (finished, _), (overwrite, overwrite_err), (foreign, _), (locked, locked_err), (unsafe, unsafe_err), cut = runs
     assert (finished, runs[0][1]) == (2, f"rescore: error: {output} already holds a finished run (_SUCCESS); pass --overwrite to replace it\n")
     assert overwrite == 0, overwrite_err
     _same_as_local(server, output, local_run)
@@ -101,20 +110,20 @@ def test_one_shot_run_in_a_bucket_equals_the_local_run_and_keeps_the_output_rule
     what = "conditional writes (If-None-Match)" if scheme == "s3" else "generation preconditions (ifGenerationMatch=0)"
     assert unsafe == 2 and unsafe_err.count("\n") == 1 and f"--output {unguarded}: this " in unsafe_err and what in unsafe_err, unsafe_err
     assert server.names(unguarded) == []
+    assert cut == (2, f"rescore: error: {bucket}/day #2: a Delta table's path in a bucket cannot hold '#', which "
+                      "delta-rs reads as the start of a URL's fragment (it would write the table at the path cut there); "
+                      "pick a path without '#', '?' or '%' followed by two hex digits\n"), cut
+    assert not [n for n in server.names(bucket) if n.startswith("day")]
 
 
-def test_the_output_lock_has_exactly_one_winner(store):
-    """Eight runs take the lock of one output at once: the store's conditional create (GCS
-    ifGenerationMatch=0, S3 If-None-Match: *) lets exactly one through; the others are told who
-    holds it. Released, it can be taken again."""
+def _race(output: str, racers: int) -> list:
+    """`racers` threads take the output's lock at once: exactly one wins, the others are told
+    that this process holds it; returns [the winner's lock]."""
     from rescore.errors import LockBusy
     from rescore.transforms.files import lock as output_lock
-    from rescore.transforms.files import stores
 
-    server, bucket = store
-    output = f"{bucket}/raced"
     won, busy, other = [], [], []
-    start = threading.Barrier(8)
+    start = threading.Barrier(racers)
 
     def take():
         start.wait()
@@ -125,18 +134,70 @@ def test_the_output_lock_has_exactly_one_winner(store):
         except Exception as e:  # noqa: BLE001
             other.append(repr(e))
 
+    threads = [threading.Thread(target=take) for _ in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert other == [] and len(won) == 1 and len(busy) == racers - 1, (won, busy, other)
+    assert all(m.startswith(f"{output} is being written by another run (pid {os.getpid()} on host ") for m in busy)
+    return won
+
+
+def test_the_output_lock_has_exactly_one_winner(store):
+    """Eight runs take the lock of one output at once: the store's conditional create (GCS
+    ifGenerationMatch=0, S3 If-None-Match: *) lets exactly one through; the others are told who
+    holds it. Released, it can be taken again."""
+    from rescore.transforms.files import lock as output_lock
+    from rescore.transforms.files import stores
+
+    server, bucket = store
+    output = f"{bucket}/raced"
     with store_environment(server):
         stores.preflight([("--output", output)], server.beam_args)
-        threads = [threading.Thread(target=take) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert other == [] and len(won) == 1 and len(busy) == 7, (won, busy, other)
-        assert all(m.startswith(f"{output} is being written by another run (pid {os.getpid()} on host ") for m in busy)
+        won = _race(output, 8)
         assert server.names(output) == ["_rescore.lock"]
         holder = json.loads(server.get(f"{output}/_rescore.lock"))
         assert holder["pid"] == os.getpid()
         won[0].release()
         assert server.names(output) == []
         output_lock.acquire(output).release()
+
+
+def test_a_stale_or_orphaned_lock_is_taken_over_and_by_one_run_only(store, monkeypatch):
+    """The lock object a killed run left (its pid gone on this host) is taken over at once; one
+    whose heartbeat stopped (another host) is refused while fresh and taken over once older than
+    STALE_SECONDS; eight runs that find that stale lock at once: one takes it over, seven are told
+    who holds it now (the takeover deletes only the lock object it saw, the create is
+    create-if-absent). GCS: fake-gcs-server deletes whatever the generation, so there the race
+    runs once with the lock already taken over (real GCS applies ifGenerationMatch to a delete)."""
+    from rescore.errors import LockBusy
+    from rescore.transforms.files import lock as output_lock
+    from rescore.transforms.files import stores
+
+    server, bucket = store
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    output = f"{bucket}/orphaned"
+    lock = f"{output}/_rescore.lock"
+
+    def left_by(pid, host):
+        server.put(lock, json.dumps({"pid": pid, "host": host, "started": "2026-11-27T00:00:00+00:00"}).encode())
+
+    with store_environment(server):
+        stores.preflight([("--output", output)], server.beam_args)
+        left_by(gone.pid, socket.gethostname())
+        taken = output_lock.acquire(output)
+        assert json.loads(server.get(lock))["pid"] == os.getpid()
+        taken.release()
+        assert server.names(output) == []
+
+        left_by(1, "another-host")
+        with pytest.raises(LockBusy, match=r"being written by another run \(pid 1 on host another-host, started "):
+            output_lock.acquire(output)  # its heartbeat is fresh
+        time.sleep(1.5)
+        monkeypatch.setattr(output_lock, "STALE_SECONDS", 1.0)  # (600 s: the test would wait that long)
+        won = _race(output, 8 if bucket.startswith("s3://") else 1)
+        assert json.loads(server.get(lock))["host"] == socket.gethostname()
+        won[0].release()
+        assert server.names(output) == []

@@ -24,15 +24,19 @@ def test_gcs_credentials_bucket_and_permission(gcs_server, tmp_path):
     empty.mkdir()
     no_credentials = {"STORAGE_EMULATOR_HOST": None, "GOOGLE_APPLICATION_CREDENTIALS": None,
                       "CLOUDSDK_CONFIG": str(empty), "NO_GCE_CHECK": "True", "GCE_METADATA_HOST": "127.0.0.1:9"}
-    with FaultProxy(gcs_server.url) as proxy:
+    with FaultProxy(gcs_server.url) as proxy, FaultProxy(gcs_server.url) as denied:
         proxy.add(method="GET", path="/b/rescore-pre/o?", status=403, times=None,
                   body=b'{"error": {"code": 403, "message": "caller does not have storage.objects.list access"}}')
+        denied.add(method="POST", path="/upload/storage/v1/b/rescore-pre/o", status=403, times=None,
+                   body=b'{"error": {"code": 403, "message": "caller does not have storage.objects.create access"}}')
         started = time.monotonic()
         runs = run_many(tmp_path, [
             # first: Beam remembers, per process, the credentials it found
             (_args(f"{bucket}/in/*.parquet", f"{bucket}/out"), no_credentials),
             (_args("gs://rescore-no-such-bucket/in/*.parquet", f"{bucket}/out"), gcs_server.env),
             (_args(f"{bucket}/in/*.parquet", f"{bucket}/out"), {**gcs_server.env, "STORAGE_EMULATOR_HOST": proxy.url}),
+            # it may read, not write: the output lock, its first write, is refused
+            (_args(f"{bucket}/in/*.parquet", f"{bucket}/out"), {**gcs_server.env, "STORAGE_EMULATOR_HOST": denied.url}),
         ])
         elapsed = time.monotonic() - started
     expected = [
@@ -40,7 +44,12 @@ def test_gcs_credentials_bucket_and_permission(gcs_server, tmp_path):
         "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file",
         "rescore: error: --input gs://rescore-no-such-bucket/in/*.parquet: bucket gs://rescore-no-such-bucket does not exist",
         f"rescore: error: --output {bucket}/out: no permission to list gs://rescore-pre: 403 caller does not have "
-        "storage.objects.list access",
+        "storage.objects.list access; check that the account the run reads with (on a cluster, its workers' service "
+        "account) may list and read objects in gs://rescore-pre (storage.objects.list, storage.objects.get)",
+        f"rescore: error: --output {bucket}/out: no permission to write {bucket}/out/_rescore.lock (403 caller does not "
+        "have storage.objects.create access): check that the account the run writes with (on a cluster, its workers' "
+        "service account) may create and delete objects in gs://rescore-pre (storage.objects.create, "
+        "storage.objects.delete) and that no retention policy or object hold forbids it",
     ]
     assert [(code, err) for code, err in runs] == [(2, e + "\n") for e in expected]
     assert gcs_server.names(bucket) == ["in/part-0.parquet"]  # nothing written
@@ -68,7 +77,8 @@ def test_s3_credentials_bucket_and_permission(s3_server, tmp_path):
         f"rescore: error: --output {bucket}/out: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass --s3_access_key_id and --s3_secret_access_key",
         "rescore: error: --input s3://rescore-no-such-bucket/in/*.parquet: bucket s3://rescore-no-such-bucket does not exist",
-        f"rescore: error: --output {bucket}/out: no permission to list s3://rescore-pre (AccessDenied): Access Denied",
+        f"rescore: error: --output {bucket}/out: no permission to list s3://rescore-pre (AccessDenied): Access Denied; "
+        "check that the credentials the run reads with allow s3:ListBucket and s3:GetObject on s3://rescore-pre",
     ]
     assert [(code, err) for code, err in runs] == [(2, e + "\n") for e in expected]
     assert s3_server.names(bucket) == ["in/part-0.parquet"]

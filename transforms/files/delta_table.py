@@ -67,8 +67,19 @@ def check_table_path(path: str, error: type[Exception] = NotFinishedOutputError)
     """Refuse, in one line, a local table path that delta-rs cannot open: one holding a percent
     escape (`%41`), which delta-rs decodes when it reads the table back (it would write the
     table, then read `tA`). Spaces, '#', '%' not followed by two hex digits and any other
-    Unicode work. Checked on the absolute and the real path (delta-rs resolves symlinks)."""
+    Unicode work. Checked on the absolute and the real path (delta-rs resolves symlinks).
+    In a bucket (gs://, s3://) delta-rs takes the path as a URL: a '#' or '?' in it starts the
+    URL's fragment or query, so the table would be written at the path cut there, outside the
+    output (s3://b/day #2 -> s3://b/day ); refused as well. Spaces and other Unicode work."""
     if not storage.is_local(path):
+        odd = next((ch for ch in ("#", "?") if ch in path.split("://", 1)[-1]), None)
+        m = PERCENT_ESCAPE.search(path)
+        if odd or m:
+            said = f"{odd!r}, which delta-rs reads as the start of a URL's {'fragment' if odd == '#' else 'query'} " \
+                   "(it would write the table at the path cut there)" if odd else \
+                   f"a percent escape ({m.group(0)!r}), which delta-rs decodes when it reads the table"
+            raise error(f"{path}: a Delta table's path in a bucket cannot hold {said}; pick a path without "
+                        "'#', '?' or '%' followed by two hex digits")
         return
     for spelt in {os.path.abspath(path), os.path.realpath(path)}:
         m = PERCENT_ESCAPE.search(spelt)

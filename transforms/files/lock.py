@@ -191,7 +191,10 @@ class GcsLock:
             except exceptions.PreconditionFailed:
                 pass
             except (exceptions.Forbidden, exceptions.Unauthorized) as e:
-                raise OutputError(f"--output {output}: no permission to write {self.path}: {e.code} {first_line(e.message)}") from None
+                from rescore.transforms.files.stores import refused_write
+
+                said = refused_write(self.path, e) or f"no permission to write {self.path}: {e.code} {first_line(e.message)}"
+                raise OutputError(f"--output {output}: {said}") from None
             bucket, _, name = self.path[len("gs://"):].partition("/")
             held = self.client.bucket(bucket).get_blob(name)
             if held is None:
@@ -288,7 +291,11 @@ class S3Lock:
             except ClientError as e:
                 code = _s3_code(e)
                 if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                    raise OutputError(f"--output {output}: no permission to write {self.path} ({code})") from None
+                    from rescore.transforms.files.stores import refused_write
+
+                    said = (refused_write(self.path, e) if code in ("AccessDenied", "403") else None) or (
+                        f"no permission to write {self.path} ({code})")
+                    raise OutputError(f"--output {output}: {said}") from None
                 if code in ("NotImplemented", "501"):
                     raise self._not_atomic(output) from None
                 if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
@@ -325,13 +332,16 @@ class S3Lock:
         raise self._not_atomic(output)
 
     def _delete_if(self, client, etag: str) -> None:
-        """Delete the lock object if it is still the one with `etag` (a takeover or a release)."""
+        """Delete the lock object if it is still the one with `etag` (a takeover or a release):
+        a conditional delete (If-Match: S3 answers 412 where another run has written the lock
+        since), after a HEAD for a store that ignores the condition (there a takeover racing
+        another's can still delete the other's new lock)."""
         from botocore.exceptions import ClientError
 
         bucket, key = self._where()
         try:
             if client.head_object(Bucket=bucket, Key=key)["ETag"] == etag:
-                client.delete_object(Bucket=bucket, Key=key)
+                client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
         except ClientError:
             pass
 

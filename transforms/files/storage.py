@@ -168,11 +168,47 @@ def write_parquet(table: pa.Table, path: str, *, use_dictionary: bool | list[str
 
 
 def create(path: str):
-    """A binary file object writing `path` (not local: an object store's upload, visible on close)."""
+    """A binary file object writing `path` (not local: an object store's upload, visible on close;
+    a write the store refuses for want of permission is an OSError whose one line names the path
+    and what to check)."""
     if path.startswith("s3://"):
-        return _S3Upload(path)
+        return _Refusals(_S3Upload(path), path)
     fs, codecs = _beam()
-    return fs.create(path, compression_type=codecs.UNCOMPRESSED)
+    return _Refusals(fs.create(path, compression_type=codecs.UNCOMPRESSED), path)
+
+
+class _Refusals:
+    """A store's upload file whose write and close turn a refusal (401, 403) into one line
+    (stores.refused_write); anything else passes through."""
+
+    def __init__(self, upload, path: str):
+        self._upload, self._path = upload, path
+
+    def _guarded(self, call, *args):
+        try:
+            return call(*args)
+        except Exception as e:
+            from rescore.transforms.files.stores import refused_write
+
+            line = refused_write(self._path, e)
+            if line is None:
+                raise
+            raise PermissionError(line) from e
+
+    def write(self, data) -> int:
+        return self._guarded(self._upload.write, data)
+
+    def close(self) -> None:
+        self._guarded(self._upload.close)
+
+    def __getattr__(self, name):
+        return getattr(self._upload, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # Object stores: the calls Beam's filesystems make in a way a store cannot take are made here

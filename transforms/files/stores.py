@@ -124,7 +124,9 @@ def _check_gcs(flag: str, path: str, bucket: str, prefix: str, options) -> None:
     except exceptions.NotFound:
         raise ConfigError(f"{flag} {path}: bucket gs://{bucket} does not exist") from None
     except (exceptions.Forbidden, exceptions.Unauthorized) as e:
-        raise ConfigError(f"{flag} {path}: no permission to list gs://{bucket}: {_gcs_message(e)}") from None
+        raise ConfigError(f"{flag} {path}: no permission to list gs://{bucket}: {_gcs_message(e)}; check that the "
+                          "account the run reads with (on a cluster, its workers' service account) may list and read "
+                          f"objects in gs://{bucket} (storage.objects.list, storage.objects.get)") from None
     except auth_exceptions.GoogleAuthError as e:
         raise ConfigError(f"{flag} {path}: Google Cloud credentials refused: {first_line(e)}") from None
     except (exceptions.GoogleAPIError, OSError) as e:
@@ -139,6 +141,48 @@ def _gcs_message(error: BaseException) -> str:
     message = re.sub(r"^(GET|POST|PUT|PATCH|DELETE|HEAD) \S+: ", "", first_line(message))
     code = getattr(error, "code", None)
     return first_line(f"{code} {message}" if code else message)
+
+
+def _status_and_message(error: BaseException) -> tuple[int | None, str]:
+    """The HTTP status and the store's own message of a client error: google-api-core's
+    (`code`, `message`), google-resumable-media's InvalidResponse (an upload: the response, its
+    JSON error), botocore's ClientError; (None, "") for anything else."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # botocore
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        info = response.get("Error", {})
+        return status, first_line(info.get("Message") or info.get("Code") or "", blank="")
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):  # google's clients: the HTTP response, its JSON error's message
+        try:
+            return status, first_line(str(response.json()["error"]["message"]), blank="")
+        except Exception:  # noqa: BLE001  (not JSON)
+            pass
+    code = getattr(error, "code", None)
+    if isinstance(code, int) and hasattr(error, "message"):  # google-api-core
+        return code, _gcs_message(error).removeprefix(f"{code} ")
+    if isinstance(status, int):  # google-resumable-media: the body's first line
+        return status, first_line(getattr(response, "text", "") or "", blank="")
+    return None, ""
+
+
+def refused_write(path: str, error: BaseException) -> str | None:
+    """One line for a write to `path` that the store refused for want of permission (401, 403),
+    naming the path and what to check; None for any other error (left as it is). A refused
+    upload otherwise reads `(403, 'Expected one of', <HTTPStatus.OK: 200>, ...)`."""
+    status, message = _status_and_message(error)
+    if status not in (401, 403):
+        return None
+    said = f"{status} {message}".strip()
+    bucket = split(path)[0] if "://" in path else ""
+    if scheme(path) == "gs":
+        return (f"no permission to write {path} ({said}): check that the account the run writes with (on a cluster, "
+                f"its workers' service account) may create and delete objects in gs://{bucket} "
+                "(storage.objects.create, storage.objects.delete) and that no retention policy or object hold forbids it")
+    if scheme(path) in ("s3", "s3a"):
+        return (f"no permission to write {path} ({said}): check that the credentials the run writes with (on a "
+                f"cluster, its workers') allow s3:PutObject and s3:DeleteObject on s3://{bucket}")
+    return f"no permission to write {path} ({said})"
 
 
 def s3_client(options):
@@ -180,7 +224,8 @@ def _check_s3(flag: str, path: str, bucket: str, prefix: str, options) -> None:
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
             raise ConfigError(f"{flag} {path}: AWS credentials refused ({code}): {message}") from None
         if code in ("AccessDenied", "AllAccessDisabled", "403") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 403:
-            raise ConfigError(f"{flag} {path}: no permission to list s3://{bucket} ({code}): {message}") from None
+            raise ConfigError(f"{flag} {path}: no permission to list s3://{bucket} ({code}): {message}; check that the "
+                              f"credentials the run reads with allow s3:ListBucket and s3:GetObject on s3://{bucket}") from None
         raise ConfigError(f"{flag} {path}: S3 answered {code or 'an error'}: {message}") from None
     except bexc.BotoCoreError as e:
         raise ConfigError(f"{flag} {path}: S3 did not answer: {first_line(e)}") from None
