@@ -60,6 +60,8 @@ from rescore.transforms.strategies.registry import ConfigError
 from rescore.transforms.strategies.features import CLIPB_FEATURE
 from rescore.transforms.strategies.features import TOKEN_BASELINE_FEATURE as FEATURE  # the need's prefix (features.py)
 from rescore.transforms.strategies.flat import action_means, flat_segment_sum
+from rescore.transforms.strategies.offpolicy_correct import correct, rows_tensors
+from rescore.transforms.strategies.offpolicy_tensors import unpadded
 from rescore.transforms.strategies.segments import group_stats
 
 OTB_EPSILON = 1e-8
@@ -310,9 +312,7 @@ class OptimalTokenBaseline(OptimalTokenBaselineParams):
         spp = _aligned(rows, "sum_pi_squared", lengths, bad)
         isw = _aligned(rows, IS_WEIGHTS, lengths, bad) if self.rollout_is_weights else None
         if correction is not None:
-            from rescore.transforms.strategies.offpolicy import _rows_tensors, correct, unpadded
-
-            _, logprobs, behaviour, padded_mask, dropped = _rows_tensors(correction, rows)
+            _, logprobs, behaviour, padded_mask, dropped = rows_tensors(correction, rows)
             c = correct(correction, logprobs, behaviour, padded_mask)
             mask, isw = unpadded(c.mask, lengths), unpadded(c.weights, lengths)
             bad |= dropped  # the correction drops these rows itself
@@ -443,9 +443,7 @@ class ClipB(ClipBParams):
         bad = np.zeros(len(lengths), dtype=bool)
         s = self._signal(rows, lengths, bad)
         if correction is not None:
-            from rescore.transforms.strategies.offpolicy import _rows_tensors, correct, unpadded
-
-            _, logprobs, behaviour, padded_mask, dropped = _rows_tensors(correction, rows)
+            _, logprobs, behaviour, padded_mask, dropped = rows_tensors(correction, rows)
             mask = unpadded(correct(correction, logprobs, behaviour, padded_mask).mask, lengths)
             bad |= dropped
         m = np.where(np.repeat(bad, lengths), 0.0, mask)
