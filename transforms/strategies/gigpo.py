@@ -32,7 +32,7 @@ from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import GiGPOParams
 from rescore.transforms.strategies.registry import WHOLE_BATCH
 from rescore.transforms.strategies.segments import group_stats, per_row, run_offsets, segment_sum
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE
+from rescore.transforms.strategies.features import OptionalColumn
 
 
 def normalise(values: Tensor, offsets: Tensor, *, fnorm: str, epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -114,7 +114,7 @@ class GiGPO(GiGPOParams):
         # The step-reward column is used where the input has it, as Trinity uses the info key.
         return (
             self.env_state_hash_key,
-            *((OPTIONAL_FEATURE + self.step_reward_key,) if self.step_reward_key else ()),
+            *((OptionalColumn(self.step_reward_key),) if self.step_reward_key else ()),
             *((WHOLE_BATCH,) if self.anchor_scope == "batch" else ()),
         )
 

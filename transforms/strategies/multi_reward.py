@@ -20,7 +20,7 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import NormalizeThenSumParams
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum
-from rescore.transforms.strategies.features import NULLABLE_FEATURE
+from rescore.transforms.strategies.features import NullableColumn
 
 
 def abstaining_zscores(values: Tensor, offsets: Tensor, epsilon: float) -> Tensor:
@@ -51,7 +51,7 @@ class NormalizeThenSum(NormalizeThenSumParams):
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return tuple(NULLABLE_FEATURE + k for k in self.reward_keys)
+        return tuple(NullableColumn(k) for k in self.reward_keys)
 
     @property
     def keys(self) -> tuple[str, ...]:

@@ -46,9 +46,9 @@ the settings applied in order (offpolicy_correct.py: correct, REASONS); the para
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ from rescore.transforms.strategies.offpolicy_spec import parse_is_threshold
 from rescore.transforms.strategies.offpolicy_tensors import seq_sum, unpadded
 from rescore.transforms.strategies.offpolicy_trl import off_policy_sequence_mask
 from rescore.transforms.strategies.offpolicy_verl import METRIC_SUMS, batch_normalize_factor, batch_normalize_terms, metric_terms, offpolicy_metrics
-from rescore.transforms.strategies.features import OFFPOLICY_FEATURE as FEATURE  # the need's prefix (features.py)
+from rescore.transforms.strategies.features import Feature, FeatureRows
 from rescore.transforms.strategies.segments import group_stats
 
 
@@ -76,9 +76,8 @@ class RolloutCorrection(RolloutCorrectionParams):
     in `action_mask` (the input's kept as `action_mask_original`)."""
 
     @property
-    def needs(self) -> tuple[str, ...]:
-        params = json.dumps(self.params, sort_keys=True, separators=(",", ":"))
-        out = ["logprobs", self.behaviour_logprobs, f"{FEATURE}{self.name}:{params}"]
+    def needs(self) -> tuple:
+        out = ["logprobs", self.behaviour_logprobs, CorrectionMasks(self)]
         if self.max_staleness is not None:
             out.append(self.model_version_key)
         return tuple(out)
@@ -219,13 +218,17 @@ BN_NUM, BN_DEN = "offpolicy_bn_num", "offpolicy_bn_den"
 """Light columns of rollout_is_batch_normalize: each row's batch_normalize_terms."""
 
 
-def light_features(need: str, rows: WrittenRows) -> dict[str, np.ndarray]:
-    """The light columns of need `@offpolicy:NAME:PARAMS` (see FEATURE) for `rows`."""
-    from rescore.transforms.strategies.registry import create
+@dataclass(frozen=True)
+class CorrectionMasks(Feature):
+    """Need of a rollout_correction `stage`: light columns x.offpolicy_kept (tokens the rejection
+    masks leave), x.offpolicy_reason (REASONS index of the first mask that emptied the row), the
+    metric terms x.offpolicy_m_NAME and, with rollout_is_batch_normalize, BN_NUM and BN_DEN
+    (RolloutCorrection.light_features)."""
 
-    name, _, params = need[len(FEATURE) :].partition(":")
-    stage = create(name, json.loads(params))
-    return stage.light_features(rows)
+    stage: RolloutCorrection
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray]:
+        return self.stage.light_features(rows)
 
 
 _PRESETS: dict[type, type] = {}

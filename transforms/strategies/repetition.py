@@ -5,11 +5,13 @@
           shorter than n tokens
     the filter drops a row whose ratio > max_ratio
 
-The ratio is computed where the row is read (rows/keys.py, need `@ngram_repeat:N`: the tokens
-never cross the shuffle) by `ngram_repeat_ratio`, numpy only.
+The ratio is computed where the row is read (the need NgramRepeat(N): the tokens never cross
+the shuffle) by `ngram_repeat_ratio`, numpy only.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,8 +20,8 @@ from torch import Tensor
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import NgramRepetitionFilterParams
 from rescore.transforms.strategies.hashing import mix64
+from rescore.transforms.strategies.features import Feature, FeatureRows
 from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.features import NGRAM_FEATURE, ngram_column
 
 
 def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.ndarray:
@@ -46,16 +48,40 @@ def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.nd
     return out
 
 
+@dataclass(frozen=True)
+class NgramRepeat(Feature):
+    """Need: light column x.ngram_repeat_N, the repeat ratio of each row's response tokens
+    (the last response-length tokens of `tokens`)."""
+
+    n: int
+
+    @property
+    def column(self) -> str:
+        return f"ngram_repeat_{self.n}"
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray]:
+        tokens = rows.tokens("tokens")
+        values = np.asarray(tokens.values, dtype=np.int64)
+        token_offsets = np.asarray(tokens.offsets, dtype=np.int64)
+        ends = token_offsets[1:]
+        starts = ends - np.minimum(np.asarray(rows.response_lengths(), dtype=np.int64), np.diff(token_offsets))
+        lengths = ends - starts
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return {self.column: ngram_repeat_ratio(values[index], offsets, self.n)}
+
+
 class NgramRepetitionFilter(NgramRepetitionFilterParams):
     batch_level = False
 
     @property
     def column(self) -> str:
-        return ngram_column(self.rep_len)
+        return NgramRepeat(self.rep_len).column
 
     @property
-    def needs(self) -> tuple[str, ...]:
-        return ("tokens", f"{NGRAM_FEATURE}{self.rep_len}")
+    def needs(self) -> tuple:
+        return ("tokens", NgramRepeat(self.rep_len))
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         ratio = rows.columns[self.column]

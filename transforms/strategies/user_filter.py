@@ -32,7 +32,7 @@ from rescore.user_code import load_function
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.catalog import GROUP_FILTER_FLAG, GroupFilterParams
 from rescore.transforms.strategies.segments import group_stats, per_row
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.features import OptionalColumn
 
 def load_group_filter(spec: str) -> Callable[[dict[str, Any]], Any]:
     """'package.module:function' -> the function; ConfigError (one line) otherwise (Python's
@@ -59,7 +59,7 @@ class GroupFilter(GroupFilterParams):
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return tuple(OPTIONAL + c for c in self.columns)
+        return tuple(OptionalColumn(c) for c in self.columns)
 
     def _decide(self, rows: GroupedRows) -> tuple[np.ndarray, list[str | None]]:
         """(G,) keep and (G,) reasons of each group."""
