@@ -103,22 +103,23 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
         last = response_length > 0
     columns["last_action"] = pa.array(last)
     unit_rows = None
-    for name in needs:
-        if isinstance(name, Feature):  # light columns the stage's own Feature computes
+    for need in needs:
+        if isinstance(need, Feature):  # light columns the stage's own Feature computes
             unit_rows = unit_rows or UnitRows(valid, response_length, mask_raw, columns["task"])
-            for key, values in name.light(unit_rows).items():
+            for key, values in need.light(unit_rows).items():
                 columns[EXTRA_PREFIX + key] = _light_array(values)
             continue
-        if isinstance(name, (OptionalColumn, NullableColumn)):
+        if isinstance(need, (OptionalColumn, NullableColumn)):
             # A number column used where present: NaN where the file has no such column and
             # for a null (the key is missing from that row, as a Trinity info key can be; the
             # strategy decides what a missing value means, e.g. gigpo.py per run).
-            if name.name in valid.column_names:
-                values = pc.fill_null(pc.cast(valid[name.name], pa.float64()), float("nan")).combine_chunks()
+            if need.name in valid.column_names:
+                values = pc.fill_null(pc.cast(valid[need.name], pa.float64()), float("nan")).combine_chunks()
             else:
                 values = pa.array(np.full(n, np.nan))
-            columns[EXTRA_PREFIX + name.name] = values
+            columns[EXTRA_PREFIX + need.name] = values
             continue
+        name = need  # a column name
         if name in NOT_EXTRA:
             continue
         column = valid[name].combine_chunks()

@@ -61,12 +61,13 @@ from rescore.transforms.strategies.base import (
     WrittenRows,
 )
 from rescore.transforms.strategies.catalog import RolloutCorrectionParams
+from rescore.transforms.strategies.features import Feature, FeatureRows
 from rescore.transforms.strategies.offpolicy_correct import REASONS, correct, rows_tensors
 from rescore.transforms.strategies.offpolicy_spec import parse_is_threshold
 from rescore.transforms.strategies.offpolicy_tensors import seq_sum, unpadded
 from rescore.transforms.strategies.offpolicy_trl import off_policy_sequence_mask
 from rescore.transforms.strategies.offpolicy_verl import METRIC_SUMS, batch_normalize_factor, batch_normalize_terms, metric_terms, offpolicy_metrics
-from rescore.transforms.strategies.features import Feature, FeatureRows
+from rescore.transforms.strategies.registry import spec
 from rescore.transforms.strategies.segments import group_stats
 
 
@@ -237,8 +238,6 @@ _PRESETS: dict[type, type] = {}
 def preset(**values):
     """The factory of the presets (catalog.py registers each under the framework's name): a
     RolloutCorrection that is also an instance of the preset's own declaration."""
-    from rescore.transforms.strategies.registry import spec
-
     params = spec(values["name"]).params
     if params not in _PRESETS:
         _PRESETS[params] = type(params.__name__.removesuffix("Params"), (RolloutCorrection, params), {})
