@@ -84,8 +84,8 @@ class GroupedRows:
     """Scalar input columns the strategy needs, by name: (n,) float64 values, or int64 hashes
     for string columns."""
     token_columns: Mapping[str, TokenColumn] = field(default_factory=dict)
-    """Per-row token features that crossed the shuffle, by name (a strategy's `@` need whose
-    light column is a list, e.g. optimal_token_baseline's path variance), as numpy."""
+    """Per-row token features that crossed the shuffle, by name (a Feature in a strategy's needs
+    whose light column is a list, e.g. optimal_token_baseline's path variance), as numpy."""
 
     @property
     def num_rows(self) -> int:
