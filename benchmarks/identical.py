@@ -9,8 +9,10 @@
 Each revision is checked out with `git worktree add --detach` under a temporary directory (the
 working tree is used as it is for the default `--after`), removed at the end. The inputs are
 generated once, here, and shared by both sides: single-step experience (2,000 rows + 2 bad ones,
-3 files of mixed schemas, row groups of 250) with every optional column a strategy can read, and
-multi-step experience (string task ids, runs of 1-5 steps). Each side runs every case with its own
+3 files of mixed schemas, row groups of 250) with every optional column a strategy can read,
+multi-step experience (string task ids, runs of 1-5 steps), and single-step experience with the
+token statistics (behaviour and reference log-probs, sum_pi_squared, entropy) and a task-stats
+table that the off-policy, token-baseline, KL and history cases read. Each side runs every case with its own
 code: one Python process per side and job (`--jobs`, default 2), started with that revision's
 tree as its working directory and PYTHONPATH and this interpreter, calls the CLI's entry point
 `rescore.pipelines.cli.main(argv)` (before the split: `rescore.pipelines.rescore.main`) once per case (`--processes`: a `python -m rescore`
@@ -113,6 +115,29 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "algorithm_opmd": ("one", ["--algorithm", "opmd"]),
     "algorithm_grpo_verl": ("one", ["--algorithm", "grpo_verl"]),
     "algorithm_multi_step_grpo": ("steps", ["--algorithm", "multi_step_grpo", "--set", "enable_step_norm=true"]),
+    # what a stage computes where the row is read (issue 41's features): off-policy corrections
+    # (verl, TRL, SkyRL, OpenRLHF), the token-statistics estimators after them, the n-gram
+    # ratio, the KL sums (with REINFORCE++'s discount), a task's history, optional and nullable
+    # columns; on single-step data with every token column these read
+    "offpolicy_verl": ("tokens", ["--strategy", "decoupled_seq_is_rs,grpo", "--audit-columns"]),
+    "offpolicy_verl_normalize": ("tokens", ["--strategy", "rollout_correction,grpo", "--set", "rollout_is=token",
+                                            "--set", "rollout_is_batch_normalize=true"]),
+    "offpolicy_trl": ("tokens", ["--strategy", "trl_token_mask,grpo"]),
+    "offpolicy_skyrl": ("tokens", ["--strategy", "skyrl_geometric_mask,grpo"]),
+    "offpolicy_openrlhf": ("tokens", ["--strategy", "rollout_correction,grpo", "--set", "is_correction_level=seq",
+                                      "--set", "is_correction_threshold=[0.9,1.1]"]),
+    "token_baseline": ("tokens", ["--strategy", "optimal_token_baseline"]),
+    "token_baseline_tir": ("tokens", ["--strategy", "tir_optimal_token_baseline"]),
+    "token_baseline_corrected": ("tokens", ["--strategy", "decoupled_token_is,optimal_token_baseline"]),
+    "clipb": ("tokens", ["--strategy", "clipb"]),
+    "clipb_corrected": ("tokens", ["--strategy", "skyrl_geometric_mask,clipb"]),
+    "repetition": ("tokens", ["--strategy", "ngram_repetition_filter,grpo", "--set", "rep_len=2", "--set", "max_ratio=0.05"]),
+    "kl_penalty": ("tokens", ["--strategy", "kl_penalty,grpo", "--set", "kl_coef=0.1"]),
+    "kl_penalty_discounted": ("tokens", ["--strategy", "kl_penalty,reinforce_plus_plus", "--set", "kl_penalty=k3",
+                                         "--set", "reinforce_plus_plus.gamma=0.9"]),
+    "task_history": ("tokens", ["--strategy", "pass_rate_band,grpo", "--set", "task_stats={data}/history",
+                                "--set", "lo=0.1", "--set", "hi=0.9", "--set", "unseen=drop"]),
+    "normalize_then_sum": ("tokens", ["--strategy", "normalize_then_sum", "--set", 'reward_keys=["acc","format"]']),
     # refused: the same exit status and error line
     "unknown_strategy": ("one", ["--strategy", "grpoo"]),
     "missing_column": ("steps", ["--strategy", "mix_chord"]),
@@ -171,6 +196,37 @@ def one_step(directory: str, seed: int = 0) -> None:
     _write(pa.concat_tables([table, bad]), directory, 3, 250)
 
 
+def with_token_stats(directory: str, history: str, seed: int = 2) -> None:
+    """one_step's shape (5 batches x 50 tasks x 8 runs, 3 files) with the token columns the
+    off-policy corrections and the token-statistics estimators read (behaviour and reference
+    log-probs, sum_pi_squared, entropy), a few repeated n-grams, null `format` values, and a
+    `rescore task-stats` table at `history` that holds 40 of the 50 tasks."""
+    rng = np.random.default_rng(seed)
+    b, t, r = (a.ravel() for a in np.meshgrid(np.arange(5), np.arange(50), np.arange(8), indexing="ij"))
+    n = len(b)
+    reward = rng.choice([0.0, 0.25, 0.5, 1.0], n)
+    prompt, tokens, logprobs, _, mask = _tokens(rng, n)
+    tokens = [np.where(rng.random(len(x)) < 0.3, 7, x).astype(np.int32) for x in tokens]  # some n-grams repeat
+
+    def near(lp, scale):
+        return [np.minimum(x + (rng.standard_normal(len(x)) * scale).astype(np.float32), 0.0).astype(np.float32) for x in lp]
+
+    behaviour = near(logprobs, 0.2)
+    behaviour[::97] = near(logprobs[::97], 3.0)  # a few rows far off-policy (masks empty them)
+    table = pa.table({
+        "batch": b, "task": t, "run": r, "step": np.zeros(n, np.int64), "reward": reward,
+        "tokens": tokens, "prompt_length": prompt, "logprobs": logprobs, "action_mask": mask,
+        "logprobs_original": behaviour, "ref_logprobs": near(logprobs, 0.1),
+        "sum_pi_squared": [rng.random(len(x)).astype(np.float32) * 0.5 for x in logprobs],
+        "entropy": [rng.random(len(x)).astype(np.float32) * 2.0 for x in logprobs],
+        "acc": (reward >= 0.5).astype(np.int64), "format": pa.array(np.where(rng.random(n) < 0.05, np.nan, rng.random(n)), from_pandas=True),
+        "note": [f"row {i}" for i in range(n)],
+    })
+    _write(table.take(rng.permutation(n)), directory, 3, 250)
+    os.makedirs(history, exist_ok=True)
+    pq.write_table(pa.table({"task": np.arange(40, dtype=np.int64), "pass_rate": rng.random(40)}), os.path.join(history, "task_stats.parquet"))
+
+
 def multi_step(directory: str, seed: int = 1) -> None:
     """3 batches x 20 string tasks x 6 runs x 1-5 steps, shuffled over 3 files."""
     rng = np.random.default_rng(seed)
@@ -224,6 +280,7 @@ print(json.dumps(results))
 
 def _argv(name: str, data: dict[str, str], out: str) -> list[str]:
     which, args = CASES[name]
+    args = [a.replace("{data}", os.path.dirname(data[which])) for a in args]
     return ["--input", os.path.join(data[which], "*.parquet"), "--output", os.path.join(out, name), "--quiet", *args]
 
 
@@ -387,9 +444,11 @@ def main(argv: list[str] | None = None) -> int:
             return path
 
         before_tree, after_tree = tree(args.before), tree(args.after)
-        data = {"one": os.path.join(tmp, "data", "one"), "steps": os.path.join(tmp, "data", "steps")}
+        data = {k: os.path.join(tmp, "data", k) for k in ("one", "steps", "tokens")}
         if any(CASES[n][0] == "one" for n in names):
             one_step(data["one"])
+        if any(CASES[n][0] == "tokens" for n in names):
+            with_token_stats(data["tokens"], os.path.join(tmp, "data", "history"))
         if any(CASES[n][0] == "steps" for n in names):
             multi_step(data["steps"])
         out = os.path.join(tmp, "out")  # both sides write here, one after the other

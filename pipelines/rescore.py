@@ -174,12 +174,15 @@ def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
     return _one_process(options) and not _dry_run(options) and not cfg.models.enabled
 
 
-def _file_needs(needs: tuple[str, ...], computed: tuple[str, ...]) -> tuple[str, ...]:
+def _file_needs(needs: tuple, computed: tuple[str, ...]) -> tuple:
     """The columns the input files must have: what the strategies need, less what a model
     computes; a need for NAME_original of a computed NAME (rollout_correction's behaviour
     log-probs under --logprob-model) is a need for the input's NAME."""
     out = []
     for name in needs:
+        if not isinstance(name, str):  # an OptionalColumn, NullableColumn or computed feature
+            out.append(name)
+            continue
         base = name.removesuffix("_original")
         if name != base and base in computed:
             out.append(base)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from rescore.errors import SchemaError
+from rescore.needs import required_column
 
 ID_COLUMNS = ("batch", "task", "run", "step")
 """The experience id. `step` is optional and defaults to 0."""
@@ -150,12 +151,13 @@ def _columns_hint(name: str, names: list[str]) -> str:
 
 
 def validate_file_schema(
-    path: str, schema: pa.Schema, *, needs: tuple[str, ...] = ()
+    path: str, schema: pa.Schema, *, needs: tuple = ()
 ) -> list[str]:
     """Check one file's schema against the contract.
 
-    Raises SchemaError naming the file and the first offending column. `needs` lists optional
-    columns the chosen strategy cannot work without (e.g. `logprobs` for rank correction).
+    Raises SchemaError naming the file and the first offending column. `needs` lists what the
+    chosen strategy reads (rescore/needs.py): each column name and NullableColumn is a column
+    every file must have (e.g. `logprobs` for rank correction).
     Returns the warnings (non-fatal) as one-line strings.
     """
     names = schema.names
@@ -170,9 +172,9 @@ def validate_file_schema(
         t = schema.field(col.name).type
         if not col.accepts(t):
             raise SchemaError(f"{path}: column {col.name!r} has type {t}, expected {col.expected}")
-    for name in needs:
-        name = name.removeprefix("@nullable:")  # a column every file must have, nulls allowed
-        if name.startswith("@"):  # a feature computed from the columns, not a column
+    for need in needs:
+        name = required_column(need)  # a column, or a NullableColumn's (nulls allowed)
+        if name is None:  # an OptionalColumn, or a feature computed from the columns
             continue
         if name not in names:
             why = f" ({NEEDED_WHY[name]})" if name in NEEDED_WHY else ""

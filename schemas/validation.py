@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.needs import column_of
 from rescore.schemas.lists import FlatList, flat_list, row_of_value
 
 
@@ -95,12 +96,12 @@ def readable_text(table: pa.Table) -> pa.Table:
     return table
 
 
-def logprob_needs(needs: tuple[str, ...], names) -> list[str]:
+def logprob_needs(needs: tuple, names) -> list[str]:
     """The log-prob list columns among `needs` that the table has: every log-prob column a
     strategy names ends in 'logprobs' or 'logprobs_original' (`logprobs`, `teacher_logprobs`,
     the behaviour policy's `logprobs_original`, a reference model's `ref_logprobs`; the catalog
     refuses other names)."""
-    return [n for n in dict.fromkeys(needs) if not n.startswith("@") and n.endswith(LOGPROB_SUFFIXES) and n in names]
+    return [n for n in dict.fromkeys(needs) if isinstance(n, str) and n.endswith(LOGPROB_SUFFIXES) and n in names]
 
 
 def _check_logprob_values(out: _Reasons, n: int, name: str, fl: FlatList) -> None:
@@ -135,11 +136,13 @@ def _check_logprob_values(out: _Reasons, n: int, name: str, fl: FlatList) -> Non
             out.add(rows, lambda i, name=name, what=what: f"bad_logprobs: {name} contain {what}")
 
 
-def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
+def check_rows(table: pa.Table, *, needs: tuple = ()) -> RowCheck:
     """Validate every row of `table` (whose schema already passed validate_file_schema).
 
-    `needs`: optional columns the strategy uses; their values are checked too (log-probs that
-    are not finite or above 0, null or non-0/1 `expert`)."""
+    `needs`: what the strategy uses (rescore/needs.py; a column name, OptionalColumn,
+    NullableColumn, or a feature computed from the columns, which is not checked here); the
+    columns' values are checked too (log-probs that are not finite or above 0, null or non-0/1
+    `expert`, a null or non-finite scalar)."""
     n = table.num_rows
     names = table.column_names
     out = _Reasons(n)
@@ -151,8 +154,8 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
 
     # Text the job compares (the task id, a string column a strategy reads) must be UTF-8: a
     # row holding other bytes is rejected with them, never a failed run.
-    for name in ("task", *needs):
-        if name in names and not name.startswith("@"):
+    for name in ("task", *(n for n in needs if isinstance(n, str))):
+        if name in names:
             bad = _not_utf8(table[name])
             if bad is not None:
                 raw = table[name].cast(pa.large_binary()).to_pylist()
@@ -268,9 +271,9 @@ def check_rows(table: pa.Table, *, needs: tuple[str, ...] = ()) -> RowCheck:
             out.bad |= has_error
     for need in needs:
         # Scalar columns a strategy reads (a metric, a baseline reward, a state id): a null or
-        # a non-finite number cannot be scored. `@optional:NAME` / `@nullable:NAME` columns may be null (missing: NaN).
-        name = need.removeprefix("@optional:").removeprefix("@nullable:")
-        if name in _NOT_SCALAR or name not in names or (name != need and need not in (f"@optional:{name}", f"@nullable:{name}")):
+        # a non-finite number cannot be scored. OptionalColumn / NullableColumn may be null (missing: NaN).
+        name = column_of(need)  # None: a feature computed from the columns
+        if name is None or name in _NOT_SCALAR or name not in names:
             continue
         column = table[name]
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):

@@ -29,6 +29,7 @@ from conftest import RUNNER
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from rescore.needs import column_of
 from rescore.schemas.experience import INPUT_BY_NAME, NEEDED_COLUMNS
 from rescore.transforms.strategies import catalog  # noqa: F401  (registers every strategy)
 from rescore.transforms.strategies import registry
@@ -81,8 +82,8 @@ def _needs(args: list[str]) -> list[str]:
         chain = chain_of(list(preset.strategies), dict(preset.params))
     names = []
     for need in chain.needs:
-        name = need.removeprefix("@optional:").removeprefix("@nullable:")
-        if not name.startswith("@") and name not in INPUT_BY_NAME:
+        name = column_of(need)  # None: a feature computed from the columns
+        if name is not None and name not in INPUT_BY_NAME:
             names.append(name)
     return list(dict.fromkeys(names))
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from rescore.needs import OptionalColumn
 from rescore.transforms.rows import strategy_columns
 from rescore.transforms.strategies import ConfigError, algorithms, create, chain_of
 from rescore.transforms.strategies.base import GroupedRows
@@ -243,7 +244,7 @@ def test_dapo_dynamic_sampling_binarises_the_metric():
     # metric_key reward, threshold 0: correct = reward > 0: 2 of 3 (kept), 2 of 2 (dropped).
     keep = create("dapo_dynamic_sampling", {"metric_key": "reward"}).score(rows, None).keep.tolist()
     assert keep == [True, True, True, False, False]
-    assert chain_of("dapo_dynamic_sampling").needs == ("@optional:accuracy",)
+    assert chain_of("dapo_dynamic_sampling").needs == (OptionalColumn("accuracy"),)
 
 
 def test_dapo_preset_is_trinity_dynamic_sampling_then_grpo():
@@ -354,7 +355,7 @@ def test_needed_scalar_columns_are_validated():
         "batch": [0, 0, 0, 0], "task": [1, 1, 1, 1], "run": [0, 1, 2, 3], "reward": [1.0, 0.0, 1.0, 0.0],
         "acc": [1.0, None, float("nan"), 0.0], "step_reward": [None, float("inf"), 0.5, 0.0], "truncate_status": [None, "x", None, None],
     })
-    check = check_rows(table, needs=("acc", "@optional:step_reward", "truncate_status"))
+    check = check_rows(table, needs=("acc", OptionalColumn("step_reward"), "truncate_status"))
     assert check.ok.tolist() == [True, False, False, True]
     assert "null_value: acc is null" in check.reasons[1] and "bad_value: step_reward is inf" in check.reasons[1]
     assert "bad_value: acc is nan" in check.reasons[2]

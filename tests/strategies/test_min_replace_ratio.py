@@ -14,6 +14,7 @@ import torch
 import refs
 from rescore.transforms.strategies import chain_of
 from rescore.transforms.strategies.base import GroupedRows
+from rescore.transforms.strategies.features import WHOLE_BATCH
 
 
 def grouped(batches: list[list[list[float]]]) -> GroupedRows:
@@ -58,7 +59,7 @@ def test_min_replace_ratio_by_hand():
 
 def test_needs_and_params():
     assert chain_of("grpo,duplicate_informative").needs == ()
-    assert "@whole_batch" in chain_of("grpo,duplicate_informative", {"min_replace_ratio": 0.3}).needs
+    assert WHOLE_BATCH in chain_of("grpo,duplicate_informative", {"min_replace_ratio": 0.3}).needs
     assert chain_of("duplicate_informative").params == {"duplicate_informative": {"variance_threshold": 0.0, "seed": 0}}
     from rescore.errors import ConfigError
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import refs
+from rescore.needs import NullableColumn
 from rescore.transforms.strategies import ConfigError, chain_of
 from test_estimators_refs import assert_close, ours
 
@@ -268,7 +269,7 @@ def test_normalize_then_sum_needs_its_columns():
     assert chain_of("normalize_then_sum").needs == ()  # the reward column alone
     with pytest.raises(ConfigError, match="2 weights for 1"):
         chain_of("normalize_then_sum", {"reward_keys": ["a"], "reward_weights": [1, 2]})
-    assert chain_of("normalize_then_sum", {"reward_keys": ["a", "b"]}).needs == ("@nullable:a", "@nullable:b")
+    assert chain_of("normalize_then_sum", {"reward_keys": ["a", "b"]}).needs == (NullableColumn("a"), NullableColumn("b"))
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -16,13 +16,13 @@ import torch
 import refs_offpolicy
 from refs import RefsUnavailable
 from rescore.transforms.strategies import registry
-from rescore.transforms.strategies.offpolicy import (
+from rescore.transforms.strategies.offpolicy_correct import correct
+from rescore.transforms.strategies.offpolicy_trl import off_policy_sequence_mask
+from rescore.transforms.strategies.offpolicy_verl import (
     batch_normalize_factor,
     batch_normalize_terms,
-    correct,
     metric_terms,
     metrics_from_sums,
-    off_policy_sequence_mask,
     offpolicy_metrics,
 )
 

@@ -9,7 +9,7 @@ import torch
 
 from rescore.transforms.rows.keys import task_hash
 from rescore.transforms.rows.task_stats import history_rates
-from rescore.transforms.strategies.features import TASK_HISTORY_COLUMN
+from rescore.transforms.strategies.filters import TASK_HISTORY_COLUMN
 from rescore.transforms.strategies import ConfigError, create
 from rescore.transforms.strategies.base import GroupedRows
 

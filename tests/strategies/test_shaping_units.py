@@ -10,6 +10,7 @@ import torch
 
 import refs
 from rescore.errors import ConfigError
+from rescore.needs import OptionalColumn
 from rescore.transforms.strategies import chain_of
 from rescore.transforms.strategies.base import GroupedRows
 from rescore.transforms.strategies.filters import string_key
@@ -106,7 +107,7 @@ def test_chain_rules():
     with pytest.raises(ConfigError, match="names no column"):
         chain_of("reward_sum", {"reward_keys": []})
     assert chain_of("reward_sum").shaped(rows([1.5, -2.0], columns={"reward": [1.5, -2.0]})).reward.tolist() == [1.5, -2.0]
-    assert chain_of("reward_shaping", {"stats_key": "q"}).needs == ("@optional:q",)
+    assert chain_of("reward_shaping", {"stats_key": "q"}).needs == (OptionalColumn("q"),)
 
 
 # --- against Trinity-RFT 0.6.0's own code --------------------------------------------------------

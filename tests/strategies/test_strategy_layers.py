@@ -80,24 +80,51 @@ def test_creating_a_strategy_loads_its_math():
     assert out == [f"{strategies.__name__}.grpo", True]
 
 
-def test_light_row_features_are_declared_once():
-    """REINFORCE++'s discount sums, the n-gram ratio and the off-policy columns are named in
-    strategies/features.py alone; the strategies and the row layer (rows/keys.py) import them."""
-    from rescore.transforms.strategies import features
+def test_what_a_stage_needs_from_a_row_is_an_object():
+    """Issue 41: a need is a column name, an OptionalColumn / NullableColumn or a Feature the
+    stage's own module defines (strategies/features.py); no "@..." mini-language is parsed,
+    and the row layer's read (rows/keys.py, rows/unit_rows.py) imports no stage module."""
+    import pickle
+    import re
 
-    literals = ('"@discount:', '"@ngram_repeat:', '"@offpolicy:', '"discount_a"', '"discount_b"')
+    from rescore.needs import NullableColumn, OptionalColumn
+    from rescore.transforms.strategies import chain_of, create, features
+    from rescore.transforms.strategies.reinforce_pp import DiscountSums
+    from rescore.transforms.strategies.repetition import NgramRepeat
+
     found = []
-    for folder in ("transforms", "pipelines", "schemas"):
+    for folder in ("transforms", "pipelines", "schemas", "rescore"):
         for base, _, files in os.walk(os.path.join(ROOT, folder)):
-            for name in files:
+            for name in (f for f in files if f.endswith(".py")):
                 path = os.path.join(base, name)
-                if name.endswith(".py") and path != features.__file__:
-                    text = open(path, encoding="utf-8").read()
-                    found += [f"{os.path.relpath(path, ROOT)}: {x}" for x in literals if x in text]
+                text = open(path, encoding="utf-8").read()
+                found += [f"{os.path.relpath(path, ROOT)}: {x}" for x in re.findall(r"[\"']@[a-z_]+:?", text)]
     assert found == []
+    allowed = {"features", "flat", "hashing"}
+    for name in ("keys.py", "unit_rows.py"):
+        text = open(os.path.join(ROOT, "transforms", "rows", name), encoding="utf-8").read()
+        used = set(re.findall(r"rescore\.transforms\.strategies\.(\w+)", text))
+        assert used <= allowed, (name, used - allowed)
+        assert "\n    from " not in text and "\n        from " not in text, name  # no import inside a function
+
+    assert create("reinforceplusplus", {"gamma": 0.9}).needs == (DiscountSums(0.9, "trinity"),)
+    assert chain_of("ngram_repetition_filter", {"rep_len": 3}).needs == ("tokens", NgramRepeat(3)) and NgramRepeat(3).column == "ngram_repeat_3"
+    chains = [
+        ("gigpo", {}), ("normalize_then_sum", {"reward_keys": ["a", "b"]}), ("kl_penalty,reinforce_plus_plus", {"reinforce_plus_plus": {"gamma": 0.9}}),
+        ("rollout_correction,optimal_token_baseline", {"rollout_correction": {"rollout_is": "sequence"}}), ("rollout_correction,clipb", {"rollout_correction": {"rollout_is": "token"}}),
+    ]
+    kinds = set()
+    for strategy, params in chains:
+        needs = chain_of(strategy, params).needs
+        assert needs == chain_of(strategy, params).needs and hash(needs) == hash(chain_of(strategy, params).needs)
+        assert pickle.loads(pickle.dumps(needs)) == needs  # Beam pickles the read with them
+        for need in needs:
+            assert isinstance(need, (str, OptionalColumn, NullableColumn, features.Feature)), need
+        kinds |= {type(n).__name__ for n in needs if not isinstance(n, str)}
+    assert kinds == {"OptionalColumn", "WholeBatch", "NullableColumn", "KLSums", "CorrectionMasks", "PathVariance", "ClipBSums"}
+    # Two stages that differ in a parameter need different features (a chain lists each once).
+    a = chain_of("rollout_correction,clipb", {"rollout_correction": {"rollout_is": "token"}}).needs
+    b = chain_of("rollout_correction,clipb", {"rollout_correction": {"rollout_is": "sequence"}}).needs
+    assert a[2] != b[2] and a[-1] != b[-1] and a[0] == b[0]
     assert _imported("import json, sys\nimport rescore.transforms.strategies.features\n"
                      "print(json.dumps(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))") == []
-    from rescore.transforms.strategies import create
-
-    need = create("reinforceplusplus", {"gamma": 0.9}).needs
-    assert need == (features.discount_need(0.9, "trinity"),) and features.discount_params(need[0]) == (0.9, "trinity")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from refs import ref  # noqa: F401  (the fixture)
-from rescore.transforms.strategies.token_baseline import (
+from rescore.transforms.strategies.token_baseline_math import (
     clipb_keep,
     clipb_scores,
     clipb_signal,

@@ -12,16 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.needs import NullableColumn, OptionalColumn, column_of
 from rescore.schemas.experience import INPUT_BY_NAME
 from rescore.schemas.lists import flat_list
 from rescore.schemas.validation import RowCheck
+from rescore.transforms.rows.unit_rows import UnitRows
+from rescore.transforms.strategies.features import WHOLE_BATCH, Feature  # noqa: F401  (WHOLE_BATCH re-exported)
+from rescore.transforms.strategies.flat import TokenColumn, flat_segment_sum
 from rescore.transforms.strategies.hashing import exact_codes, mix64, string_keys
-from rescore.transforms.strategies.registry import WHOLE_BATCH  # noqa: F401  (re-exported)
-from rescore.transforms.strategies.features import (  # noqa: F401  (the feature names, re-exported)
-    CLIPB_FEATURE, DISCOUNT_COLUMNS, DISCOUNT_FEATURE, KL_FEATURE, NGRAM_FEATURE, NULLABLE_FEATURE, OFFPOLICY_FEATURE,
-    OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE, TOKEN_BASELINE_FEATURE, discount_params, ngram_column,
-)
-from rescore.transforms.strategies.flat import flat_segment_sum
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
@@ -31,25 +29,24 @@ numbers and bools, the string itself for strings: rows/groups.py gives it exact 
 NOT_EXTRA = ("logprobs", "teacher_logprobs", "expert", "action_mask", "tokens", "prompt_length")
 
 
-def light_columns(needs: tuple[str, ...]) -> list[str]:
+def light_columns(needs: tuple) -> list[str]:
     """The input columns a read for light rows takes: the contract's, each column `needs` names
-    (`@optional:NAME` names NAME; other `@` features are computed from the contract's), and
-    `source_error` where a source staged one."""
-    wanted = [
-        n.removeprefix(OPTIONAL_FEATURE).removeprefix(NULLABLE_FEATURE)
-        for n in needs
-        if not n.startswith("@") or n.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE))
-    ]
+    (a column name, an OptionalColumn's or NullableColumn's; a Feature is computed from the
+    columns its stage names beside it), and `source_error` where a source staged one."""
+    wanted = [name for name in map(column_of, needs) if name is not None]
     return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
-def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = ()) -> pa.Table:
+def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple = ()) -> pa.Table:
     """One light row per valid row of `table` (a read unit's rows, in file order).
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
     (int64), response_length (int64), last_action (bool); x.NAME for each scalar column NAME
-    in `needs` (see EXTRA_PREFIX; a string column as large_string, null kept); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
-    has logprobs; expert (bool) when it has expert.
+    in `needs` (see EXTRA_PREFIX; a string column as large_string, null kept) and for each
+    OptionalColumn / NullableColumn (float64, NaN for a missing value); x.NAME for each light
+    column a Feature in `needs` computes (strategies/features.py); mean_logprob (float64, mean
+    over action tokens, -inf without any) when `needs` has logprobs; expert (bool) when it has
+    expert.
     """
     with_logprobs = "logprobs" in needs
     ok_rows = np.flatnonzero(check.ok)
@@ -70,9 +67,6 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     # Valid rows' mask values are 0 or 1: summed as integers, as float64 only where a need
     # weighs values with them (one byte per token copied out, not eight).
     mask_raw = mask.values.to_numpy(zero_copy_only=False) if mask else None
-    mask_values = None
-    if mask is not None and (with_logprobs or any(n.startswith(DISCOUNT_FEATURE) for n in needs)):
-        mask_values = np.asarray(mask_raw, dtype=np.float64)
     response_length = check.response_length[ok_rows]
     action_tokens = flat_segment_sum(mask_raw, mask.offsets) if mask else response_length
 
@@ -89,7 +83,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     if with_logprobs:
         lp = flat_list(valid["logprobs"])
         lp_values = np.asarray(lp.values.to_numpy(zero_copy_only=False), dtype=np.float64)
-        weights = mask_values if mask is not None else np.ones_like(lp_values)
+        weights = np.asarray(mask_raw, dtype=np.float64) if mask is not None else np.ones_like(lp_values)
         # Rows are valid here, so the mask and logprobs line up value for value.
         sums = flat_segment_sum(lp_values * weights, lp.offsets)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -108,53 +102,25 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     else:
         last = response_length > 0
     columns["last_action"] = pa.array(last)
-    for name in needs:
-        if name.startswith(NGRAM_FEATURE):
-            n_gram = int(name[len(NGRAM_FEATURE) :])
-            columns[EXTRA_PREFIX + ngram_column(n_gram)] = pa.array(_ngram_ratios(valid, response_length, n_gram))
+    unit_rows = None
+    for need in needs:
+        if isinstance(need, Feature):  # light columns the stage's own Feature computes
+            unit_rows = unit_rows or UnitRows(valid, response_length, mask_raw, columns["task"])
+            for key, values in need.light(unit_rows).items():
+                columns[EXTRA_PREFIX + key] = _light_array(values)
             continue
-        if name.startswith(DISCOUNT_FEATURE):
-            a, b = _discount_sums(name, response_length, mask_values, mask)
-            for column_name, values in zip(DISCOUNT_COLUMNS, (a, b)):
-                columns[EXTRA_PREFIX + column_name] = pa.array(values)
-            continue
-        if name.startswith((OPTIONAL_FEATURE, NULLABLE_FEATURE)):
+        if isinstance(need, (OptionalColumn, NullableColumn)):
             # A number column used where present: NaN where the file has no such column and
             # for a null (the key is missing from that row, as a Trinity info key can be; the
             # strategy decides what a missing value means, e.g. gigpo.py per run).
-            column_name = name.removeprefix(OPTIONAL_FEATURE).removeprefix(NULLABLE_FEATURE)
-            if column_name in valid.column_names:
-                values = pc.fill_null(pc.cast(valid[column_name], pa.float64()), float("nan")).combine_chunks()
+            if need.name in valid.column_names:
+                values = pc.fill_null(pc.cast(valid[need.name], pa.float64()), float("nan")).combine_chunks()
             else:
                 values = pa.array(np.full(n, np.nan))
-            columns[EXTRA_PREFIX + column_name] = values
+            columns[EXTRA_PREFIX + need.name] = values
             continue
-        if name.startswith(OFFPOLICY_FEATURE):
-            from rescore.transforms.rows.strategy_columns import ArrowRows
-            from rescore.transforms.strategies.offpolicy import light_features as offpolicy_features
-
-            for key, values in offpolicy_features(name, ArrowRows(valid)).items():
-                columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
-            continue
-        if name.startswith((TOKEN_BASELINE_FEATURE, CLIPB_FEATURE, KL_FEATURE)):
-            from rescore.transforms.rows.strategy_columns import ArrowRows
-            from rescore.transforms.strategies.base import TokenColumn
-            from rescore.transforms.strategies.token_baseline import light_features as token_baseline_features
-
-            for key, values in token_baseline_features(name, ArrowRows(valid)).items():
-                if isinstance(values, TokenColumn):
-                    columns[EXTRA_PREFIX + key] = pa.LargeListArray.from_arrays(
-                        pa.array(np.asarray(values.offsets, dtype=np.int64)), pa.array(np.asarray(values.values, dtype=np.float64))
-                    )
-                else:
-                    columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
-            continue
-        if name.startswith(TASK_HISTORY_FEATURE):  # pass_rate_band's history, matched by the exact task
-            from rescore.transforms.rows.task_stats import history_rates
-
-            columns[EXTRA_PREFIX + TASK_HISTORY_COLUMN] = pa.array(history_rates(columns["task"], name[len(TASK_HISTORY_FEATURE) :]))
-            continue
-        if name in NOT_EXTRA or name == WHOLE_BATCH:
+        name = need  # a column name
+        if name in NOT_EXTRA:
             continue
         column = valid[name].combine_chunks()
         if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
@@ -168,35 +134,12 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     return pa.table(columns)
 
 
-def _ngram_ratios(valid: pa.Table, response_length: np.ndarray, n: int) -> np.ndarray:
-    """(n,) the repeat ratio of each row's response tokens (the last response_length tokens)."""
-    from rescore.transforms.strategies.repetition import ngram_repeat_ratio
-
-    tokens = flat_list(valid["tokens"])
-    values = np.asarray(tokens.values.to_numpy(zero_copy_only=False) if not isinstance(tokens.values, pa.ChunkedArray)
-                        else tokens.values.combine_chunks().to_numpy(zero_copy_only=False), dtype=np.int64)
-    ends = tokens.offsets[1:]
-    starts = ends - np.minimum(np.asarray(response_length, dtype=np.int64), tokens.lengths)
-    lengths = ends - starts
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
-    return ngram_repeat_ratio(values[index], offsets, n)
-
-
-def _discount_sums(need: str, lengths: np.ndarray, mask_values, mask) -> tuple[np.ndarray, np.ndarray]:
-    from rescore.transforms.strategies.reinforce_pp import token_discounts
-
-    gamma, mode = discount_params(need)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    values = np.asarray(mask_values, dtype=np.float64) if mask is not None else np.ones(int(lengths.sum()))
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    last = np.zeros(len(lengths), dtype=bool)
-    nonempty = lengths > 0
-    last[nonempty] = values[offsets[1:][nonempty] - 1] != 0
-    c = token_discounts(gamma, mode, lengths, values, last) * values
-    return flat_segment_sum(c, offsets), flat_segment_sum(c * c, offsets)
+def _light_array(values) -> pa.Array:
+    """A Feature's light column: list<float64> (large) for a TokenColumn, else float64."""
+    if isinstance(values, TokenColumn):
+        offsets = pa.array(np.asarray(values.offsets, dtype=np.int64))
+        return pa.LargeListArray.from_arrays(offsets, pa.array(np.asarray(values.values, dtype=np.float64)))
+    return pa.array(np.asarray(values, dtype=np.float64))
 
 
 def task_hash(task: pa.Array) -> np.ndarray:

@@ -217,7 +217,7 @@ def _offpolicy_summaries(n: int, g_key: np.ndarray, g: pa.Table) -> list[dict[st
     sums, so arrival order does not matter); None without them."""
     if OFFPOLICY_PREFIX + "rows" not in g.column_names:
         return None
-    from rescore.transforms.strategies.offpolicy import METRIC_SUMS, metrics_from_sums
+    from rescore.transforms.strategies.offpolicy_verl import METRIC_SUMS, metrics_from_sums
 
     present = np.asarray(g[OFFPOLICY_PREFIX + "rows"].is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     values = {

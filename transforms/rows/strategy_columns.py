@@ -1,5 +1,5 @@
 """The Arrow side of the strategies' optional capabilities (transforms/strategies/base.py):
-the written rows as numpy for a strategy to read (`ArrowRows`), token-level advantages, extra
+the written rows as numpy for a strategy to read (`ArrowRows`, rows/unit_rows.py), token-level advantages, extra
 output columns, and the action mask of rows a filter masks. The math stays in the strategies;
 this module only reads Arrow columns into numpy and builds Arrow columns from what they return.
 """
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rescore.schemas.lists import flat_list
-from rescore.transforms.rows.response import response_lengths
+from rescore.transforms.rows.unit_rows import ArrowRows
 from rescore.transforms.strategies.base import ADVANTAGE, ClipsTokens, MasksRows, OutputColumn, TokenColumn
 from rescore.transforms.strategies.chain import StrategyChain
 
@@ -21,28 +21,6 @@ __all__ = [
 ]
 
 ACTION_MASK = "action_mask"
-
-
-class ArrowRows:
-    """A table's rows as the `WrittenRows` numpy view a strategy reads."""
-
-    def __init__(self, table: pa.Table):
-        self._table = table
-        self.names = table.column_names
-        self.num_rows = table.num_rows
-
-    def scalar(self, name: str) -> np.ndarray:
-        return self._table[name].to_numpy(zero_copy_only=False)
-
-    def tokens(self, name: str) -> TokenColumn:
-        fl = flat_list(self._table[name])
-        return TokenColumn(fl.offsets, fl.values.to_numpy(zero_copy_only=False))
-
-    def response(self) -> tuple[np.ndarray, np.ndarray]:
-        lengths, mask = response_lengths(self._table)
-        if mask is not None:
-            return lengths, np.asarray(mask, dtype=np.float64)
-        return lengths, np.ones(int(lengths.sum()), dtype=np.float64)
 
 
 def _field(column: OutputColumn) -> pa.Field:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from rescore.transforms.strategies.registry import ADVANTAGE, DUPLICATE, FILTER, KINDS, SHAPE  # noqa: F401  (re-exported)
+from rescore.transforms.strategies.flat import TokenColumn  # noqa: F401  (re-exported: defined numpy-only, for the read path)
 from rescore.transforms.strategies.segments import segment_sum
 from rescore.transforms.strategies.tensors import torch
 
@@ -85,8 +86,8 @@ class GroupedRows:
     """Scalar input columns the strategy needs, by name: (n,) float64 values, or int64 hashes
     for string columns."""
     token_columns: Mapping[str, TokenColumn] = field(default_factory=dict)
-    """Per-row token features that crossed the shuffle, by name (a strategy's `@` need whose
-    light column is a list, e.g. optimal_token_baseline's path variance), as numpy."""
+    """Per-row token features that crossed the shuffle, by name (a Feature in a strategy's needs
+    whose light column is a list, e.g. optimal_token_baseline's path variance), as numpy."""
 
     @property
     def num_rows(self) -> int:
@@ -187,27 +188,6 @@ class Strategy(Protocol):
 
 
 # --- what the written rows offer, as numpy (the row layer reads it from Arrow) ----------------
-
-
-@dataclass(frozen=True)
-class TokenColumn:
-    """A list column of n rows, flat: row i's values are values[offsets[i]:offsets[i + 1]]
-    (a null list is empty)."""
-
-    offsets: np.ndarray
-    """(n + 1,) int64."""
-    values: np.ndarray
-    """(T,) the values, in the column's own dtype."""
-
-    def select(self, keep: np.ndarray) -> TokenColumn:
-        """The rows where `keep` (n,) bool is set."""
-        if keep.all():
-            return self
-        lengths = np.diff(self.offsets)
-        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
-        np.cumsum(lengths[keep], out=offsets[1:])
-        values = self.values[int(self.offsets[0]) : int(self.offsets[-1])]
-        return TokenColumn(offsets, values[np.repeat(keep, lengths)])
 
 
 class WrittenRows(Protocol):

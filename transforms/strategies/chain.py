@@ -41,7 +41,7 @@ from rescore.transforms.strategies.base import (
     TokenColumn,
     TokenLevel,
 )
-from rescore.transforms.strategies.features import DISCOUNT_COLUMNS
+from rescore.transforms.strategies.reinforce_pp import DISCOUNT_COLUMNS
 from rescore.transforms.strategies.registry import ConfigError, create, names, spec
 from rescore.transforms.strategies.segments import group_stats, segment_sum
 

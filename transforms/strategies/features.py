@@ -1,61 +1,81 @@
-"""The light-row features a strategy names in `needs` and the light columns they become, declared
-once: the strategies build their needs from these, the row layer (transforms/rows/keys.py)
-computes the columns where a row is read. No torch, no numpy: option parsing imports it too.
+"""What a stage needs from a row, as objects. A stage's `needs` (and `needs_after`, `needs_in`)
+is a tuple of:
 
-A need is a column name, or one of these prefixes followed by its parameters; the light
-column `x.NAME` (rows/keys.py EXTRA_PREFIX) carries a feature's value across the shuffle."""
+- a column name (str): an input column every file must have, read as it is (light column x.NAME
+  where it is a scalar);
+- OptionalColumn(NAME) / NullableColumn(NAME) (rescore/needs.py): a number column that may be
+  missing / null, read as float64 with NaN;
+- a Feature: light columns computed from a read unit's valid rows where they are read (before
+  the shuffle). The stage's own module defines its Feature as a frozen dataclass holding what
+  the computation depends on (the stage itself, a parameter): hashable, picklable (Beam pickles
+  the read with it) and equal exactly where the computation is the same (a chain lists a
+  feature once). Its `light(rows)` returns {NAME: values}; the row layer (rows/keys.py) writes
+  each as light column x.NAME. The row layer knows no stage: it calls `light`.
+- WHOLE_BATCH: no column; every row of a batch goes to one shuffle bucket.
+
+The features today: repetition.NgramRepeat, reinforce_pp.DiscountSums, offpolicy.CorrectionMasks,
+token_baseline.PathVariance and ClipBSums, shaping.KLSums, filters.TaskHistory.
+
+No torch, no numpy: option parsing imports it too."""
 
 from __future__ import annotations
 
-OPTIONAL_FEATURE = "@optional:"
-"""Need `@optional:NAME`: the number column NAME where a file has it (x.NAME; NaN where the file
-has no such column or the row has a null: a missing value, never 0)."""
-NULLABLE_FEATURE = "@nullable:"
-"""Need `@nullable:NAME`: the number column NAME, which every file must have (the schema check);
-a null crosses as NaN (a value that abstains, e.g. normalize_then_sum's reward columns)."""
-NGRAM_FEATURE = "@ngram_repeat:"
-"""Need `@ngram_repeat:N`: light column x.ngram_repeat_N, the share of the response's token
-N-grams that repeat an earlier one (transforms/strategies/repetition.py)."""
-OFFPOLICY_FEATURE = "@offpolicy:"
-"""Need `@offpolicy:NAME:PARAMS-JSON`: light columns x.offpolicy_kept (tokens the rejection
-masks leave) and x.offpolicy_reason (REASONS index of the first mask that emptied the row,
-transforms/strategies/offpolicy.py)."""
-DISCOUNT_FEATURE = "@discount:"
-"""Need `@discount:GAMMA:MODE` (REINFORCE++ with Trinity's discounting, gamma != 1): light
-columns DISCOUNT_COLUMNS, the sums over action tokens of c_t and c_t^2
-(transforms/strategies/reinforce_pp.py)."""
-DISCOUNT_COLUMNS = ("discount_a", "discount_b")
-"""The light columns of a DISCOUNT_FEATURE need: sum of c_t, sum of c_t^2 over a row's action tokens."""
-TOKEN_BASELINE_FEATURE = "@token_baseline:"
-"""Need `@token_baseline:JSON` (needs_after of transforms/strategies/token_baseline.py): light
-columns x.otb_path_variance (list<float64>, a token feature that crosses the shuffle), x.otb_last
-and x.otb_bad."""
-CLIPB_FEATURE = "@clipb:"
-"""Need `@clipb:JSON` (ClipB.needs_after): light columns x.clipb_s, x.clipb_s2 (sums over action
-tokens of p (H + log p) and its square) and x.clipb_bad (transforms/strategies/token_baseline.py)."""
-KL_FEATURE = "@kl_sum:"
-"""Need `@kl_sum:JSON` ({"stage": [NAME, PARAMS], "correction": null}): light column x.kl_sum,
-each row's sum over action tokens of the KL estimate between logprobs and ref_logprobs
-(transforms/strategies/shaping.py)."""
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-TASK_HISTORY_FEATURE = "@task_history:"
-"""Need `@task_history:PATH` (pass_rate_band with task_stats): light column x.task_history_pass_rate,
-the pass rate of the row's task in the `rescore task-stats` output at PATH, matched by the task's
-exact value (NaN: the task is not in the table; rows/task_stats.py history_rates)."""
-TASK_HISTORY_COLUMN = "task_history_pass_rate"
+from rescore.needs import NullableColumn, OptionalColumn  # noqa: F401  (re-exported: what stages name)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from rescore.transforms.strategies.flat import TokenColumn
 
 
-def ngram_column(n: int) -> str:
-    """The light column of need `@ngram_repeat:N`."""
-    return f"ngram_repeat_{n}"
+class FeatureRows(Protocol):
+    """The valid rows of one read unit as a Feature reads them (rows/unit_rows.py builds it): the
+    WrittenRows view of their input columns (strategies/base.py) and what validation measured."""
+
+    names: tuple[str, ...]
+    num_rows: int
+
+    def scalar(self, name: str) -> np.ndarray:
+        """(n,) a scalar column."""
+
+    def tokens(self, name: str) -> TokenColumn:
+        """A list column, flat."""
+
+    def response(self) -> tuple[np.ndarray, np.ndarray]:
+        """(response lengths (n,) int64, flat 0/1 action mask (T,) float64), WrittenRows.response."""
+
+    def response_lengths(self) -> np.ndarray:
+        """(n,) int64 each row's response length as validation measured it."""
+
+    def action_values(self) -> np.ndarray | None:
+        """(T,) float64 the flat 0/1 action_mask values of the rows, or None without an
+        action_mask column (every response token is an action token)."""
+
+    def task_history(self, path: str) -> np.ndarray:
+        """(n,) float64 the pass rate of each row's task in the `rescore task-stats` output at
+        `path`, matched by the task's exact value (NaN: the task is not in the table)."""
 
 
-def discount_need(gamma: float, mode: str) -> str:
-    """The need `@discount:GAMMA:MODE` (gamma as repr, so the float crosses exactly)."""
-    return f"{DISCOUNT_FEATURE}{gamma!r}:{mode}"
+class Feature:
+    """Light columns a stage computes from a read unit's valid rows (see the module doc).
+    Subclasses are frozen dataclasses defined in the stage's module."""
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray | TokenColumn]:
+        """{NAME: (n,) values or a TokenColumn of n rows}: light columns x.NAME (float64, or
+        list<float64> for a TokenColumn, which then crosses the shuffle as a token feature)."""
+        raise NotImplementedError(type(self).__name__)
 
 
-def discount_params(need: str) -> tuple[float, str]:
-    """(gamma, mode) of a need made by discount_need."""
-    gamma, mode = need[len(DISCOUNT_FEATURE) :].split(":")
-    return float(gamma), mode
+@dataclass(frozen=True)
+class WholeBatch(Feature):
+    """A need with no column: every row of a batch goes to one shuffle bucket (a stage whose
+    statistics pool a whole batch, e.g. gigpo with anchor_scope batch)."""
+
+    def light(self, rows: FeatureRows) -> dict:
+        return {}
+
+
+WHOLE_BATCH = WholeBatch()

@@ -33,7 +33,7 @@ import numpy as np
 
 from rescore.transforms.files.layout import task_stats_table
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE
+from rescore.transforms.strategies.features import Feature, FeatureRows, OptionalColumn
 from rescore.transforms.strategies.hashing import RESPONSE_TRUNCATED, string_key
 from rescore.transforms.strategies.registry import (
     FILTER,
@@ -120,7 +120,7 @@ class DAPODynamicSamplingParams(StrategyParams):
 class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
     @property
     def needs(self) -> tuple[str, ...]:
-        return () if self.metric_key == "reward" else (OPTIONAL_FEATURE + self.metric_key,)
+        return () if self.metric_key == "reward" else (OptionalColumn(self.metric_key),)
 
     def outcome(self, rows: GroupedRows) -> Tensor:
         """(n,) float64 the metric of each row: the column's value, the reward where missing."""
@@ -253,6 +253,21 @@ def in_band(p, lo: float, hi: float):
     return (p > lo) & (p < hi)
 
 
+TASK_HISTORY_COLUMN = "task_history_pass_rate"
+
+
+@dataclass(frozen=True)
+class TaskHistory(Feature):
+    """Need of pass_rate_band with task_stats: light column x.task_history_pass_rate, the pass
+    rate of the row's task in the `rescore task-stats` output at `path`, matched by the task's
+    exact value (NaN: the task is not in the table)."""
+
+    path: str
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray]:
+        return {TASK_HISTORY_COLUMN: rows.task_history(self.path)}
+
+
 @dataclass(frozen=True)
 class PassRateBandParams(StrategyParams):
     lo: float = param(0.0, between=(0.0, 1.0))
@@ -279,12 +294,12 @@ class PassRateBandParams(StrategyParams):
 class PassRateBand(_Filter, PassRateBandParams):
     """Per group (no `task_stats`): the group's own pass rate. With `task_stats`: the task's
     pass rate over its whole history, matched by the task's exact value where the row is read
-    (the need TASK_HISTORY_FEATURE: a hash never decides that two tasks are one); a task
+    (the need TaskHistory: a hash never decides that two tasks are one); a task
     missing from the table is kept or dropped by `unseen`. The table is read once per process."""
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return () if self.task_stats is None else (TASK_HISTORY_FEATURE + self.task_stats,)
+        return () if self.task_stats is None else (TaskHistory(self.task_stats),)
 
     def _group_rates(self, rows: GroupedRows) -> tuple[np.ndarray, np.ndarray]:
         """(G,) float64 pass rates and (G,) bool known (False: a task missing from the table)."""

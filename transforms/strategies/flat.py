@@ -3,6 +3,8 @@ read path, where torch is not needed)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 SUM_WINDOW = 1 << 20
@@ -58,3 +60,24 @@ def action_means(values: np.ndarray, mask: np.ndarray, offsets: np.ndarray) -> n
     tokens = flat_segment_sum(mask, offsets)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(tokens > 0, flat_segment_sum(values, offsets) / np.maximum(tokens, 1), 0.0)
+
+
+@dataclass(frozen=True)
+class TokenColumn:
+    """A list column of n rows, flat: row i's values are values[offsets[i]:offsets[i + 1]]
+    (a null list is empty)."""
+
+    offsets: np.ndarray
+    """(n + 1,) int64."""
+    values: np.ndarray
+    """(T,) the values, in the column's own dtype."""
+
+    def select(self, keep: np.ndarray) -> TokenColumn:
+        """The rows where `keep` (n,) bool is set."""
+        if keep.all():
+            return self
+        lengths = np.diff(self.offsets)
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        values = self.values[int(self.offsets[0]) : int(self.offsets[-1])]
+        return TokenColumn(offsets, values[np.repeat(keep, lengths)])

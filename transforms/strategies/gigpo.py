@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE
+from rescore.transforms.strategies.features import OptionalColumn
 from rescore.transforms.strategies.registry import (
     ADVANTAGE,
     WHOLE_BATCH,
@@ -138,7 +138,7 @@ class GiGPO(GiGPOParams):
         # The step-reward column is used where the input has it, as Trinity uses the info key.
         return (
             self.env_state_hash_key,
-            *((OPTIONAL_FEATURE + self.step_reward_key,) if self.step_reward_key else ()),
+            *((OptionalColumn(self.step_reward_key),) if self.step_reward_key else ()),
             *((WHOLE_BATCH,) if self.anchor_scope == "batch" else ()),
         )
 

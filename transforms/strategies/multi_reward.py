@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.features import NULLABLE_FEATURE
+from rescore.transforms.strategies.features import NullableColumn
 from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_sum
 from rescore.transforms.strategies.tensors import torch
@@ -73,7 +73,7 @@ class NormalizeThenSum(NormalizeThenSumParams):
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return tuple(NULLABLE_FEATURE + k for k in self.reward_keys)
+        return tuple(NullableColumn(k) for k in self.reward_keys)
 
     @property
     def keys(self) -> tuple[str, ...]:

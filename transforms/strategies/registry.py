@@ -38,6 +38,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, NewType
 
 from rescore.errors import ConfigError  # noqa: F401  (strategies raise it; defined in rescore/errors.py)
+from rescore.transforms.strategies.features import WHOLE_BATCH  # noqa: F401  (a need: features.py; gigpo, variance)
 
 
 FILTER, ADVANTAGE, DUPLICATE = "filter", "advantage", "duplicate"
@@ -47,9 +48,6 @@ SHAPE = "shape"
 """Reward shaping: runs first, before any filter or statistic, and returns new per-row rewards
 (chain.py); several shaping strategies chain in the order given."""
 
-WHOLE_BATCH = "@whole_batch"
-"""A strategy need: it pools rows across the task groups of a batch (gigpo's anchor_scope=batch),
-so every row of a batch goes to one shuffle bucket (rows/keys.py: bucket_of)."""
 
 Column = NewType("Column", str)
 Path = NewType("Path", str)

@@ -33,16 +33,19 @@ import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON
-from rescore.transforms.strategies.features import DISCOUNT_COLUMNS, discount_need
+from rescore.transforms.strategies.features import Feature, FeatureRows
 from rescore.transforms.strategies.flat import action_means, flat_segment_sum
 from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.tensors import torch
+from rescore.transforms.strategies.token_baseline_math import moment_values
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 TRINITY, VERL = "trinity", "verl"
+DISCOUNT_COLUMNS = ("discount_a", "discount_b")
+"""The light columns of a DiscountSums need: sum of c_t, sum of c_t^2 over a row's action tokens."""
 
 
 def geometric_sum(ratio: float, count: Tensor) -> Tensor:
@@ -148,6 +151,27 @@ def reinforce_pp_tokens(
 
 
 @dataclass(frozen=True)
+class DiscountSums(Feature):
+    """Need (REINFORCE++ with Trinity's discounting, gamma != 1): light columns DISCOUNT_COLUMNS,
+    each row's sums over its action tokens of c_t and c_t^2 (token_discounts)."""
+
+    gamma: float
+    mode: str
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray]:
+        lengths = np.asarray(rows.response_lengths(), dtype=np.int64)
+        mask = rows.action_values()
+        values = np.asarray(mask, dtype=np.float64) if mask is not None else np.ones(int(lengths.sum()))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        last = np.zeros(len(lengths), dtype=bool)
+        nonempty = lengths > 0
+        last[nonempty] = values[offsets[1:][nonempty] - 1] != 0
+        c = token_discounts(self.gamma, self.mode, lengths, values, last) * values
+        return dict(zip(DISCOUNT_COLUMNS, (flat_segment_sum(c, offsets), flat_segment_sum(c * c, offsets))))
+
+
+@dataclass(frozen=True)
 class ReinforcePlusPlusParams(StrategyParams):
     gamma: float = param(1.0, minimum=0.0, between=(0.0, 1.0))
 
@@ -159,10 +183,10 @@ class ReinforcePlusPlus(ReinforcePlusPlusParams):
     batch_level = True
 
     @property
-    def needs(self) -> tuple[str, ...]:
+    def needs(self) -> tuple:
         # Trinity discounts masked positions too, so with gamma != 1 the sums depend on where
         # the action tokens are: computed per row when the row is read.
-        return (discount_need(self.gamma, self.mode),) if self.mode == TRINITY and self.gamma != 1.0 else ()
+        return (DiscountSums(float(self.gamma), self.mode),) if self.mode == TRINITY and self.gamma != 1.0 else ()
 
     def _sums(self, rows: GroupedRows) -> tuple[Tensor, Tensor]:
         if DISCOUNT_COLUMNS[0] in rows.columns:
@@ -174,8 +198,6 @@ class ReinforcePlusPlus(ReinforcePlusPlusParams):
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         a, b = self._sums(rows)
         if "kl_a" in rows.columns:  # kl_penalty before it: returns r c_t - K_t (shaping.py)
-            from rescore.transforms.strategies.token_baseline import moment_values
-
             c = rows.columns
             r = rows.reward + c["kl_pen"]  # the outcome reward, before the KL the shaping took off
             s1 = r * a - c["kl_a"]

@@ -5,8 +5,8 @@
           shorter than n tokens
     the filter drops a row whose ratio > max_ratio
 
-The ratio is computed where the row is read (rows/keys.py, need `@ngram_repeat:N`: the tokens
-never cross the shuffle) by `ngram_repeat_ratio`, numpy only.
+The ratio is computed where the row is read (the need NgramRepeat(N): the tokens never cross
+the shuffle) by `ngram_repeat_ratio`, numpy only.
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.features import NGRAM_FEATURE, ngram_column
+from rescore.transforms.strategies.features import Feature, FeatureRows
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.registry import FILTER, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats
-from rescore.transforms.strategies.tensors import torch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -52,6 +51,29 @@ def ngram_repeat_ratio(tokens: np.ndarray, offsets: np.ndarray, n: int) -> np.nd
 
 
 @dataclass(frozen=True)
+class NgramRepeat(Feature):
+    """Need: light column x.ngram_repeat_N, the repeat ratio of each row's response tokens
+    (the last response-length tokens of `tokens`)."""
+
+    n: int
+
+    @property
+    def column(self) -> str:
+        return f"ngram_repeat_{self.n}"
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray]:
+        tokens = rows.tokens("tokens")
+        values = np.asarray(tokens.values, dtype=np.int64)
+        token_offsets = np.asarray(tokens.offsets, dtype=np.int64)
+        ends = token_offsets[1:]
+        starts = ends - np.minimum(np.asarray(rows.response_lengths(), dtype=np.int64), np.diff(token_offsets))
+        lengths = ends - starts
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return {self.column: ngram_repeat_ratio(values[index], offsets, self.n)}
+
+
 class NgramRepetitionFilterParams(StrategyParams):
     rep_len: int = param(10, minimum=1)
     max_ratio: float = param(0.5, between=(0.0, 1.0))
@@ -63,11 +85,11 @@ class NgramRepetitionFilter(NgramRepetitionFilterParams):
 
     @property
     def column(self) -> str:
-        return ngram_column(self.rep_len)
+        return NgramRepeat(self.rep_len).column
 
     @property
-    def needs(self) -> tuple[str, ...]:
-        return ("tokens", f"{NGRAM_FEATURE}{self.rep_len}")
+    def needs(self) -> tuple:
+        return ("tokens", NgramRepeat(self.rep_len))
 
     def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
         ratio = rows.columns[self.column]

@@ -24,14 +24,13 @@ the row is read, as a light column; tokens never cross the shuffle.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from rescore.transforms.strategies.base import ADVANTAGE, GroupedRows, Scores
-from rescore.transforms.strategies.features import KL_FEATURE, OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.features import Feature, FeatureRows, OptionalColumn
 from rescore.transforms.strategies.filters import truncated_flags
 from rescore.transforms.strategies.registry import SHAPE, Column, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats
@@ -109,7 +108,7 @@ class RewardShapingParams(StrategyParams):
 class RewardShaping(_Shaping, RewardShapingParams):
     @property
     def needs(self) -> tuple[str, ...]:
-        return () if self.stats_key is None else (OPTIONAL + self.stats_key,)
+        return () if self.stats_key is None else (OptionalColumn(self.stats_key),)
 
     def shape(self, rows: GroupedRows) -> Tensor:
         reward = rows.reward
@@ -233,9 +232,8 @@ class KLPenalty(_Shaping, KLPenaltyParams):
         """With verl's reinforce_plus_plus after it, the features its batch statistics need."""
         return self._needs(_token_partner(chain))
 
-    def _needs(self, gamma: float | None) -> tuple[str, ...]:
-        feature = {"stage": [self.name, self.params], "correction": None, "discount": gamma}
-        return ("logprobs", self.ref_logprobs, KL_FEATURE + json.dumps(feature, sort_keys=True, separators=(",", ":")))
+    def _needs(self, gamma: float | None) -> tuple:
+        return ("logprobs", self.ref_logprobs, KLSums(self, gamma))
 
     def _masked_kl(self, rows) -> np.ndarray:
         """(T,) kl_t * m_t over the response tokens."""
@@ -294,6 +292,20 @@ class KLPenalty(_Shaping, KLPenaltyParams):
                 f"{self.name} before {adv.name}: not with a filter that rewrites or zeroes the action mask "
                 f"({chain.stage('filter').name}) yet"
             )
+
+
+@dataclass(frozen=True)
+class KLSums(Feature):
+    """Need of kl_penalty `stage`: light column x.kl_sum, each row's sum over action tokens of
+    the KL estimate between logprobs and ref_logprobs; with `discount` (the gamma of verl's
+    reinforce_plus_plus after it) also x.kl_pen, x.kl_a, x.kl_c and x.kl_k2
+    (KLPenalty.light_features)."""
+
+    stage: KLPenalty
+    discount: float | None = None
+
+    def light(self, rows: FeatureRows) -> dict[str, np.ndarray]:
+        return self.stage.light_features(rows, None, self.discount)
 
 
 def _token_partner(chain) -> float | None:

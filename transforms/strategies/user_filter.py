@@ -28,7 +28,7 @@ import numpy as np
 
 from rescore.errors import first_line
 from rescore.transforms.strategies.base import GroupedRows, Scores
-from rescore.transforms.strategies.features import OPTIONAL_FEATURE as OPTIONAL
+from rescore.transforms.strategies.features import OptionalColumn
 from rescore.transforms.strategies.registry import FILTER, Column, StrategyParams, register
 from rescore.transforms.strategies.segments import group_stats, per_row
 from rescore.transforms.strategies.tensors import torch
@@ -81,7 +81,7 @@ class GroupFilter(GroupFilterParams):
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return tuple(OPTIONAL + c for c in self.columns)
+        return tuple(OptionalColumn(c) for c in self.columns)
 
     def _decide(self, rows: GroupedRows) -> tuple[np.ndarray, list[str | None]]:
         """(G,) keep and (G,) reasons of each group."""
