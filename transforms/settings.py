@@ -58,6 +58,9 @@ class Option:
     plain: bool = False
     """A command line with it may still have its first read units decoded before Beam and
     torch import (pipelines/early.py): it changes neither what is read nor where."""
+    parse: Callable[[str], Any] | None = None
+    """argparse's type=, where the field's type is not enough (its ArgumentTypeError is the
+    option's one error line)."""
 
 
 def option(default: Any = MISSING, *, help: str | Callable[[], str], default_factory: Any = MISSING, **how) -> Any:
@@ -131,6 +134,20 @@ def one_of(flag: str, value: Any, choices: tuple[str, ...], what: str) -> str | 
     if value not in choices:
         return f"{what} must be one of {', '.join(choices)}, got {value!r}"
     return None
+
+
+def seconds_arg(text: str) -> float:
+    """A flag's value as a finite number of seconds >= 0 (an `Option.parse`): argparse's own
+    one-line message otherwise."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of seconds >= 0 (0: no limit), got {text!r}") from None
+    if not (0.0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expects a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 MAX_MEGABYTES = (1 << 43) - 1
