@@ -38,7 +38,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from rescore.errors import ConfigError, RejectBudgetExceeded, first_line
-from rescore.pipelines import __version__, flink_job, incremental, sources
+from rescore.pipelines import __version__, flink_job, incremental, sources, task_history
 from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, local_buckets
 from rescore.pipelines.progress import Progress
 from rescore.transforms import device as devices
@@ -58,12 +58,13 @@ log = logging.getLogger("rescore")
 
 def build(
     p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict,
-    unit_store: UnitStoreHandle | None = None,
+    unit_store: UnitStoreHandle | None = None, task_history: dict | None = None,
 ) -> UnitStoreHandle:
     """The whole job: read -> score -> plan copies -> write -> finalize. `unit_store`: the run's
     prefetch, unit cache and slice decoders, and the finalize step's document
     (transforms/unit_store.py); None: a new one (no prefetch). Returns it: the launcher closes
-    it when the run ends."""
+    it when the run ends. `task_history`: the task-stats tables the stages match rows against
+    (pipelines/task_history.py resolve), read before any work."""
     # The shells are imported here, not with this module: they load torch, which option
     # parsing, --help and a bad command line never need.
     from rescore.transforms.copies import PlanCopies
@@ -88,7 +89,7 @@ def build(
         )
     read = units | "ReadExperiences" >> ReadExperiences(
         plan, settings, needs=scoring.needs, keep_units=_one_process(p.options), progress=progress,
-        unit_store=unit_store,
+        unit_store=unit_store, task_history=task_history,
     )
     scored = read.light | "ScoreGroups" >> ScoreGroups(scoring, settings, progress=progress)
     copies = None  # no duplicate stage: no copy plans
@@ -262,6 +263,7 @@ def build_job(
     from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)
+    history = task_history.resolve(scoring)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files
     plan = plan_input(
@@ -286,7 +288,7 @@ def build_job(
         prepare_output(cfg.output, plan, cfg.overwrite)
     info = run_info(cfg, scoring, models=models_info, extra=extra_info)
     p = beam.Pipeline(options=options)
-    build(p, plan, scoring, cfg, info, unit_store)
+    build(p, plan, scoring, cfg, info, unit_store, task_history=history)
     return p, plan, info, unit_store
 
 
@@ -348,6 +350,7 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
     from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)
+    history = task_history.resolve(scoring)
     incremental.check(cfg, scoring)
     options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)
@@ -359,7 +362,7 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
     info = run_info(run.cfg, scoring, extra={"incremental": run.info})
     if run.plan is not None:  # else only deleted files: their rows are removed, nothing is read
         p = beam.Pipeline(options=options)
-        unit_store = build(p, run.plan, scoring, run.cfg, info)
+        unit_store = build(p, run.plan, scoring, run.cfg, info, task_history=history)
         try:
             doc = _run_built(run.cfg, p, run.plan, info, unit_store, unpublished=incremental.UNPUBLISHED)
         finally:

@@ -22,6 +22,7 @@ from rescore.transforms.strategies.features import (  # noqa: F401  (the feature
     OPTIONAL_FEATURE, TASK_HISTORY_COLUMN, TASK_HISTORY_FEATURE, TOKEN_BASELINE_FEATURE, discount_params, ngram_column,
 )
 from rescore.transforms.strategies.flat import flat_segment_sum
+from rescore.transforms.rows.task_stats import TaskHistory, history_rates
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
@@ -43,13 +44,15 @@ def light_columns(needs: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
-def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = ()) -> pa.Table:
+def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple[str, ...] = (),
+               task_history: dict[str, TaskHistory] | None = None) -> pa.Table:
     """One light row per valid row of `table` (a read unit's rows, in file order).
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
     (int64), response_length (int64), last_action (bool); x.NAME for each scalar column NAME
     in `needs` (see EXTRA_PREFIX; a string column as large_string, null kept); mean_logprob (float64, mean over action tokens, -inf without any) when `needs`
-    has logprobs; expert (bool) when it has expert.
+    has logprobs; expert (bool) when it has expert. task_history: the tables of the `@task_history:PATH`
+    needs, by PATH, as the launcher read them (pipelines/task_history.py).
     """
     with_logprobs = "logprobs" in needs
     ok_rows = np.flatnonzero(check.ok)
@@ -150,9 +153,10 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
                     columns[EXTRA_PREFIX + key] = pa.array(np.asarray(values, dtype=np.float64))
             continue
         if name.startswith(TASK_HISTORY_FEATURE):  # pass_rate_band's history, matched by the exact task
-            from rescore.transforms.rows.task_stats import history_rates
-
-            columns[EXTRA_PREFIX + TASK_HISTORY_COLUMN] = pa.array(history_rates(columns["task"], name[len(TASK_HISTORY_FEATURE) :]))
+            path = name[len(TASK_HISTORY_FEATURE) :]
+            if path not in (task_history or {}):
+                raise ValueError(f"need {name!r}: the launcher resolves a task-stats table before the run (pipelines/task_history.py)")
+            columns[EXTRA_PREFIX + TASK_HISTORY_COLUMN] = pa.array(history_rates(columns["task"], task_history[path]))
             continue
         if name in NOT_EXTRA or name == WHOLE_BATCH:
             continue

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rescore.transforms.files.layout import task_stats_table
 from rescore.transforms.strategies.registry import (
     ADVANTAGE,
     DUPLICATE,
@@ -466,13 +465,7 @@ class PassRateBandParams(StrategyParams):
     def check(cls, values: dict[str, Any], strategy: str) -> None:
         if not values["lo"] < values["hi"]:
             raise ConfigError(f"{strategy}: needs lo < hi, got lo={values['lo']!r}, hi={values['hi']!r}")
-        path = values["task_stats"]
-        if path is not None and "://" not in path:
-            import os
-
-            table = task_stats_table(path)
-            if not os.path.isfile(table):
-                raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")
+        # task_stats names a table; the launcher reads it before the run (pipelines/task_history.py)
 
 # --- the normalisation family, MaxRL, FlashREINFORCE (normalize.py) ----------------------------
 

@@ -209,7 +209,8 @@ class PassRateBand(_Filter, PassRateBandParams):
     """Per group (no `task_stats`): the group's own pass rate. With `task_stats`: the task's
     pass rate over its whole history, matched by the task's exact value where the row is read
     (the need TASK_HISTORY_FEATURE: a hash never decides that two tasks are one); a task
-    missing from the table is kept or dropped by `unseen`. The table is read once per process."""
+    missing from the table is kept or dropped by `unseen`. The launcher reads the table before the
+    run (pipelines/task_history.py); this module never touches a file."""
 
     @property
     def needs(self) -> tuple[str, ...]:
