@@ -180,7 +180,9 @@ class StepSettings:
         help=f"shuffle buckets (default {DEFAULT_BUCKETS}; in-process: one per {LOCAL_BUCKET_ROWS:,} rows, 8 to {DEFAULT_BUCKETS})",
     )
     shard_rows: int = option(
-        DEFAULT_SHARD_ROWS, plain=True, check=positive_int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})",
+        DEFAULT_SHARD_ROWS, plain=True, check=positive_int,
+        help=f"rows per read unit, the unit of work: each unit's scored rows are one output file, "
+        f"an SQL buffer is read in id ranges of as many rows (default {DEFAULT_SHARD_ROWS}; docs/scaling.md)",
     )
     max_reject_fraction: float = option(
         DEFAULT_MAX_REJECT_FRACTION, plain=True, check=_fraction,
