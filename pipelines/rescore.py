@@ -148,27 +148,6 @@ def _one_process(options: PipelineOptions) -> bool:
     return runner in devices.LOCAL_RUNNERS and options.view_as(DirectOptions).direct_running_mode in ("in_memory", "multi_threading")
 
 
-SAMPLER_PERIOD_MS = 20
-"""The longest sleep of Beam's state sampler in an in-process run (Beam's default: 200 ms)."""
-
-
-def shorten_sampler_period() -> None:
-    """Beam's state sampler, one thread per bundle that times each step for the msec counters,
-    sleeps up to 200 ms between samples, and every bundle's end joins it: about 0.1 s of an idle
-    core at the end of each long bundle (a 1,024,000-row run waited 0.22 s in all, 0.05 s with
-    20 ms). Beam reads the period from a default argument; this lowers that default to
-    SAMPLER_PERIOD_MS, for the bundles this process runs. Only the timing figures get finer;
-    nothing where Beam's signature is not the one this was written for."""
-    try:
-        from apache_beam.runners.worker import statesampler
-
-        init = statesampler.StateSampler.__init__
-        if init.__defaults__ == (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):
-            init.__defaults__ = (SAMPLER_PERIOD_MS,)
-    except (ImportError, AttributeError):  # pragma: no cover - another Beam
-        pass
-
-
 def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
     """The job runs in this process (_one_process), on files as they are (no model stage), and
     is not a dry run."""
@@ -383,8 +362,6 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:
         result = p.run()
         return {**run_info, "submitted": True, "job_id": getattr(result, "job_id", lambda: None)()}
-    if _one_process(p.options):
-        shorten_sampler_period()
     on_flink = flink_job.on_cluster(p.options, cfg.output)  # None but on a Flink session cluster
     try:
         with flink_job.quiet_message_thread(), Progress(
