@@ -17,7 +17,7 @@ from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from rescore.errors import ConfigError
-from rescore.pipelines.model_flags import add_model_flags
+from rescore.pipelines.model_flags import MODEL_FLAGS, MODEL_GROUP
 from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.settings import (
     StepSettings,
@@ -154,7 +154,7 @@ class RunConfig(StepSettings):
         default_factory=ModelOptions, flags=None,
         help="mapping of model-stage settings: teacher_model, reward_model, reward_fn, ... (docs/models.md)",
     )
-    """The model-stage flags are their own group (pipelines/model_flags.py)."""
+    """The model stage's options are ModelOptions' fields, --help's last group (pipelines/model_flags.py)."""
     beam_args: list[str] = option(
         default_factory=list, flags=None, yaml="pipeline_options", yaml_check=_mapping,
         help="mapping of Beam pipeline options",
@@ -248,19 +248,19 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{first} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-def _add(group, f: Field) -> None:
+def _add(group, f: Field, declared_in: type = RunConfig) -> None:
     o = spec(f)
     names = flags_of(f)
     if not names:
         return
-    kind = value_type(RunConfig, f)
+    kind = value_type(declared_in, f)
     how: dict[str, Any] = {"dest": dest(f), "help": _help(f)}
     if o.repeat:
         how["action"] = "append"
     elif kind is bool:
         how.update(action="store_true", default=None)
-    elif kind in (int, float):
-        how["type"] = kind
+    elif o.parse or kind in (int, float):
+        how["type"] = o.parse or kind
     if o.choices:
         how["choices"] = list(o.choices)
     if o.metavar:
@@ -269,8 +269,9 @@ def _add(group, f: Field) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The `rescore` run command's parser, from the table (and the model stage's flags). --help
-    lists the common options first, then the rest under headings (HELP_GROUPS)."""
+    """The `rescore` run command's parser, from the table and the model stage's options
+    (ModelOptions, pipelines/model_flags.py). --help lists the common options first, then the
+    rest under headings (HELP_GROUPS), the model stage's last."""
     p = _Parser(
         prog="rescore",
         usage=USAGE,
@@ -292,7 +293,9 @@ def parser() -> argparse.ArgumentParser:
         group = p.add_argument_group(OTHER_GROUP)
         for f in by_name.values():
             _add(group, f)
-    add_model_flags(p)
+    group = p.add_argument_group(MODEL_GROUP)
+    for f in MODEL_FLAGS:
+        _add(group, f, ModelOptions)
     return p
 
 

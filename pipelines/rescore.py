@@ -38,7 +38,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from rescore.errors import ConfigError, RejectBudgetExceeded, first_line
-from rescore.pipelines import __version__, flink_job, incremental, sources
+from rescore.pipelines import __version__, flink_job, incremental, sources, task_history
 from rescore.pipelines.config import DEFAULT_RUNNER, RunConfig, local_buckets
 from rescore.pipelines.progress import Progress
 from rescore.transforms import device as devices
@@ -58,12 +58,13 @@ log = logging.getLogger("rescore")
 
 def build(
     p: beam.Pipeline, plan: InputPlan, scoring: StrategyChain, cfg: RunConfig, run_info: dict,
-    unit_store: UnitStoreHandle | None = None,
+    unit_store: UnitStoreHandle | None = None, task_history: dict | None = None,
 ) -> UnitStoreHandle:
     """The whole job: read -> score -> plan copies -> write -> finalize. `unit_store`: the run's
     prefetch, unit cache and slice decoders, and the finalize step's document
     (transforms/unit_store.py); None: a new one (no prefetch). Returns it: the launcher closes
-    it when the run ends."""
+    it when the run ends. `task_history`: the task-stats tables the stages match rows against
+    (pipelines/task_history.py resolve), read before any work."""
     # The shells are imported here, not with this module: they load torch, which option
     # parsing, --help and a bad command line never need.
     from rescore.transforms.copies import PlanCopies
@@ -88,7 +89,7 @@ def build(
         )
     read = units | "ReadExperiences" >> ReadExperiences(
         plan, settings, needs=scoring.needs, keep_units=_one_process(p.options), progress=progress,
-        unit_store=unit_store,
+        unit_store=unit_store, task_history=task_history,
     )
     scored = read.light | "ScoreGroups" >> ScoreGroups(scoring, settings, progress=progress)
     copies = None  # no duplicate stage: no copy plans
@@ -145,27 +146,6 @@ def _one_process(options: PipelineOptions) -> bool:
     """Every step runs in this process: the default local runner, in memory or on threads."""
     runner = options.view_as(StandardOptions).runner or DEFAULT_RUNNER
     return runner in devices.LOCAL_RUNNERS and options.view_as(DirectOptions).direct_running_mode in ("in_memory", "multi_threading")
-
-
-SAMPLER_PERIOD_MS = 20
-"""The longest sleep of Beam's state sampler in an in-process run (Beam's default: 200 ms)."""
-
-
-def shorten_sampler_period() -> None:
-    """Beam's state sampler, one thread per bundle that times each step for the msec counters,
-    sleeps up to 200 ms between samples, and every bundle's end joins it: about 0.1 s of an idle
-    core at the end of each long bundle (a 1,024,000-row run waited 0.22 s in all, 0.05 s with
-    20 ms). Beam reads the period from a default argument; this lowers that default to
-    SAMPLER_PERIOD_MS, for the bundles this process runs. Only the timing figures get finer;
-    nothing where Beam's signature is not the one this was written for."""
-    try:
-        from apache_beam.runners.worker import statesampler
-
-        init = statesampler.StateSampler.__init__
-        if init.__defaults__ == (statesampler.DEFAULT_SAMPLING_PERIOD_MS,):
-            init.__defaults__ = (SAMPLER_PERIOD_MS,)
-    except (ImportError, AttributeError):  # pragma: no cover - another Beam
-        pass
 
 
 def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
@@ -265,6 +245,7 @@ def build_job(
     from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)
+    history = task_history.resolve(scoring)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files
     plan = plan_input(
@@ -289,7 +270,7 @@ def build_job(
         prepare_output(cfg.output, plan, cfg.overwrite)
     info = run_info(cfg, scoring, models=models_info, extra=extra_info)
     p = beam.Pipeline(options=options)
-    build(p, plan, scoring, cfg, info, unit_store)
+    build(p, plan, scoring, cfg, info, unit_store, task_history=history)
     return p, plan, info, unit_store
 
 
@@ -351,6 +332,7 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
     from rescore.transforms.strategies import build_chain  # imports torch
 
     scoring = build_chain(cfg.strategies, cfg.params)
+    history = task_history.resolve(scoring)
     incremental.check(cfg, scoring)
     options = PipelineOptions(cfg.beam_args)
     _check_local_device(cfg, options)
@@ -362,7 +344,7 @@ def _run_incremental(cfg: RunConfig) -> dict[str, Any]:
     info = run_info(run.cfg, scoring, extra={"incremental": run.info})
     if run.plan is not None:  # else only deleted files: their rows are removed, nothing is read
         p = beam.Pipeline(options=options)
-        unit_store = build(p, run.plan, scoring, run.cfg, info)
+        unit_store = build(p, run.plan, scoring, run.cfg, info, task_history=history)
         try:
             doc = _run_built(run.cfg, p, run.plan, info, unit_store, unpublished=incremental.UNPUBLISHED)
         finally:
@@ -383,8 +365,6 @@ def _run_built(cfg: RunConfig, p: beam.Pipeline, plan: InputPlan, run_info: dict
     if not cfg.wait and p.options.view_as(StandardOptions).runner not in devices.LOCAL_RUNNERS:
         result = p.run()
         return {**run_info, "submitted": True, "job_id": getattr(result, "job_id", lambda: None)()}
-    if _one_process(p.options):
-        shorten_sampler_period()
     on_flink = flink_job.on_cluster(p.options, cfg.output)  # None but on a Flink session cluster
     try:
         with flink_job.quiet_message_thread(), Progress(

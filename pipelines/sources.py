@@ -206,7 +206,10 @@ def staged(cfg: RunConfig) -> Iterator[tuple[RunConfig, dict[str, Any]]]:
     _check(cfg)
     from rescore.transforms.strategies import build_chain  # torch: only where a source is staged
 
-    build_chain(cfg.strategies, cfg.params)  # a bad strategy or parameter: exit 2 before anything is staged
+    from rescore.pipelines import task_history
+
+    # a bad strategy, parameter or task-stats table: exit 2 before anything is staged
+    task_history.resolve(build_chain(cfg.strategies, cfg.params))
     if cfg.output_db:
         from rescore.transforms import sql_database
 

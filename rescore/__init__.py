@@ -30,7 +30,8 @@ if not _os.path.isdir(_os.path.join(__path__[0], "pipelines")) and _os.path.isfi
 def load_scored(path: str, *, columns: list[str] | None = None, storage_options: dict | None = None):
     """The current scored rows of any Rescore output as a `pyarrow.Table`: a one-shot directory
     (`scored-*.parquet` under `_SUCCESS`) or an `--incremental` Delta Lake table. Imports neither
-    Beam nor torch (see `rescore.pipelines.load`)."""
-    from rescore.pipelines.load import load_scored as _load
+    Beam nor torch, and only when called (`import rescore` stays cheap): the reader lives in the
+    file layer, below the launcher (`rescore.transforms.files.scored`)."""
+    from rescore.transforms.files.scored import load_scored as _load
 
     return _load(path, columns=columns, storage_options=storage_options)

@@ -89,3 +89,30 @@ def test_installed_top_level_is_rescore_alone():
     }
     assert {"transforms/strategies", "transforms/files"} <= on_disk
     assert {f"rescore.{d.replace(os.sep, '.')}" for d in on_disk} <= set(conf["packages"])
+
+
+def test_load_scored_reads_below_the_launcher(tmp_path):
+    """`rescore.load_scored` hands on the file layer's reader (transforms/files/scored.py), the
+    one `rescore.pipelines.load` also names: it reads a finished output without importing Beam,
+    torch or the launcher."""
+    import pyarrow as pa
+
+    import rescore
+    from rescore.pipelines import load
+    from rescore.transforms.files import scored
+
+    assert load.load_scored is scored.load_scored and load.OutputError is scored.OutputError
+    pq.write_table(pa.table({"batch": [0, 0, 1], "task": [3, 3, 4], "score": [0.5, -0.5, 0.0]}),
+                   str(tmp_path / "scored-00000-of-00001.parquet"))
+    (tmp_path / "_SUCCESS").write_text("")
+    code = ("import json, sys, rescore\n"
+            f"t = rescore.load_scored({str(tmp_path)!r})\n"
+            "print(json.dumps([t.num_rows, t['score'].to_pylist(),"
+            " sorted(m for m in sys.modules if m.split('.')[0] in {'apache_beam', 'torch'} or m.startswith('rescore.pipelines'))]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == '[3, [0.5, -0.5, 0.0], []]'
+    (tmp_path / "_SUCCESS").unlink()
+    with pytest.raises(rescore.errors.NotFinishedOutputError, match="not a finished Rescore output"):
+        rescore.load_scored(str(tmp_path))

@@ -31,9 +31,10 @@ class _ReadLight(beam.DoFn):
 
     def __init__(
         self, plan: InputPlan, needs: tuple[str, ...], settings: StepSettings, keep_units: bool = False,
-        progress: str | None = None, unit_store: UnitStoreHandle | None = None,
+        progress: str | None = None, unit_store: UnitStoreHandle | None = None, task_history: dict | None = None,
     ):
         self._units = plan.units
+        self._task_history = task_history
         self._unit_store = unit_store
         self._progress = progress
         self._task_type = plan.task_type
@@ -62,7 +63,7 @@ class _ReadLight(beam.DoFn):
         if len(bad):
             batch = table["batch"].take(pa.array(bad))
             rejected = (unit.index, rejected_records(bad, batch, check.reasons[bad]))
-        light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs)
+        light = light_rows(unit.index, table, check, task_type=self._task_type, needs=self._needs, task_history=self._task_history)
         progress_marks.mark(self._progress, progress_marks.read_mark(unit.index, table.num_rows - len(bad)))
         return table.num_rows, rejected, list(split_by(light, bucket_of(light, self._settings.buckets, whole_batches=WHOLE_BATCH in self._needs)))
 
@@ -100,9 +101,11 @@ class ReadExperiences(beam.PTransform):
 
     def __init__(
         self, plan: InputPlan, settings: StepSettings = StepSettings(), *, needs: tuple[str, ...], keep_units: bool = False,
-        progress: str | None = None, unit_store: UnitStoreHandle | None = None,
+        progress: str | None = None, unit_store: UnitStoreHandle | None = None, task_history: dict | None = None,
     ):
         """settings: the run's (buckets, io_threads); needs: the columns the strategies read.
+        task_history: {PATH: TaskHistory} of the task-history needs (filters.TaskHistory), read by the launcher
+        (pipelines/task_history.py): the numbers the rows' tasks are matched against.
         progress: the directory of the run's progress marks (transforms/files/progress_marks.py).
         unit_store: the run's UnitStoreHandle (transforms/unit_store.py): the prefetched units
         taken, the cache offered to, the slice decoders; None: a store of this step's own,
@@ -117,6 +120,7 @@ class ReadExperiences(beam.PTransform):
         self._settings = settings
         self._keep_units = keep_units
         self._progress = progress
+        self._task_history = task_history
 
     def expand(self, pbegin) -> ReadRows:
         # Applied to the pipeline, it reads every unit; applied to a PCollection of unit
@@ -126,6 +130,6 @@ class ReadExperiences(beam.PTransform):
         else:
             units = pbegin
         read = units | "ReadAndValidate" >> beam.ParDo(
-            _ReadLight(self._plan, self._needs, self._settings, self._keep_units, self._progress, self._unit_store)
+            _ReadLight(self._plan, self._needs, self._settings, self._keep_units, self._progress, self._unit_store, self._task_history)
         ).with_output_types(tuple[int, pa.Table]).with_outputs(_ReadLight.REJECTED, main="light")
         return ReadRows(read.light, unit_tables(read.rejected))

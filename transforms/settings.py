@@ -58,6 +58,9 @@ class Option:
     plain: bool = False
     """A command line with it may still have its first read units decoded before Beam and
     torch import (pipelines/early.py): it changes neither what is read nor where."""
+    parse: Callable[[str], Any] | None = None
+    """argparse's type=, where the field's type is not enough (its ArgumentTypeError is the
+    option's one error line)."""
 
 
 def option(default: Any = MISSING, *, help: str | Callable[[], str], default_factory: Any = MISSING, **how) -> Any:
@@ -133,6 +136,20 @@ def one_of(flag: str, value: Any, choices: tuple[str, ...], what: str) -> str | 
     return None
 
 
+def seconds_arg(text: str) -> float:
+    """A flag's value as a finite number of seconds >= 0 (an `Option.parse`): argparse's own
+    one-line message otherwise."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of seconds >= 0 (0: no limit), got {text!r}") from None
+    if not (0.0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expects a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
+
+
 MAX_MEGABYTES = (1 << 43) - 1
 """The largest MB value a memory option takes: just under 2**63 bytes (more does not fit a byte count)."""
 
@@ -163,7 +180,9 @@ class StepSettings:
         help=f"shuffle buckets (default {DEFAULT_BUCKETS}; in-process: one per {LOCAL_BUCKET_ROWS:,} rows, 8 to {DEFAULT_BUCKETS})",
     )
     shard_rows: int = option(
-        DEFAULT_SHARD_ROWS, plain=True, check=positive_int, help=f"rows per read unit and output file (default {DEFAULT_SHARD_ROWS})",
+        DEFAULT_SHARD_ROWS, plain=True, check=positive_int,
+        help=f"rows per read unit, the unit of work: each unit's scored rows are one output file, "
+        f"an SQL buffer is read in id ranges of as many rows (default {DEFAULT_SHARD_ROWS}; docs/scaling.md)",
     )
     max_reject_fraction: float = option(
         DEFAULT_MAX_REJECT_FRACTION, plain=True, check=_fraction,

@@ -1,5 +1,5 @@
 """Run options are declared once (transforms/settings.py StepSettings, pipelines/options.py
-RunConfig): the parser, --help, the --config keys and their checks, the settings the steps take
+RunConfig, transforms/rows/model_columns.py ModelOptions, all with `option()`): the parser, --help, the --config keys and their checks, the settings the steps take
 and early.py's plain-run flags all come from the declarations, and nothing else declares one."""
 
 import ast
@@ -23,8 +23,7 @@ from rescore.transforms.settings import StepSettings, flags_of, spec, step_setti
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_GROUP = "model stage"
-DECLARED_IN = {os.path.join("pipelines", "options.py"), os.path.join("transforms", "settings.py"),
-               os.path.join("pipelines", "model_flags.py")}
+DECLARED_IN = {os.path.join("pipelines", "options.py"), os.path.join("transforms", "settings.py")}
 
 
 def _run(*argv, tmp_path):
@@ -45,10 +44,19 @@ def test_the_parser_is_the_table():
     model = {o for g in p._action_groups if g.title and g.title.startswith(MODEL_GROUP) for a in g._group_actions
              for o in a.option_strings}
     assert set(actions) - {"-h", "--help"} - model == set(declared)
-    # the model stage's group is its table: one flag per ModelOptions field, typed by the field
-    assert model == {flag for m in MODEL_FLAGS for flag in m.flags}
-    assert [m.key for m in MODEL_FLAGS] == list(YAML_KEYS) and set(YAML_KEYS) == {f.name for f in fields(ModelOptions)}
+    # the model stage's group is its table: one flag per ModelOptions field, declared with option()
+    # like every other run option (dest, help, choices, type from the declaration)
+    assert all(spec(f) is not None for f in fields(ModelOptions))
+    assert model == {flag for f in MODEL_FLAGS for flag in flags_of(f)}
+    assert [f.name for f in MODEL_FLAGS] == list(YAML_KEYS) and set(YAML_KEYS) == {f.name for f in fields(ModelOptions)}
     assert (YAML_KEYS["batch_size"], YAML_KEYS["entropy"], YAML_KEYS["reward_fn_timeout"]) == (int, bool, float)
+    for f in MODEL_FLAGS:
+        assert actions[flags_of(f)[0]].dest == options.dest(f) and actions[flags_of(f)[0]].help == spec(f).help
+    assert [actions[flag].dest for flag in ("--model-dtype", "--model_dtype", "--model-accelerator", "--accelerator")] == [
+        "model_dtype", "model_dtype", "model_accelerator", "accelerator"]
+    assert list(actions["--model-dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
+    assert (actions["--model-batch-size"].type, actions["--reward-fn-timeout"].type.__name__) == (int, "seconds_arg")
+    assert actions["--entropy"].nargs == 0 and actions["--entropy"].default is None
     # --help's groups: the common options, then HELP_GROUPS' headings, each option in one of them
     # (none is left for the catch-all group while the headings cover every declared option)
     titled = {g.title: {o for a in g._group_actions for o in a.option_strings} for g in p._action_groups if g._group_actions}
@@ -130,7 +138,7 @@ def _declares(path: str, flags: set[str]) -> list[str]:
 def test_nothing_else_declares_a_run_option():
     """No other module adds a run option's flag (or a model stage's) to the run's parser, and the environment
     variables that set an option's default are read only in pipelines/options.py."""
-    flags = {flag for f in table() for flag in flags_of(f)} | {flag for m in MODEL_FLAGS for flag in m.flags}
+    flags = {flag for f in [*table(), *MODEL_FLAGS] for flag in flags_of(f)}
     envs = {spec(f).env for f in table() if spec(f).env}
     assert envs == {"RESCORE_UNIT_CACHE_MB", "RESCORE_READ_AHEAD_MB", "RESCORE_MEMORY_MB", "RESCORE_PROGRESS_SECONDS"}
     allowed: set[str] = set()  # the unit store takes the cache sizes from the run's settings
@@ -195,5 +203,5 @@ def test_the_readme_flag_table_has_every_option():
 
     rows = [line.split("|")[1] for line in open(os.path.join(ROOT, "README.md"), encoding="utf-8") if line.startswith("| `--")]
     heads = " ".join(rows)
-    flags = [flags_of(f)[0] for f in table() if flags_of(f)] + [m.flag for m in MODEL_FLAGS]
+    flags = [flags_of(f)[0] for f in [*table(), *MODEL_FLAGS] if flags_of(f)]
     assert [flag for flag in flags if not re.search(rf"{re.escape(flag)}\b", heads)] == []

@@ -66,7 +66,7 @@ def test_help_is_grouped_common_options_first(forked):
 
     listed = [line.split()[0].rstrip(",") for line in text[text.index("common options:"):].splitlines()
               if line.startswith("  -")]
-    declared = [flags_of(f)[0] for f in options.table() if flags_of(f)] + [m.flags[0] for m in MODEL_FLAGS]
+    declared = [flags_of(f)[0] for f in [*options.table(), *MODEL_FLAGS] if flags_of(f)]
     assert sorted(listed) == sorted(["-h", *declared])
     # 77 strategy names are `rescore strategies`' to list, not --help's
     assert "zero_variance_filter" not in text and "`rescore strategies` lists all" in " ".join(text.split())

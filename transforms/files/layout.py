@@ -15,7 +15,7 @@
     An --incremental output is a Delta table instead: _delta_log/, delta-rs data files and
     _rescore/ (its runs' work, pipelines/incremental.py; the table: transforms/files/delta_table.py).
 
-Names only: nothing here touches storage, so even `rescore.pipelines.load` (no Beam) uses it.
+Names only: nothing here touches storage, so even the output reader (`rescore.load_scored`, files/scored.py; no Beam) uses it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from rescore.transforms.rows.unit_rows import UnitRows
 from rescore.transforms.strategies.features import WHOLE_BATCH, Feature  # noqa: F401  (WHOLE_BATCH re-exported)
 from rescore.transforms.strategies.flat import TokenColumn, flat_segment_sum
 from rescore.transforms.strategies.hashing import exact_codes, mix64, string_keys
+from rescore.transforms.rows.task_stats import TaskHistory
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
@@ -37,7 +38,8 @@ def light_columns(needs: tuple) -> list[str]:
     return list(dict.fromkeys([*INPUT_BY_NAME, *wanted, "source_error"]))
 
 
-def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple = ()) -> pa.Table:
+def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple = (),
+               task_history: dict[str, TaskHistory] | None = None) -> pa.Table:
     """One light row per valid row of `table` (a read unit's rows, in file order).
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens
@@ -46,7 +48,8 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     OptionalColumn / NullableColumn (float64, NaN for a missing value); x.NAME for each light
     column a Feature in `needs` computes (strategies/features.py); mean_logprob (float64, mean
     over action tokens, -inf without any) when `needs` has logprobs; expert (bool) when it has
-    expert.
+    expert. task_history: the task-stats tables a Feature may ask for (UnitRows.task_history),
+    by path, as the launcher read them before the run (pipelines/task_history.py).
     """
     with_logprobs = "logprobs" in needs
     ok_rows = np.flatnonzero(check.ok)
@@ -105,7 +108,7 @@ def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.Dat
     unit_rows = None
     for need in needs:
         if isinstance(need, Feature):  # light columns the stage's own Feature computes
-            unit_rows = unit_rows or UnitRows(valid, response_length, mask_raw, columns["task"])
+            unit_rows = unit_rows or UnitRows(valid, response_length, mask_raw, columns["task"], task_history or {})
             for key, values in need.light(unit_rows).items():
                 columns[EXTRA_PREFIX + key] = _light_array(values)
             continue

@@ -16,12 +16,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rescore.transforms.settings import option, seconds_arg
+
 MODEL_REJECT = "_model_reject"
 """Side-file column: the reject reason of a row the model stage could not score."""
 LIST_TYPE = pa.list_(pa.float32())
 ORIGINAL = "_original"
 """A computed column that the input already has keeps the input's values as NAME_original."""
 
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""--model-dtype's values."""
 
 DEFAULT_REWARD_FN_TIMEOUT = 60.0
 """--reward-fn-timeout default, seconds per verifier call. A verifier call worth running takes
@@ -34,25 +39,59 @@ the worker's own process (no worker process, no pickling of rows), as before the
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """The model flags of a run (see docs/models.md)."""
+    """The model stage's options of a run (see docs/models.md), declared like every other run
+    option (transforms/settings.py `option`): each field is its flag, its key under `models:` in a
+    --config file and its --help line; pipelines/options.py builds the parser group from them and
+    pipelines/model_flags.py checks the values."""
 
-    teacher_model: str | None = None
-    logprob_model: str | None = None
-    reward_model: str | None = None
-    reward_fn: str | None = None
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    batch_size: int = 16
-    batch_tokens: int = 0
-    padding_side: str = "right"
-    accelerator: str | None = None
-    reward_fn_timeout: float | None = None
+    teacher_model: str | None = option(None, metavar="DIR", help="Hugging Face causal LM directory: fills teacher_logprobs")
+    logprob_model: str | None = option(
+        None, metavar="DIR", help="Hugging Face causal LM directory: fills logprobs (the input's kept as logprobs_original)",
+    )
+    reward_model: str | None = option(
+        None, metavar="DIR",
+        help="Hugging Face sequence-classification reward model: replaces reward (kept as reward_original)",
+    )
+    reward_fn: str | None = option(
+        None, metavar="MODULE:FUNCTION",
+        help="Python verifier over prompt/response text or tokens: replaces reward (kept as reward_original)",
+    )
+    tokenizer: str | None = option(None, metavar="DIR", help="Hugging Face tokenizer directory, for a --reward-fn that takes text")
+    dtype: str = option(
+        "auto", flags=("--model-dtype", "--model_dtype"), dest="model_dtype", choices=DTYPES,
+        help="model weights' dtype (default auto: bfloat16/float16 on a GPU, float32 on CPU)",
+    )
+    batch_size: int = option(
+        16, flags=("--model-batch-size", "--model_batch_size"), dest="model_batch_size", help="rows per model batch (default 16)",
+    )
+    batch_tokens: int = option(
+        0, flags=("--model-batch-tokens", "--model_batch_tokens"), dest="model_batch_tokens",
+        help="tokens per model batch instead of a row count (default 0: off)",
+    )
+    padding_side: str = option(
+        "right", flags=("--model-padding-side", "--model_padding_side"), dest="model_padding_side", choices=("right", "left"),
+        help="padding of model batches (default right; results do not depend on it)",
+    )
+    accelerator: str | None = option(
+        None, flags=("--model-accelerator", "--model_accelerator"), dest="model_accelerator", metavar="SPEC",
+        help="accelerator resource hint for the model stage only, e.g. 'type:nvidia-l4;count:1;install-nvidia-driver'",
+    )
+    reward_fn_timeout: float | None = option(
+        None, metavar="SECONDS", parse=seconds_arg,
+        help=f"with --reward-fn: seconds one verifier call may take before its row is rejected "
+        f"(default {DEFAULT_REWARD_FN_TIMEOUT:g}; 0: no limit, the verifier runs in the worker's own process)",
+    )
     """Seconds per --reward-fn call (0: no limit); None without a --reward-fn."""
-    entropy: bool = False
+    entropy: bool = option(False, help="with --logprob-model: also write per-token entropy (same forward pass)")
     """--entropy: per-token entropy from --logprob-model's forward pass."""
-    sum_pi_squared: bool = False
+    sum_pi_squared: bool = option(
+        False,
+        help="with --logprob-model: also write per-token sum_pi_squared, the sum over the vocabulary of p^2 (same forward pass)",
+    )
     """--sum-pi-squared: per-token sum over the vocabulary of p^2, from the same pass."""
-    ref_model: str | None = None
+    ref_model: str | None = option(
+        None, metavar="DIR", help="Hugging Face causal LM directory: fills ref_logprobs (the reference policy, for KL)",
+    )
     """--ref-model: a reference causal LM filling ref_logprobs (the log-prob code path)."""
 
     @property

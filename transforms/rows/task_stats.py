@@ -21,7 +21,6 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rescore.transforms.files.layout import task_stats_table
 
 SCALE = 1074
 """Every finite float64 is an integer times 2**-SCALE (the smallest subnormal)."""
@@ -248,42 +247,39 @@ def sort_key(row: dict[str, Any]) -> tuple:
     return (str(type(row["task"])), row["task"], row.get("batch", 0))
 
 
-_HISTORY: dict[tuple, tuple] = {}
+@dataclass(frozen=True, eq=False)
+class TaskHistory:
+    """pass_rate_band's history (`task_stats=PATH`): each task of a `rescore task-stats` table with
+    its pass rate. The launcher reads the table before any work (pipelines/task_history.py) and
+    hands these numbers to the read step, which matches each row's task against them
+    (history_rates): no step reads the file."""
 
+    tasks: pa.Array
+    """The table's task ids, each once."""
+    rates: "np.ndarray"
+    """(len(tasks),) float64 their pass rates (NaN for a null)."""
 
-def history_table(path: str) -> tuple[pa.Array, "np.ndarray"]:
-    """(task ids, their pass rates) of a `rescore task-stats` output (its directory or
-    task_stats.parquet), read once per process and file version. ValueError where a task is
-    listed twice (a table `rescore task-stats` did not write)."""
-    import os
+    @classmethod
+    def of(cls, table: pa.Table, where: str) -> "TaskHistory":
+        """From the `task` and `pass_rate` columns of a task_stats.parquet read at `where`.
+        ValueError where a task is listed twice (a table `rescore task-stats` did not write)."""
+        import numpy as np
 
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    table_path = task_stats_table(path)
-    if "://" in table_path:
-        key = (table_path,)
-    else:
-        stat = os.stat(table_path)
-        key = (os.path.abspath(table_path), stat.st_mtime_ns, stat.st_size)
-    if key not in _HISTORY:
-        table = pq.read_table(table_path, columns=["task", "pass_rate"])
         tasks = table["task"].combine_chunks()
         if pc.count_distinct(tasks, mode="all").as_py() != len(tasks):
             counts = pc.value_counts(tasks)
             twice = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
-            raise ValueError(f"{table_path}: task {twice!r} is listed more than once; the history filter cannot tell which pass rate is its")
-        _HISTORY[key] = (tasks, np.asarray(table["pass_rate"].fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64))
-    return _HISTORY[key]
+            raise ValueError(f"{where}: task {twice!r} is listed more than once; the history filter cannot tell which pass rate is its")
+        return cls(tasks, np.asarray(table["pass_rate"].fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64))
 
 
-def history_rates(task: pa.Array | pa.ChunkedArray, path: str) -> "np.ndarray":
-    """(n,) float64: the pass rate of each task of `task` in the history at `path`
-    (history_table), matched by the task's exact value; NaN for a task the table does not hold
-    (also every task where the table's ids are strings and these integers, or the reverse)."""
+def history_rates(task: pa.Array | pa.ChunkedArray, history: TaskHistory) -> "np.ndarray":
+    """(n,) float64: the pass rate of each task of `task` in `history`, matched by the task's
+    exact value; NaN for a task the table does not hold (also every task where the table's ids
+    are strings and these integers, or the reverse)."""
     import numpy as np
 
-    tasks, rates = history_table(path)
+    tasks, rates = history.tasks, history.rates
     task = task.combine_chunks() if isinstance(task, pa.ChunkedArray) else task
     common = _common_id_type(task.type, tasks.type)
     if common is None or len(tasks) == 0:

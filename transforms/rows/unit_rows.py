@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from rescore.schemas.lists import flat_list
 from rescore.transforms.rows.response import response_lengths
-from rescore.transforms.rows.task_stats import history_rates
+from rescore.transforms.rows.task_stats import TaskHistory, history_rates
 from rescore.transforms.strategies.flat import TokenColumn
 
 
@@ -39,14 +39,17 @@ class ArrowRows:
 class UnitRows(ArrowRows):
     """The valid rows of one read unit, as a Feature reads them (FeatureRows): `valid` (the
     rows), their response lengths as validation measured them, the flat action_mask values
-    (None without an action_mask column) and their task ids (as the light rows carry them)."""
+    (None without an action_mask column), their task ids (as the light rows carry them) and the
+    task-stats tables the launcher read (by path)."""
 
-    def __init__(self, valid: pa.Table, response_length: np.ndarray, mask_raw: np.ndarray | None, task: pa.Array):
+    def __init__(self, valid: pa.Table, response_length: np.ndarray, mask_raw: np.ndarray | None, task: pa.Array,
+                 task_history: dict[str, TaskHistory] | None = None):
         super().__init__(valid)
         self._response_length = response_length
         self._mask_raw = mask_raw
         self._mask_values = None
         self._task = task
+        self._task_history = task_history or {}
 
     def response_lengths(self) -> np.ndarray:
         return self._response_length
@@ -57,4 +60,9 @@ class UnitRows(ArrowRows):
         return self._mask_values
 
     def task_history(self, path: str) -> np.ndarray:
-        return history_rates(self._task, path)
+        """Each row's task pass rate in the `rescore task-stats` table at `path` (NaN: not
+        there), from the numbers the launcher read before the run (pipelines/task_history.py):
+        no read step opens the file."""
+        if path not in self._task_history:
+            raise ValueError(f"task_stats {path!r}: the launcher resolves the table before the run (pipelines/task_history.py)")
+        return history_rates(self._task, self._task_history[path])

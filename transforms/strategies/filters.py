@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from rescore.transforms.files.layout import task_stats_table
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows, group_reasons
 from rescore.transforms.strategies.features import Feature, FeatureRows, OptionalColumn
 from rescore.transforms.strategies.hashing import RESPONSE_TRUNCATED, string_key
@@ -280,13 +279,6 @@ class PassRateBandParams(StrategyParams):
     def check(cls, values: dict[str, Any], strategy: str) -> None:
         if not values["lo"] < values["hi"]:
             raise ConfigError(f"{strategy}: needs lo < hi, got lo={values['lo']!r}, hi={values['hi']!r}")
-        path = values["task_stats"]
-        if path is not None and "://" not in path:
-            import os
-
-            table = task_stats_table(path)
-            if not os.path.isfile(table):
-                raise ConfigError(f"{strategy}: task_stats {path!r} is not a `rescore task-stats` output (no task_stats.parquet)")
 
 
 @register("pass_rate_band", kind=FILTER, summary="keep tasks whose pass rate (share of rows with reward >= threshold) lies strictly inside (lo, hi): "
@@ -295,7 +287,8 @@ class PassRateBand(_Filter, PassRateBandParams):
     """Per group (no `task_stats`): the group's own pass rate. With `task_stats`: the task's
     pass rate over its whole history, matched by the task's exact value where the row is read
     (the need TaskHistory: a hash never decides that two tasks are one); a task
-    missing from the table is kept or dropped by `unseen`. The table is read once per process."""
+    missing from the table is kept or dropped by `unseen`. The launcher reads the table before the
+    run (pipelines/task_history.py); this module never touches a file."""
 
     @property
     def needs(self) -> tuple[str, ...]:
