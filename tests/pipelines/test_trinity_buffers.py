@@ -54,7 +54,7 @@ class _Evil:
 
 def _sample_buffer(path, **kw):
     from rescore.pipelines.sample import make_experience
-    from rescore.pipelines.sample_formats import write_trinity_sqlite
+    from rescore.pipelines.doors.trinity_sql import write_trinity_sqlite
 
     write_trinity_sqlite(make_experience(seed=kw.pop("seed", 0), **kw), str(path), "experience")
     return f"sqlite:///{path}"
