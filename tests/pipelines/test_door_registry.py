@@ -5,6 +5,7 @@ from this module (no Rescore file touched) is read end to end."""
 
 import csv
 import os
+from dataclasses import fields
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,6 +17,7 @@ from data import read_output
 from rescore.errors import ConfigError
 from rescore.pipelines import doors
 from rescore.pipelines.config import parse_args
+from rescore.pipelines.options import RunConfig
 
 
 def _cfg(**kw):
@@ -30,6 +32,8 @@ def test_the_builtin_doors_and_what_is_derived_from_them():
     assert doors.input_format_help() == "parquet (default) or verl-rollouts (verl trainer.rollout_data_dir {step}.jsonl files)"
     assert [d.name for d in doors.staged_doors()] == ["trinity-sql", "verl-rollouts"]
     assert all(isinstance(d, doors.Door) for d in doors.doors())
+    run_options = {f.name for f in fields(RunConfig)}
+    assert {o for d in doors.doors() for o in d.owns} == {"input_table"} <= run_options
     pick = doors.door_for
     assert pick(_cfg()).name == "parquet"
     assert pick(_cfg(input_format="verl-rollouts")).name == "verl-rollouts"
