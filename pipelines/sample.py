@@ -27,7 +27,6 @@ import pyarrow as pa
 
 from rescore.errors import ConfigError
 from rescore.pipelines import doors
-from rescore.pipelines.doors.parquet import write_files  # noqa: F401  (imported from here)
 
 
 def make_experience(
