@@ -26,7 +26,9 @@ out (it holds whatever parallel work finished before the failure). Nothing is ex
 metrics.json holds no timings, dates or host names, and both sides use the same input and output
 paths (`--ignore-key totals.some_key` drops a dotted metrics.json key from the comparison, should
 a later revision add one that differs by nature). Not in the matrix: `--incremental` (Delta Lake
-logs carry commit timestamps) and the SQL/model sources.
+logs carry commit timestamps), a buffer written with --output-db and the model sources. The
+`door_*` cases read a Trinity SQLite buffer and verl dumps that the working tree's `rescore
+sample --format` writes (both sides read the same files).
 
 Prints a table (case, files, identical/DIFF and the first differing file); exit 1 on any DIFF.
 """
@@ -141,7 +143,17 @@ CASES: dict[str, tuple[str, list[str]]] = {
     # refused: the same exit status and error line
     "unknown_strategy": ("one", ["--strategy", "grpoo"]),
     "missing_column": ("steps", ["--strategy", "mix_chord"]),
+    # the doors (pipelines/doors/): a Trinity SQLite buffer and verl dumps, staged, then the job
+    "door_sqlite": ("sqlite", ["--input-table", "experience", "--algorithm", "grpo"]),
+    "door_sqlite_ranges": ("sqlite", ["--input-table", "experience", "--strategy", POLARIS, "--shard-rows", "100",
+                                      "--keep-filtered"]),
+    "door_verl": ("verl", ["--input-format", "verl-rollouts", "--strategy", "grpo"]),
+    "door_url_without_table": ("sqlite", ["--strategy", "grpo"]),
+    "door_verl_output_db": ("verl", ["--input-format", "verl-rollouts", "--strategy", "grpo", "--output-db",
+                                     "sqlite:///never-written.db", "--output-table", "scored"]),
 }
+DOOR_SAMPLES = {"sqlite": "trinity-sql", "verl": "verl-rollouts"}
+"""Door inputs: `rescore sample --format FORMAT` of the working tree writes them (512 rows)."""
 
 
 # ---------------------------------------------------------------- inputs
@@ -278,10 +290,25 @@ print(json.dumps(results))
 """
 
 
+def door_sample(which: str, path: str) -> None:
+    """The sample experience as the door `which` reads it (DOOR_SAMPLES), written by the working tree."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    subprocess.run([sys.executable, "-m", "rescore", "sample", "--format", DOOR_SAMPLES[which], "--output", path],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+
+
+def _input(which: str, data: dict[str, str]) -> str:
+    if which == "sqlite":
+        return f"sqlite:///{data[which]}"
+    if which == "verl":
+        return data[which]  # a dump directory
+    return os.path.join(data[which], "*.parquet")
+
+
 def _argv(name: str, data: dict[str, str], out: str) -> list[str]:
     which, args = CASES[name]
     args = [a.replace("{data}", os.path.dirname(data[which])) for a in args]
-    return ["--input", os.path.join(data[which], "*.parquet"), "--output", os.path.join(out, name), "--quiet", *args]
+    return ["--input", _input(which, data), "--output", os.path.join(out, name), "--quiet", *args]
 
 
 def run_side(tree: str, names: list[str], data: dict[str, str], out: str, jobs: int, processes: bool) -> dict:
@@ -451,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
             with_token_stats(data["tokens"], os.path.join(tmp, "data", "history"))
         if any(CASES[n][0] == "steps" for n in names):
             multi_step(data["steps"])
+        data.update(sqlite=os.path.join(tmp, "data", "buffer.db"), verl=os.path.join(tmp, "data", "verl"))
+        for which in DOOR_SAMPLES:
+            if any(CASES[n][0] == which for n in names):
+                door_sample(which, data[which])
         out = os.path.join(tmp, "out")  # both sides write here, one after the other
         sides = {}
         for side, where in (("before", before_tree), ("after", after_tree)):

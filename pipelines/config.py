@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from rescore.errors import ConfigError
+from rescore.pipelines import doors
 from rescore.pipelines.beam_args import (  # noqa: F401  (DEFAULT_RUNNER, prism_binary: imported from here)
     DEFAULT_RUNNER,
     _check_beam_args,
@@ -134,8 +135,9 @@ def parse_args(argv: list[str]) -> RunConfig:
         raise ConfigError("--output-db URL and --output-table NAME go together")
     if values["output_table"] and table_name_problem(values["output_table"]):  # nothing a user types is ever SQL
         raise ConfigError(table_name_problem(values["output_table"]))
-    if values["input_table"] and values["input_format"] != "parquet":
-        raise ConfigError("--input-table reads a Trinity-RFT SQL buffer; it takes no --input-format")
+    door_problem = doors.option_problem(values)  # a door's options with the others (pipelines/doors/)
+    if door_problem:
+        raise ConfigError(door_problem)
 
     beam_args = pipeline_args(beam_args, inputs=[str(i) for i in inputs], output=str(output), input_table=values["input_table"],
                               shared_filesystem=values["shared_filesystem"], log_level=values["log_level"])

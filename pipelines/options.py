@@ -17,6 +17,7 @@ from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from rescore.errors import ConfigError
+from rescore.pipelines import doors
 from rescore.pipelines.model_flags import MODEL_FLAGS, MODEL_GROUP
 from rescore.transforms.rows.model_columns import ModelOptions
 from rescore.transforms.settings import (
@@ -30,7 +31,8 @@ from rescore.transforms.settings import (
     yaml_key,
 )
 
-INPUT_FORMATS = ("parquet", "verl-rollouts")
+INPUT_FORMATS = doors.INPUT_FORMATS
+"""--input-format's choices: the registered doors' (pipelines/doors/), read at each use."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_PROGRESS_SECONDS = 15.0
 
@@ -123,8 +125,8 @@ class RunConfig(StepSettings):
         None, metavar="NAME", help="read the Trinity-RFT experience buffer NAME from the database URL given as --input",
     )
     input_format: str = option(
-        "parquet", choices=INPUT_FORMATS, check=lambda flag, v: one_of(flag, v, INPUT_FORMATS, "input format"),
-        help="parquet (default) or verl-rollouts (verl trainer.rollout_data_dir {step}.jsonl files)",
+        "parquet", choices=INPUT_FORMATS, check=lambda flag, v: one_of(flag, v, tuple(INPUT_FORMATS), "input format"),
+        help=doors.input_format_help,
     )
     output_db: str | None = option(
         None, metavar="URL", help="also write the scored experience as a Trinity-RFT buffer into this SQLAlchemy database URL",

@@ -20,16 +20,13 @@ default sample's.
 from __future__ import annotations
 
 import argparse
-import glob
-import re
-import os
 import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from rescore.pipelines.wording import plural
+from rescore.errors import ConfigError
+from rescore.pipelines import doors
 
 
 def make_experience(
@@ -118,28 +115,10 @@ def logged_by(table: pa.Table, model_dir: str, *, seed: int = 0, batch_rows: int
     return table.set_column(table.schema.get_field_index("logprobs"), "logprobs", column)
 
 
-def write_files(table: pa.Table, directory: str, *, files: int = 2, row_group_rows: int = 1000) -> list[str]:
-    os.makedirs(directory, exist_ok=True)
-    paths = []
-    bounds = np.linspace(0, table.num_rows, files + 1).astype(int)
-    for i in range(files):
-        path = os.path.join(directory, f"experience-{i:03d}.parquet")
-        pq.write_table(table.slice(bounds[i], bounds[i + 1] - bounds[i]), path, row_group_size=row_group_rows)
-        paths.append(path)
-    # A rerun with fewer --files: the earlier run's extra experience-*.parquet would be read with
-    # these (a glob over the directory matches them); only sample's own names are removed.
-    for stale in sorted(glob.glob(os.path.join(directory, "experience-*.parquet"))):
-        if stale not in paths and re.fullmatch(r"experience-\d{3,}\.parquet", os.path.basename(stale)):
-            os.remove(stale)
-    return paths
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rescore sample", description="Write sample experience Parquet.")
-    p.add_argument("--output", required=True,
-                   help="directory to write experience-*.parquet into (trinity-sql: the SQLite file; verl-rollouts: a directory)")
-    p.add_argument("--format", choices=["parquet", "trinity-sql", "verl-rollouts"], default="parquet",
-                   help="parquet files, a Trinity-RFT SQLite experience buffer, or verl rollout dumps ({step}.jsonl)")
+    p.add_argument("--output", required=True, help=doors.sample_output_help())
+    p.add_argument("--format", choices=doors.sample_formats(), default="parquet", help=doors.sample_format_help())
     p.add_argument("--table", default="experience", help="trinity-sql: the buffer (table) name")
     p.add_argument("--overwrite", action="store_true", help="trinity-sql: replace an existing database file")
     p.add_argument("--batches", type=int, default=4)
@@ -158,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         batches=a.batches, tasks=a.tasks, runs=a.runs, steps=a.steps, string_tasks=a.string_tasks, seed=a.seed
     )
     if a.logged_by:
-        from rescore.errors import ConfigError
         from rescore.transforms.inference import check_model_dir
 
         try:
@@ -167,23 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ImportError) as e:
             print(f"rescore: error: {e}", file=sys.stderr)
             return 2
-    if a.format != "parquet":
-        from rescore.pipelines import sample_formats
-
-        try:
-            if a.overwrite and a.format == "trinity-sql" and os.path.isfile(a.output):
-                os.remove(a.output)
-            message = sample_formats.write(a.format, table, a.output, table_name=a.table)
-        except FileExistsError as e:
-            print(f"rescore: error: {e}", file=sys.stderr)
-            return 2
-        print(message, file=sys.stderr)
-        return 0
-    if a.files < 1 or a.files > table.num_rows:
-        print(f"rescore: error: --files must be between 1 and the {table.num_rows} rows, got {a.files}", file=sys.stderr)
+    try:
+        message = doors.by_name(a.format).write_sample(table, a.output, a)
+    except (FileExistsError, ConfigError) as e:
+        print(f"rescore: error: {e}", file=sys.stderr)
         return 2
-    paths = write_files(table, a.output, files=a.files, row_group_rows=a.row_group_rows)
-    print(f"wrote {plural(table.num_rows, 'row')} to {plural(len(paths), 'file')} in {a.output}", file=sys.stderr)
+    print(message, file=sys.stderr)
     return 0
 
 

@@ -4,16 +4,17 @@
             [--output-db sqlite:///scored.db --output-table experience]
     rescore --input 'rollouts/*.jsonl' --input-format verl-rollouts --output DIR --strategy grpo
 
-The flow (pipelines/rescore.py: run_job): `staged` (a Beam job: id ranges of the buffer, or
-dump files, are read in parallel and written as Parquet into OUTPUT/_source/) -> the usual job
-on those files (unchanged: the same read units, validation, scoring, output and _SUCCESS) ->
-with --output-db, `publish_buffer` (a Beam job inserts the scored rows into staging tables,
-then one transaction renames them to the buffer's name) -> OUTPUT/_source/ is removed (also
-after a failure). The strategy, its parameters and the output directory are checked before
-anything is staged; OUTPUT/_source/ is Rescore's only where it holds the SOURCE_MARK file
-Rescore writes when it creates it (otherwise exit 2, nothing deleted). A failed buffer write
-drops its staging tables and withdraws the run's _SUCCESS. docs/trainers.md says why the input
-is staged as Parquet and in what order the outputs are published.
+The flow (pipelines/rescore.py: run_job): `staged` (the run's door, pipelines/doors/, reads its
+rows in a Beam job of its own: id ranges of the buffer, or dump files, in parallel, written as
+Parquet into OUTPUT/_source/) -> the usual job on those files (unchanged: the same read units,
+validation, scoring, output and _SUCCESS) -> with --output-db, `publish_buffer` (a Beam job
+inserts the scored rows into staging tables, then one transaction renames them to the buffer's
+name) -> OUTPUT/_source/ is removed (also after a failure). The door's options, the strategy,
+its parameters and the output directory are checked before anything is staged;
+OUTPUT/_source/ is Rescore's only where it holds the SOURCE_MARK file Rescore writes when it
+creates it (otherwise exit 2, nothing deleted). A failed buffer write drops its staging tables
+and withdraws the run's _SUCCESS. docs/trainers.md says why the input is staged as Parquet and
+in what order the outputs are published; docs/architecture.md what staging costs.
 """
 
 from __future__ import annotations
@@ -28,41 +29,35 @@ from typing import Any, Callable
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, TestOptions
 
-from rescore.errors import ConfigError, InputError
+from rescore.errors import ConfigError
+from rescore.pipelines import doors
 from rescore.pipelines.config import RunConfig
 from rescore.transforms.files import ownership, storage
 from rescore.transforms.files.layout import SCORED_FILES, SOURCE_DIR, SOURCE_MARK, SUCCESS
 
 log = logging.getLogger("rescore")
 
-DB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
-
-
-def is_db_url(text: str) -> bool:
-    scheme = text.split("://", 1)[0] if "://" in text else ""
-    return scheme.split("+", 1)[0].lower() in DB_SCHEMES
-
 
 def wanted(cfg: RunConfig) -> bool:
     """Does this run need this module (rather than plain Parquet in, Parquet out)?"""
-    return bool(cfg.input_table or cfg.input_format != "parquet" or cfg.output_db or any(map(is_db_url, cfg.inputs)))
+    return doors.door_for(cfg).staged or bool(cfg.output_db)
 
 
-def _check(cfg: RunConfig) -> None:
-    if any(map(is_db_url, cfg.inputs)) and not cfg.input_table:
-        raise ConfigError(f"--input {cfg.inputs[0]} is a database URL: name the Trinity buffer to read with --input-table NAME")
-    if cfg.input_table and len(cfg.inputs) != 1:
-        raise ConfigError("--input-table reads one buffer: pass one --input database URL")
+def _check(cfg: RunConfig, door: doors.Door) -> None:
+    """The run's door first (its own options), then what every staged door or buffer output needs."""
+    door.check(cfg)
+    staged = doors.staged_doors()
     if cfg.incremental:
-        raise ConfigError("--incremental tracks Parquet input files; it does not combine with --input-table, "
-                          "--input-format verl-rollouts or --output-db")
+        raise ConfigError(f"--incremental tracks Parquet input files; it does not combine with "
+                          f"{', '.join(d.chosen_by for d in staged)} or --output-db")
     options = PipelineOptions(cfg.beam_args)
     if options.view_as(TestOptions).dry_run or not cfg.wait:
-        raise ConfigError("SQL buffers and verl dumps are staged before the job runs: --dry_run and --no-wait do not apply")
+        raise ConfigError(f"{' and '.join(d.what for d in staged)} are staged before the job runs: --dry_run and "
+                          "--no-wait do not apply")
     if storage.exists(storage.join(cfg.output, SUCCESS)) and not cfg.overwrite:
         raise ConfigError(f"{cfg.output} already holds a finished run (_SUCCESS); pass --overwrite to replace it")
-    if cfg.output_db and cfg.input_format == "verl-rollouts":
-        raise ConfigError("--output-db writes Trinity experiences, which need token ids; verl rollout dumps hold text only")
+    if cfg.output_db and door.no_tokens:
+        raise ConfigError(f"--output-db writes Trinity experiences, which need token ids; {door.no_tokens}")
 
 
 def _run_pipeline(cfg: RunConfig, build: Callable[[beam.Pipeline], Any]) -> None:
@@ -106,35 +101,6 @@ def _remove_source(path: str) -> None:
             os.rmdir(path)
         except OSError:
             pass
-
-
-def _stage_buffer(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
-    from rescore.transforms import sql_buffer, sql_database
-
-    plan = sql_database.plan_source(cfg.inputs[0], cfg.input_table, cfg.shard_rows)
-    _run_pipeline(cfg, lambda p: p | "StageBuffer" >> sql_buffer.StageBuffer(plan, directory))
-    info = {"format": "trinity-sql", "url": sql_database.safe_url(plan.url), "table": plan.table, "rows": plan.rows,
-            "id_ranges": len(plan.ranges)}
-    return storage.list_dir(directory, "*.parquet"), info
-
-
-def _stage_verl(cfg: RunConfig, directory: str) -> tuple[list[str], dict[str, Any]]:
-    from rescore.transforms import verl_rollouts
-
-    files: list[str] = []
-    for pattern in cfg.inputs:
-        if storage.is_local(pattern) and not any(c in pattern for c in "*?[") and not pattern.endswith(".jsonl"):
-            pattern = storage.join(pattern, "*.jsonl")  # a dump directory
-        found = [p for p, _ in storage.match(pattern)]
-        if not found:
-            raise InputError(f"no verl rollout files match {pattern!r}")
-        files += found
-    files = sorted(set(files))
-    _run_pipeline(cfg, lambda p: p | "StageRollouts" >> verl_rollouts.StageRollouts(files, directory))
-    staged = storage.list_dir(directory, "*.parquet")
-    if not staged:
-        raise InputError(f"the {len(files)} verl rollout files hold no lines")
-    return staged, {"format": verl_rollouts.FORMAT, "files": len(files)}
 
 
 def _check_parquet_sink(cfg: RunConfig) -> None:
@@ -203,7 +169,8 @@ def staged(cfg: RunConfig) -> Iterator[tuple[RunConfig, dict[str, Any]]]:
     """Check the run, then stage its input if it is not Parquet: yields the settings the job
     runs with (its input: the staged files) and what metrics.json says of the source; the
     staged files are removed when the job is done (also after a failure)."""
-    _check(cfg)
+    door = doors.door_for(cfg)
+    _check(cfg, door)
     from rescore.transforms.strategies import build_chain  # torch: only where a source is staged
 
     from rescore.pipelines import task_history
@@ -214,24 +181,22 @@ def staged(cfg: RunConfig) -> Iterator[tuple[RunConfig, dict[str, Any]]]:
         from rescore.transforms import sql_database
 
         sql_database.check_sink(cfg.output_db, cfg.output_table, cfg.overwrite)
-        if not cfg.input_table and cfg.input_format == "parquet":
+        if not door.staged:
             _check_parquet_sink(cfg)
     inner, info = cfg, {}
     staging = storage.join(cfg.output, SOURCE_DIR)
     claimed = False
     try:
-        if cfg.input_table or cfg.input_format != "parquet":
+        if door.staged:
             # The output is checked (a finished run, foreign files) before anything is staged.
             _check_source(staging)
             ownership.prepare(cfg.output, cfg.overwrite)
             _claim_source(staging)
             claimed = True
-            stage = _stage_buffer if cfg.input_table else _stage_verl
-            _, source = stage(cfg, staging)
+            _, source = door.read(cfg, staging, lambda build: _run_pipeline(cfg, build))
             inner = replace(cfg, inputs=[storage.join(staging, "*.parquet")])
             # metrics.json names what the user gave (the URL, password hidden), not OUTPUT/_source/
-            shown = [source["url"]] if cfg.input_table else list(cfg.inputs)
-            info = {"source": source, "input": shown}
+            info = {"source": source, "input": door.shown_inputs(cfg, source)}
         yield inner, info
     finally:
         if claimed:
@@ -250,4 +215,4 @@ def publish_buffer(cfg: RunConfig) -> dict[str, Any]:
         raise
 
 
-__all__ = ["staged", "publish_buffer", "wanted", "is_db_url"]
+__all__ = ["staged", "publish_buffer", "wanted"]

@@ -34,7 +34,6 @@ from apache_beam.io.filesystems import FileSystems
 from rescore.errors import LineError, first_line
 from rescore.transforms.files import storage
 
-FORMAT = "verl-rollouts"
 KNOWN = ("input", "output", "score", "step", "gts")
 
 SCHEMA = pa.schema(

@@ -56,7 +56,7 @@ def test_postgres_source_and_sink(pg, tmp_path):
 
     from rescore.pipelines.cli import run
     from rescore.pipelines.sample import make_experience
-    from rescore.pipelines.sample_formats import write_trinity_buffer
+    from rescore.pipelines.doors.trinity_sql import write_trinity_buffer
     from rescore.transforms import sql_database
     from rescore.transforms.rows import trinity_format as trxp
 
@@ -138,7 +138,7 @@ def _probe_called(pg) -> bool:
 
 def _small_buffer(pg, name):
     from rescore.pipelines.sample import make_experience
-    from rescore.pipelines.sample_formats import write_trinity_buffer
+    from rescore.pipelines.doors.trinity_sql import write_trinity_buffer
 
     table = make_experience(batches=1, tasks=2, runs=3, seed=1)
     write_trinity_buffer(table, pg, name)

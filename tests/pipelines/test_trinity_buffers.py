@@ -54,7 +54,7 @@ class _Evil:
 
 def _sample_buffer(path, **kw):
     from rescore.pipelines.sample import make_experience
-    from rescore.pipelines.sample_formats import write_trinity_sqlite
+    from rescore.pipelines.doors.trinity_sql import write_trinity_sqlite
 
     write_trinity_sqlite(make_experience(seed=kw.pop("seed", 0), **kw), str(path), "experience")
     return f"sqlite:///{path}"
@@ -310,7 +310,8 @@ def _tables(db):
 @pytest.mark.slow
 def test_output_db_checks_every_input_file_before_running(tmp_path):
     """A later input file without token ids: exit 2 before anything runs, the finished run kept."""
-    from rescore.pipelines.sample import make_experience, write_files
+    from rescore.pipelines.doors.parquet import write_files
+    from rescore.pipelines.sample import make_experience
 
     files = write_files(make_experience(batches=1, tasks=3, runs=3), str(tmp_path / "data"))
     mix = tmp_path / "mixin"
@@ -412,7 +413,8 @@ def test_verl_input_failing_after_staging_removes_source(tmp_path):
 
 @pytest.mark.slow
 def test_parquet_input_to_buffer_and_verl_refused(tmp_path, rescore):
-    from rescore.pipelines.sample import make_experience, write_files
+    from rescore.pipelines.doors.parquet import write_files
+    from rescore.pipelines.sample import make_experience
 
     write_files(make_experience(batches=1, tasks=3, runs=3), str(tmp_path / "data"))
     out_url = f"sqlite:///{tmp_path}/scored.db"

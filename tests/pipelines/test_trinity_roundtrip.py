@@ -102,7 +102,7 @@ def test_trinity_writes_rescore_rescores_trinity_reads(tmp_path, strategy):
 def test_rescore_blob_is_what_trinity_deserialises(tmp_path):
     """Bytes written by this package (sample buffer) load with Experience.deserialize."""
     from rescore.pipelines.sample import make_experience
-    from rescore.pipelines.sample_formats import write_trinity_sqlite
+    from rescore.pipelines.doors.trinity_sql import write_trinity_sqlite
 
     table = make_experience(batches=1, tasks=2, runs=3)
     write_trinity_sqlite(table, str(tmp_path / "s.db"), "experience")
