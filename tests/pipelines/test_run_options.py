@@ -93,11 +93,18 @@ def test_the_steps_get_one_frozen_picklable_settings_object(tmp_path):
 
 
 def test_early_prefetches_only_with_the_options_declared_plain():
-    plain = [f for f in table() if spec(f).plain]
-    assert early.WITH_VALUE | early.FLAGS == {flag for f in plain for flag in flags_of(f)}
-    assert "--config" not in early.WITH_VALUE and "--incremental" not in early.FLAGS
-    assert early.plain_run(["--input", "a", "--output", "b", "--unit-cache-mb", "0", "--progress-seconds=2"])
-    assert early.plain_run(["--input", "a", "--output", "b", "--accelerator", "x"]) is None
+    base = ["--input", "a", "--output", "b"]
+    args = early.plain_run([*base, "--unit-cache-mb", "0", "--progress-seconds=2", "--io_threads", "3"])
+    assert (args.input, args.output, args.unit_cache_mb, args.progress_seconds, args.io_threads) == (["a"], "b", 0.0, 2.0, 3)
+    for other in (["--accelerator", "x"], ["--config", "c.yaml"], ["--incremental"], ["--runner", "FlinkRunner"]):
+        assert early.plain_run([*base, *other]) is None, other
+    for f in table():  # every option declared plain may be given, and nothing else
+        if flags_of(f) and spec(f).plain:
+            value = [] if value_type(RunConfig, f) is bool else [str((spec(f).choices or ["1"])[0])]
+            assert early.plain_run([*base, flags_of(f)[0], *value]) is not None, f.name
+        elif flags_of(f):
+            value = [] if value_type(RunConfig, f) is bool else ["1"]
+            assert early.plain_run([*base, flags_of(f)[0], *value]) is None, f.name
 
 
 def test_the_table_is_read_before_beam_torch_and_the_strategies_import():
