@@ -35,8 +35,9 @@ HELP = ("-h", "--help")
 @lru_cache(maxsize=4)
 def _parsed(argv: tuple[str, ...]) -> tuple[argparse.Namespace, list[str]] | None:
     """The run parser's reading of `argv` ((options, what it does not know)); None where it
-    refuses it or `argv` asks for help (argparse would print it and exit)."""
-    if any(a in HELP for a in argv):
+    refuses it, `argv` asks for help (argparse would print it and exit) or names a command
+    (`rescore sample ...`: a run's command line starts with an option)."""
+    if not argv or not argv[0].startswith("-") or any(a in HELP for a in argv):
         return None
     try:
         return parser(helps=False).parse_known_args(list(argv))
