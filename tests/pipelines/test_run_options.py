@@ -108,9 +108,10 @@ def test_early_prefetches_only_with_the_options_declared_plain():
 
 
 def test_the_table_is_read_before_beam_torch_and_the_strategies_import():
-    """early.py reads the table before the `rescore` command imports Beam and torch: the table
-    imports neither, nor the strategy catalog (--strategy's help lists it only when asked)."""
-    probe = ("import json, sys\nimport rescore.pipelines.early\n"
+    """early.py reads the table and parses a run before the `rescore` command imports Beam and
+    torch: neither imports them, nor the strategy catalog (--strategy's help lists it only when asked)."""
+    probe = ("import json, sys\nimport rescore.pipelines.early as early\n"
+             "assert early.plain_run(['--input', 'a', '--output', 'b', '--strategy', 'grpo', '--memory-mb', '900'])\n"
              "print(json.dumps([m for m in ('apache_beam', 'torch', 'yaml', 'rescore.transforms.strategies.catalog')"
              " if m in sys.modules]))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
