@@ -42,10 +42,12 @@ def resolve(choice: str) -> torch.device:
     if choice == "cuda":
         raise DeviceError(f"--device cuda: no CUDA device is available here; {_no_cuda_reason()}")
     # The math runs on the CPU: the CUDA libraries torch loaded stay mapped, but out of the
-    # resident set (transforms/memory.py; ~136 MB with torch's CUDA build, nothing changes otherwise).
-    from rescore.transforms.memory import release_gpu_library_pages
+    # resident set (transforms/memory.py; ~136 MB with torch's CUDA build, nothing changes
+    # otherwise), unless something in this process (the model stage) works on a GPU already.
+    if not torch.cuda.is_initialized():
+        from rescore.transforms.memory import release_gpu_library_pages
 
-    release_gpu_library_pages()
+        release_gpu_library_pages()
     return torch.device("cpu")
 
 
