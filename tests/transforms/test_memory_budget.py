@@ -241,3 +241,32 @@ def test_gpu_library_pages_leave_the_resident_set_and_read_back_unchanged(tmp_pa
     assert memory.release_gpu_library_pages() == 0  # once per process
     for m in maps:
         m.close()
+
+
+def test_the_pages_are_dropped_only_where_the_math_runs_on_the_cpu(monkeypatch):
+    """device.release_gpu_pages: cpu, or auto without a GPU; never where this process works on a
+    GPU already, nor before torch is imported (a stand-in torch here: no import of the real one)."""
+    import sys
+    import types
+
+    from rescore.transforms import device
+
+    calls = []
+    monkeypatch.setattr(memory, "release_gpu_library_pages", lambda: calls.append(1) or 0)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    device.release_gpu_pages("cpu")
+    assert calls == []  # torch not imported: the step that resolves the device drops them
+    state = {"available": False, "initialized": False}
+    cuda = types.SimpleNamespace(is_available=lambda: state["available"], is_initialized=lambda: state["initialized"])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+
+    def dropped(choice):
+        calls.clear()
+        device.release_gpu_pages(choice)
+        return bool(calls)
+
+    assert (dropped("cpu"), dropped("auto"), dropped("cuda")) == (True, True, False)
+    state["available"] = True  # a GPU: auto takes it
+    assert (dropped("cpu"), dropped("auto"), dropped("cuda")) == (True, False, False)
+    state["initialized"] = True  # the model stage works on it already
+    assert (dropped("cpu"), dropped("auto"), dropped("cuda")) == (False, False, False)
