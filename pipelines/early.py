@@ -10,77 +10,88 @@ a thread (transforms/unit_store.py: Prefetch) and hands the Prefetch to the run
 step later takes those tables instead of decoding the units itself; whatever it does not take
 is dropped at the end of the run.
 
-Only a command line made of the options declared `plain` qualifies (pipelines/options.py): anything else (a --config file, a Beam
-option such as --runner, --incremental, the model stage, SQL buffers or verl dumps, --help) may
-change what is read or where, and is simply not prefetched. Nothing here can fail the command or
-change its output: a unit decoded here was read exactly as the read step reads it, and is taken
-only if its file still has the fingerprint it had then.
+Only a command line made of the options declared `plain` (pipelines/options.py) qualifies, as
+the run's own parser reads it (options.parser(), built without the help texts that would import
+the strategies): anything else (a --config file, a Beam option such as --runner, --incremental,
+the model stage, SQL buffers or verl dumps, --help, a value the parser refuses) may change what
+is read or where, and is simply not prefetched. The values the prefetch is sized with
+(--shard-rows, --io-threads, --memory-mb and their environment variables) are the run's own,
+checked as the run checks them (options.value_of). Nothing here can fail the command or change
+its output: a unit decoded here was read exactly as the read step reads it, and is taken only if
+its file still has the fingerprint it had then.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+import argparse
+from functools import lru_cache
 
-from rescore.pipelines.options import env_default, plain_flags
-from rescore.transforms.settings import DEFAULT_SHARD_ROWS, StepSettings
+from rescore.pipelines.options import dest, parser, table, value_of
+from rescore.transforms.settings import spec
 
-_MEMORY_MB = next(f for f in fields(StepSettings) if f.name == "memory_mb")
+HELP = ("-h", "--help")
 
-WITH_VALUE, FLAGS = plain_flags()
-"""The options a plain run may hold (declared `plain` in pipelines/options.py), with a value and
-without."""
+
+@lru_cache(maxsize=4)
+def _parsed(argv: tuple[str, ...]) -> tuple[argparse.Namespace, list[str]] | None:
+    """The run parser's reading of `argv` ((options, what it does not know)); None where it
+    refuses it, `argv` asks for help (argparse would print it and exit) or names a command
+    (`rescore sample ...`: a run's command line starts with an option)."""
+    if not argv or not argv[0].startswith("-") or any(a in HELP for a in argv):
+        return None
+    try:
+        return parser(helps=False).parse_known_args(list(argv))
+    except Exception:  # noqa: BLE001  (ConfigError, or any other complaint: the run itself reports it)
+        return None
+
+
+@lru_cache(maxsize=1)
+def _plain_dests() -> frozenset[str]:
+    return frozenset(dest(f) for f in table() if spec(f).plain)
+
+
+def _value(args: argparse.Namespace, name: str):
+    """The run's value of option `name`: flag over environment variable over default, checked
+    (ConfigError where it is refused)."""
+    return value_of(next(f for f in table() if f.name == name), args, {})[0]
 
 
 def memory_budget_given(argv: list[str]) -> bool:
-    """--memory-mb on the command line, or its environment variable set (any run, plain or not)."""
-    if any(a.split("=", 1)[0] in ("--memory-mb", "--memory_mb") for a in argv):
-        return True
+    """--memory-mb on the command line, or its environment variable set (any run, plain or not;
+    False for what is not a run)."""
+    parsed = _parsed(tuple(argv))
+    if parsed is None:
+        return False
     try:
-        return env_default(_MEMORY_MB) is not None
+        return _value(parsed[0], "memory_mb") is not None
     except Exception:  # noqa: BLE001  (a bad value: the run reports it)
         return False
 
 
-def plain_run(argv: list[str]) -> dict[str, list[str]] | None:
-    """The options of a plain run ({option: [values]}), or None where the command line has
-    anything else (or is not a run at all)."""
-    found: dict[str, list[str]] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg.partition("=")
-        if name in FLAGS and not eq:
-            found.setdefault(name, [])
-            i += 1
-            continue
-        if name not in WITH_VALUE:
-            return None
-        if not eq:
-            if i + 1 >= len(argv):
-                return None
-            value = argv[i + 1]
-            i += 1
-        found.setdefault(name.replace("_", "-"), []).append(value)
-        i += 1
-    return found if found.get("--input") and found.get("--output") else None
+def plain_run(argv: list[str]) -> argparse.Namespace | None:
+    """The options of a plain run as the run's parser reads them, or None where the command line
+    has anything else (or is not a run at all)."""
+    parsed = _parsed(tuple(argv))
+    if parsed is None or parsed[1]:  # refused, or holds what only Beam knows
+        return None
+    args = parsed[0]
+    plain = _plain_dests()
+    if any(value is not None and name not in plain for name, value in vars(args).items()):
+        return None
+    return args if args.input and args.output else None
 
 
 def prefetch_from(argv: list[str]):
     """The Prefetch (transforms/unit_store.py) decoding the first read units where `argv` is a
     plain local run, for the run to take over; None otherwise. Never raises."""
     try:
-        options = plain_run(argv)
-        if options is None:
+        args = plain_run(argv)
+        if args is None:
             return None
-        shard_rows = int(options.get("--shard-rows", [DEFAULT_SHARD_ROWS])[-1])
-        threads = int(options.get("--io-threads", ["0"])[-1])
-        memory = options.get("--memory-mb")
-        memory_mb = float(memory[-1]) if memory else env_default(_MEMORY_MB)
-        if shard_rows < 1 or threads < 0 or (memory_mb is not None and not memory_mb > 0):
-            return None
+        shard_rows, threads, memory_mb = (_value(args, n) for n in ("shard_rows", "io_threads", "memory_mb"))
         from rescore.transforms.unit_store import start_prefetch
         from rescore.transforms.unit_threads import resolve_threads  # no Beam at import
 
-        return start_prefetch(options["--input"], shard_rows=shard_rows, threads=resolve_threads(threads), memory_mb=memory_mb)
+        return start_prefetch(args.input, shard_rows=shard_rows, threads=resolve_threads(threads), memory_mb=memory_mb)
     except Exception:  # noqa: BLE001  (the run itself reports any problem with its command line)
         return None

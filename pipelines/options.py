@@ -250,13 +250,13 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{first} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-def _add(group, f: Field, declared_in: type = RunConfig) -> None:
+def _add(group, f: Field, declared_in: type = RunConfig, helps: bool = True) -> None:
     o = spec(f)
     names = flags_of(f)
     if not names:
         return
     kind = value_type(declared_in, f)
-    how: dict[str, Any] = {"dest": dest(f), "help": _help(f)}
+    how: dict[str, Any] = {"dest": dest(f), "help": _help(f) if helps else None}
     if o.repeat:
         how["action"] = "append"
     elif kind is bool:
@@ -270,10 +270,12 @@ def _add(group, f: Field, declared_in: type = RunConfig) -> None:
     group.add_argument(*names, **how)
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(*, helps: bool = True) -> argparse.ArgumentParser:
     """The `rescore` run command's parser, from the table and the model stage's options
     (ModelOptions, pipelines/model_flags.py). --help lists the common options first, then the
-    rest under headings (HELP_GROUPS), the model stage's last."""
+    rest under headings (HELP_GROUPS), the model stage's last. `helps=False`: the same parser
+    without the help texts some options compute (the strategy names, which import the
+    strategies): pipelines/early.py parses with it before those imports."""
     p = _Parser(
         prog="rescore",
         usage=USAGE,
@@ -285,30 +287,20 @@ def parser() -> argparse.ArgumentParser:
     p._optionals.title = "common options"
     by_name = {f.name: f for f in table()}
     for name in COMMON_OPTIONS:
-        _add(p, by_name.pop(name))
+        _add(p, by_name.pop(name), helps=helps)
     for title, names in HELP_GROUPS:
         group = p.add_argument_group(title)
         for name in names:
             if name in by_name:
-                _add(group, by_name.pop(name))
+                _add(group, by_name.pop(name), helps=helps)
     if by_name:
         group = p.add_argument_group(OTHER_GROUP)
         for f in by_name.values():
-            _add(group, f)
+            _add(group, f, helps=helps)
     group = p.add_argument_group(MODEL_GROUP)
     for f in MODEL_FLAGS:
-        _add(group, f, ModelOptions)
+        _add(group, f, ModelOptions, helps=helps)
     return p
-
-
-def plain_flags() -> tuple[frozenset[str], frozenset[str]]:
-    """(flags that take a value, switches) a command line may hold and still have its first
-    read units decoded before Beam and torch import (pipelines/early.py)."""
-    with_value, switches = set(), set()
-    for f in table():
-        if spec(f).plain:
-            (switches if value_type(RunConfig, f) is bool else with_value).update(flags_of(f))
-    return frozenset(with_value), frozenset(switches)
 
 
 # --- --config YAML: the keys and the type of each value ----------------------------------------

@@ -37,12 +37,30 @@ def resolve(choice: str) -> torch.device:
         raise ValueError(f"--device must be one of {', '.join(CHOICES)}, got {choice!r}")
     import torch
 
-    if choice == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
+    if choice != "cpu" and torch.cuda.is_available():
         return torch.device("cuda")
     if choice == "cuda":
         raise DeviceError(f"--device cuda: no CUDA device is available here; {_no_cuda_reason()}")
+    release_gpu_pages(choice)
     return torch.device("cpu")
+
+
+def release_gpu_pages(choice: str) -> None:
+    """Where the torch math of a `choice` run is on the CPU (cpu, or auto without a GPU), the
+    CUDA libraries torch loaded stay mapped but leave the resident set (transforms/memory.py;
+    ~136 MB with torch's CUDA build; nothing changes otherwise), unless something in this
+    process (the model stage) works on a GPU already. Nothing where torch is not imported yet
+    (the step that resolves the device does it then). The read step calls it first, so that
+    its memory plan and its peak count without those pages."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or choice not in ("cpu", "auto") or torch.cuda.is_initialized():
+        return
+    if choice == "auto" and torch.cuda.is_available():
+        return
+    from rescore.transforms.memory import release_gpu_library_pages
+
+    release_gpu_library_pages()
 
 

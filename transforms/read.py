@@ -13,6 +13,7 @@ from apache_beam.metrics import Metrics
 
 from rescore.errors import InputError  # noqa: F401  (the old name rescore.transforms.read.InputError)
 from rescore.schemas import check_rows
+from rescore.transforms import device as devices
 from rescore.transforms import fault_injection
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms.files import progress_marks
@@ -46,6 +47,7 @@ class _ReadLight(beam.DoFn):
         self._rows_read = Metrics.counter("rescore", "rows_read")
         self._rows_rejected = Metrics.counter("rescore", "rows_rejected")
         self._store = self._unit_store.acquire()
+        devices.release_gpu_pages(self._settings.device)  # before the plan and the units (transforms/device.py)
         self._overlap = Overlap(self._store.fit(self._units, resolve_threads(self._settings.io_threads)), self._outputs)
         if self._keep_units:
             self._store.expect(self._units)

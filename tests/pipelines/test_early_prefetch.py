@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ],
 )
 def test_plain_runs_qualify(argv):
-    assert plain_run(argv)["--input"]
+    assert plain_run(argv).input
 
 
 @pytest.mark.parametrize(

@@ -101,17 +101,25 @@ def test_the_steps_get_one_frozen_picklable_settings_object(tmp_path):
 
 
 def test_early_prefetches_only_with_the_options_declared_plain():
-    plain = [f for f in table() if spec(f).plain]
-    assert early.WITH_VALUE | early.FLAGS == {flag for f in plain for flag in flags_of(f)}
-    assert "--config" not in early.WITH_VALUE and "--incremental" not in early.FLAGS
-    assert early.plain_run(["--input", "a", "--output", "b", "--unit-cache-mb", "0", "--progress-seconds=2"])
-    assert early.plain_run(["--input", "a", "--output", "b", "--accelerator", "x"]) is None
+    base = ["--input", "a", "--output", "b"]
+    args = early.plain_run([*base, "--unit-cache-mb", "0", "--progress-seconds=2", "--io_threads", "3"])
+    assert (args.input, args.output, args.unit_cache_mb, args.progress_seconds, args.io_threads) == (["a"], "b", 0.0, 2.0, 3)
+    for other in (["--accelerator", "x"], ["--config", "c.yaml"], ["--incremental"], ["--runner", "FlinkRunner"]):
+        assert early.plain_run([*base, *other]) is None, other
+    for f in table():  # every option declared plain may be given, and nothing else
+        if flags_of(f) and spec(f).plain:
+            value = [] if value_type(RunConfig, f) is bool else [str((spec(f).choices or ["1"])[0])]
+            assert early.plain_run([*base, flags_of(f)[0], *value]) is not None, f.name
+        elif flags_of(f):
+            value = [] if value_type(RunConfig, f) is bool else ["1"]
+            assert early.plain_run([*base, flags_of(f)[0], *value]) is None, f.name
 
 
 def test_the_table_is_read_before_beam_torch_and_the_strategies_import():
-    """early.py reads the table before the `rescore` command imports Beam and torch: the table
-    imports neither, nor the strategy catalog (--strategy's help lists it only when asked)."""
-    probe = ("import json, sys\nimport rescore.pipelines.early\n"
+    """early.py reads the table and parses a run before the `rescore` command imports Beam and
+    torch: neither imports them, nor the strategy catalog (--strategy's help lists it only when asked)."""
+    probe = ("import json, sys\nimport rescore.pipelines.early as early\n"
+             "assert early.plain_run(['--input', 'a', '--output', 'b', '--strategy', 'grpo', '--memory-mb', '900'])\n"
              "print(json.dumps([m for m in ('apache_beam', 'torch', 'yaml', 'rescore.transforms.strategies.catalog')"
              " if m in sys.modules]))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,

@@ -181,3 +181,92 @@ def test_wide_rows_make_smaller_read_units_by_the_footer(tmp_path, monkeypatch):
     units = planned_file_units(path, 1 << 16)
     assert max(u.num_rows for u in units) == 8 and units[0].rows == (0, 8) and sum(u.num_rows for u in units) == meta.num_rows
     assert [(u.num_rows, u.rows) for u in input_plan.plan_input([path]).units] == [(u.num_rows, u.rows) for u in units]
+
+
+def _mapping_rss_kb(start: int) -> int:
+    """The resident kB of this process's mapping that starts at `start` (/proc/self/smaps)."""
+    found = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if not head[0].endswith(":"):
+            found = int(head[0].split("-")[0], 16) == start
+        elif found and head[0] == "Rss:":
+            return int(head[1])
+    raise AssertionError("no such mapping")
+
+
+def test_gpu_library_pages_leave_the_resident_set_and_read_back_unchanged(tmp_path, monkeypatch):
+    """A CPU run drops the pages torch's CUDA libraries hold (transforms/device.py): only read-only
+    mappings of those libraries with no page of their own; what is touched again reads the file."""
+    import ctypes
+    import mmap
+
+    if not open("/proc/self/smaps").readline():
+        pytest.skip("no /proc/self/smaps")
+    pages = 64
+    data = bytes(range(256)) * (pages * mmap.PAGESIZE // 256)
+    gpu = tmp_path / "nvidia" / "cublas" / "lib" / "libcublasLt.so.13"  # as a CUDA build of torch installs it
+    gpu.parent.mkdir(parents=True)
+    gpu.write_bytes(data)
+    other = tmp_path / "libtorch_cpu.so"  # a library the CPU math runs in: kept
+    other.write_bytes(data)
+    copied = tmp_path / "nvidia" / "cudnn" / "libcudnn.so.9"  # a CUDA library's page the process wrote: kept
+    copied.parent.mkdir(parents=True)
+    copied.write_bytes(data)
+    maps = []
+    for path, access in ((gpu, mmap.ACCESS_READ), (other, mmap.ACCESS_READ), (copied, mmap.ACCESS_COPY)):
+        with open(path, "r+b") as f:
+            maps.append(mmap.mmap(f.fileno(), 0, access=access))
+    maps[2][0] = 7  # copy-on-write: a page of the process's own
+    for m in maps:
+        sum(m[k * mmap.PAGESIZE] for k in range(pages))  # touch every page
+    starts = {}
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if not head[0].endswith(":") and len(head) > 5:
+            starts.setdefault(head[5], int(head[0].split("-")[0], 16))
+    starts = [starts[str(gpu)], starts[str(other)], starts[str(copied)]]
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(starts[2], len(data), 1) == 0  # read-only now, as a library's relocated data is
+    before = [_mapping_rss_kb(s) for s in starts]
+    assert before == [pages * mmap.PAGESIZE // 1024] * 3
+
+    monkeypatch.setattr(memory, "_released", False)
+    dropped = memory.release_gpu_library_pages()
+    assert dropped >= before[0] * 1024  # this file's pages (and those of any CUDA library torch loaded)
+    assert [_mapping_rss_kb(s) for s in starts] == [0, before[1], before[2]]
+    assert maps[0][:] == data and maps[1][:] == data  # touched again: the file's bytes
+    assert maps[2][0] == 7 and maps[2][1:] == data[1:]  # the page the process wrote is its own still
+    assert memory.release_gpu_library_pages() == 0  # once per process
+    for m in maps:
+        m.close()
+
+
+def test_the_pages_are_dropped_only_where_the_math_runs_on_the_cpu(monkeypatch):
+    """device.release_gpu_pages: cpu, or auto without a GPU; never where this process works on a
+    GPU already, nor before torch is imported (a stand-in torch here: no import of the real one)."""
+    import sys
+    import types
+
+    from rescore.transforms import device
+
+    calls = []
+    monkeypatch.setattr(memory, "release_gpu_library_pages", lambda: calls.append(1) or 0)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    device.release_gpu_pages("cpu")
+    assert calls == []  # torch not imported: the step that resolves the device drops them
+    state = {"available": False, "initialized": False}
+    cuda = types.SimpleNamespace(is_available=lambda: state["available"], is_initialized=lambda: state["initialized"])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+
+    def dropped(choice):
+        calls.clear()
+        device.release_gpu_pages(choice)
+        return bool(calls)
+
+    assert (dropped("cpu"), dropped("auto"), dropped("cuda")) == (True, True, False)
+    state["available"] = True  # a GPU: auto takes it
+    assert (dropped("cpu"), dropped("auto"), dropped("cuda")) == (True, False, False)
+    state["initialized"] = True  # the model stage works on it already
+    assert (dropped("cpu"), dropped("auto"), dropped("cuda")) == (False, False, False)
