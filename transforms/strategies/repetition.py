@@ -74,6 +74,7 @@ class NgramRepeat(Feature):
         return {self.column: ngram_repeat_ratio(values[index], offsets, self.n)}
 
 
+@dataclass(frozen=True)
 class NgramRepetitionFilterParams(StrategyParams):
     rep_len: int = param(10, minimum=1)
     max_ratio: float = param(0.5, between=(0.0, 1.0))
