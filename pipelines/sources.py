@@ -4,7 +4,7 @@
             [--output-db sqlite:///scored.db --output-table experience]
     rescore --input 'rollouts/*.jsonl' --input-format verl-rollouts --output DIR --strategy grpo
 
-The flow (pipelines/rescore.py: run_job): `staged` (a Beam job: id ranges of the buffer, or
+The flow (pipelines/job.py: run_job): `staged` (a Beam job: id ranges of the buffer, or
 dump files, are read in parallel and written as Parquet into OUTPUT/_source/) -> the usual job
 on those files (unchanged: the same read units, validation, scoring, output and _SUCCESS) ->
 with --output-db, `publish_buffer` (a Beam job inserts the scored rows into staging tables,

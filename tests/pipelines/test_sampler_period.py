@@ -6,7 +6,7 @@ from apache_beam.runners.worker import statesampler
 from apache_beam.utils.counters import CounterFactory
 from data import random_rows, write_parquet
 
-from rescore.pipelines import rescore as job
+from rescore.pipelines import job as job
 
 
 @pytest.fixture
