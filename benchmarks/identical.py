@@ -314,7 +314,10 @@ def _argv(name: str, data: dict[str, str], out: str) -> list[str]:
 def run_side(tree: str, names: list[str], data: dict[str, str], out: str, jobs: int, processes: bool) -> dict:
     """Every case with the code in `tree`; {case: {"exit", "stderr"}}."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RESCORE_FAULT", "RESCORE_TEST_INJECT_FAULT")}
-    env["PYTHONPATH"] = tree
+    # The tree's own code, whichever checkout the interpreter's environment has installed
+    # (tools/checkout_site: `rescore.*` mapped to the tree's folders, in every child process too)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "tools", "checkout_site"), tree])
+    env["RESCORE_CHECKOUT"] = tree
     if processes:
         results = {}
         for name in names:

@@ -36,7 +36,7 @@ from rescore.pipelines.early import prefetch_from  # noqa: E402
 
 PREFETCH = prefetch_from(sys.argv[1:])  # likewise: the first units decode during the imports (not timed below)
 
-from rescore.pipelines import cli, rescore  # noqa: E402,F401
+from rescore.pipelines import cli, job  # noqa: E402,F401
 
 IMPORTED = time.perf_counter() - T0
 

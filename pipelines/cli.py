@@ -9,7 +9,7 @@
     rescore configs                             # the shipped run configs (--config NAME)
 
 A run's command line becomes a RunConfig (pipelines/config.py: parse_args) that the job runs,
-in whatever mode (pipelines/rescore.py: run_job); a subcommand goes to its module. Here: the
+in whatever mode (pipelines/job.py: run_job); a subcommand goes to its module. Here: the
 exit status (0 success, 1 the pipeline failed, 2 bad configuration or input), the one
 `rescore: error:` line of a failure, the summary of a success, log records held until the run
 ends, and Ctrl-C.
@@ -30,9 +30,6 @@ import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
-
-if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]  # run as a file (a scheduler's py_file): this folder's rescore.py would shadow the package
 
 from rescore import errors
 from rescore.pipelines import wording
@@ -61,7 +58,7 @@ def run(argv: list[str] | None = None, *, prefetch: "Prefetch | None" = None) ->
 
     cfg = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger().setLevel(cfg.log_level)
-    from rescore.pipelines import rescore as job  # Beam: not for option errors and --help
+    from rescore.pipelines import job as job  # Beam: not for option errors and --help
 
     return job.run_job(cfg, prefetch=prefetch)
 
@@ -442,7 +439,7 @@ def _console() -> None:
     beams_import = logging.NullHandler()
     root.addHandler(beams_import)
     try:
-        from rescore.pipelines import rescore  # noqa: F401  (Beam, imported with the collector off; frozen next)
+        from rescore.pipelines import job  # noqa: F401  (Beam, imported with the collector off; frozen next)
     finally:
         root.removeHandler(beams_import)
     run_command_line(prefetch)

@@ -18,16 +18,10 @@ def shipped_configs() -> dict[str, str]:
     """{name: path} of the run configs that ship with Rescore (the repository's run_configs/,
     installed as package data): `--config NAME` or `--config run_configs/NAME.yaml` finds them
     from any directory; `rescore configs` lists them."""
-    import rescore
+    from rescore import run_configs
 
-    found: dict[str, str] = {}
-    for base in [os.path.dirname(rescore.__file__), *rescore.__path__]:
-        directory = os.path.join(base, "run_configs")
-        if os.path.isdir(directory):
-            for name in sorted(os.listdir(directory)):
-                if name.endswith(".yaml"):
-                    found.setdefault(name[: -len(".yaml")], os.path.join(directory, name))
-    return found
+    directory = os.path.dirname(os.path.abspath(run_configs.__file__))
+    return {n[: -len(".yaml")]: os.path.join(directory, n) for n in sorted(os.listdir(directory)) if n.endswith(".yaml")}
 
 
 def _config_path(path: str) -> str:

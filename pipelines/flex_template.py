@@ -8,10 +8,7 @@ launcher must.
 import os
 import sys
 
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]  # run as a file: this folder's rescore.py would shadow the package `rescore`
-
-from rescore.pipelines.cli import main  # noqa: E402
+from rescore.pipelines.cli import main
 
 if __name__ == "__main__":
     sys.exit(main([*sys.argv[1:], "--no-wait"]))

@@ -7,7 +7,7 @@ unit of work; the output is a Delta Lake table (transforms/files/delta_table.py)
       _rescore.lock                the output lock every run holds (transforms/files/lock.py)
       _rescore/runs/RUN/           a run's work: metrics.json and rejected-*.parquet are kept
 
-A run (pipelines/rescore.py: run_job runs `prepare`, the job's one pipeline, then `publish`;
+A run (pipelines/job.py: run_job runs `prepare`, the job's one pipeline, then `publish`;
 see docs/runners.md):
 1. lists the input and identifies each file by its canonical location (real path, normalised
    URL) and a content fingerprint (size, mtime, sha256 of the Parquet footer), reading each

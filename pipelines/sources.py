@@ -4,7 +4,7 @@
             [--output-db sqlite:///scored.db --output-table experience]
     rescore --input 'rollouts/*.jsonl' --input-format verl-rollouts --output DIR --strategy grpo
 
-The flow (pipelines/rescore.py: run_job): `staged` (the run's door, pipelines/doors/, reads its
+The flow (pipelines/job.py: run_job): `staged` (the run's door, pipelines/doors/, reads its
 rows in a Beam job of its own: id ranges of the buffer, or dump files, in parallel, written as
 Parquet into OUTPUT/_source/) -> the usual job on those files (unchanged: the same read units,
 validation, scoring, output and _SUCCESS) -> with --output-db, `publish_buffer` (a Beam job

@@ -5,10 +5,10 @@ assembly), `rescore.transforms` (Beam transforms and, in `rescore.transforms.str
 pure scoring math), `rescore.schemas` (the input/output contract) and `rescore.examples`.
 In the repository those are the top-level folders `pipelines/`, `transforms/`, `schemas/` and
 `examples/`; pyproject.toml maps them under `rescore` (setuptools `package-dir`), so nothing
-generic lands in site-packages and nothing in a user's working directory can shadow them.
+generic lands in site-packages and nothing in a user's working directory can shadow them. A
+checkout is used installed (`pip install -e .`, the README's test command), never by path.
 """
 
-import os as _os
 import time as _time
 
 _STARTED = _time.monotonic()
@@ -17,14 +17,11 @@ import is this package (the summary's wall time counts from here, rescore.pipeli
 
 __version__ = "0.1.0"
 
-# In a source checkout (tests, `python -m rescore` from the repository root) the subpackages are
-# the folders beside this one; an installed wheel has them inside it. Either way they are only
-# reachable as `rescore.<name>`.
-_checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if not _os.path.isdir(_os.path.join(__path__[0], "pipelines")) and _os.path.isfile(
-    _os.path.join(_checkout, "pipelines", "rescore.py")
-):
-    __path__.append(_checkout)
+# The subpackages are found the one way an installed copy finds them: pyproject.toml's
+# package-dir maps `rescore.pipelines` to the folder pipelines/ (a wheel copies it inside this
+# package; `pip install -e .` maps it to the checkout's folder). Nothing here adds to __path__,
+# so a checkout imports exactly as installed; one that was never installed fails at
+# `rescore.pipelines` with the hint in rescore/__main__.py.
 
 
 def load_scored(path: str, *, columns: list[str] | None = None, storage_options: dict | None = None):

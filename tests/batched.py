@@ -75,7 +75,7 @@ _FORK_DRIVER = _SET_ENV + """
 import importlib, json, sys
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
-from rescore.pipelines import cli, rescore  # the job too: Beam, imported once
+from rescore.pipelines import cli, job  # the job too: Beam, imported once
 for line in sys.stdin:
     argv, env, err = json.loads(line)
     pid = os.fork()

@@ -27,7 +27,7 @@ OLD_NAMES = [
     ("rescore.transforms.inference", "ModelConfigError", errors.ModelConfigError),
     ("rescore.transforms.rows.trinity_format", "BlobError", errors.BlobError),
     ("rescore.transforms.device", "DeviceError", errors.DeviceError),
-    ("rescore.pipelines.rescore", "RejectBudgetExceeded", errors.RejectBudgetExceeded),
+    ("rescore.pipelines.job", "RejectBudgetExceeded", errors.RejectBudgetExceeded),
     ("rescore.pipelines.incremental", "ConflictError", errors.ConflictError),
     ("rescore.pipelines.report", "ReportError", errors.ReportError),
     ("rescore.pipelines.load", "OutputError", errors.NotFinishedOutputError),

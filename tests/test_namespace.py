@@ -50,7 +50,7 @@ def test_cli_runs_beside_shadowing_modules(user_dir, mode):
 
 def test_import_names(user_dir):
     code = (
-        "import rescore, rescore.pipelines.rescore, rescore.transforms.strategies, rescore.schemas, "
+        "import rescore, rescore.pipelines.job, rescore.transforms.strategies, rescore.schemas, "
         "rescore.examples.to_trinity, sys; "
         "print(rescore.__version__); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'pipelines', 'transforms', 'schemas', 'examples'}))"

@@ -21,7 +21,7 @@ named so that no real run sets it by accident (docs/reliability.md, "Fault injec
                        rows are inserted (transforms/sql_buffer.py)
 
 The variable is read once when this module is imported (a worker process of a multi-process
-run inherits it) and again at the start of each run (`refresh()`, from pipelines/rescore.py
+run inherits it) and again at the start of each run (`refresh()`, from pipelines/job.py
 `run()`, so that one process can run several jobs), never per bucket or unit: with no fault
 armed every hook below returns after one check of a module global.
 """

@@ -78,7 +78,7 @@ class Finalize(beam.PTransform):
     ):
         """settings: the run's (max_reject_fraction). unit_store: the run's UnitStoreHandle: the
         published document is left in the store of the process this step runs in
-        (pipelines/rescore.py takes it where that is its own)."""
+        (pipelines/job.py takes it where that is its own)."""
         super().__init__()
         self._unit_store = unit_store
         self._plan = plan

@@ -11,7 +11,7 @@ three things make the second read, and the first, cheaper, and they share state 
   continue where the last slice's read stopped.
 
 A `UnitStore` holds the three for one run in one process. The steps are given a
-`UnitStoreHandle`, created once per run where the job is built (pipelines/rescore.py: build_job,
+`UnitStoreHandle`, created once per run where the job is built (pipelines/job.py: build_job,
 or build()), with Beam's `Shared` idiom: a pickled handle carries only a key and the run's
 settings, and `acquire()` in a step's setup returns the store of that process. Where every step
 runs in the launcher's process (the in-process runner), that is the one store the launcher made

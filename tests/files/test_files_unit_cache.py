@@ -30,7 +30,7 @@ def run_with(glob: str, out: str, *args: str, cache_bytes: int | None = None, ah
              before_run=None) -> tuple[UnitStore, int]:
     """A whole in-process run with the unit_cache_mb / read_ahead_mb settings of these sizes:
     (the run's UnitStore, the bytes its cache still held when the run ended, before its close)."""
-    from rescore.pipelines import rescore as rs
+    from rescore.pipelines import job as rs
     from rescore.pipelines.config import parse_args
 
     cfg = parse_args(["--input", glob, "--output", out, "--strategy", "grpo", *args, "--quiet"])

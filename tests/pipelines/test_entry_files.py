@@ -1,7 +1,8 @@
 """The command run as a file, as schedulers do: Airflow's `py_file=.../pipelines/cli.py`
 (examples/airflow_dag.py) and the Flex Template's FLEX_TEMPLATE_PYTHON_PY_FILE
 (pipelines/flex_template.py). Python puts the file's folder first on sys.path, where
-pipelines/rescore.py (the job module) shadowed the package `rescore`: every import failed."""
+pipelines/rescore.py (the job module, now pipelines/job.py) shadowed the package `rescore`: every
+import failed. Nothing in pipelines/ may bear the package's name (test below)."""
 
 import os
 import subprocess

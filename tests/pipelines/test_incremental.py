@@ -362,7 +362,7 @@ def test_orphan_files_of_a_killed_commit_are_invisible(tmp_path, days, capsys):
 
 @pytest.mark.slow
 def test_two_overlapping_runs(tmp_path, days, capsys):
-    import rescore.pipelines.rescore  # noqa: F401  (imported before the race: Beam and torch take seconds)
+    import rescore.pipelines.job  # noqa: F401  (imported before the race: Beam and torch take seconds)
 
     inp, first, second = days
     out = str(tmp_path / "table")

@@ -161,7 +161,7 @@ def test_score_columns_are_written_without_a_dictionary(tmp_path, rescore):
 def test_a_row_group_larger_than_shard_rows_is_read_in_slices(tmp_path, rescore):
     """One row group past --shard-rows: read units of consecutive slices of at most shard-rows
     rows, one file each, in input order, holding the rows a run that reads it whole writes."""
-    from rescore.pipelines import rescore as rs
+    from rescore.pipelines import job as rs
     from rescore.pipelines.config import parse_args
 
     rows = multi_step_rows(6)

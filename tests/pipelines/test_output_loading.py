@@ -76,7 +76,7 @@ def test_file_metadata_says_how_rows_were_scored(scored):
 
 
 def test_config_hash_changes_with_the_scoring_only():
-    from rescore.pipelines.rescore import config_hash
+    from rescore.pipelines.job import config_hash
 
     a = config_hash("grpo", {"grpo": {"epsilon": 1e-6}}, None)
     assert a == config_hash("grpo", {"grpo": {"epsilon": 1e-6}}, None)

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # after it by a report of what the console entry point had done when it got there.
 PROBE = """
 import os, sys, types
-sys.modules["rescore.pipelines.rescore"] = types.ModuleType("rescore.pipelines.rescore")
+sys.modules["rescore.pipelines.job"] = types.ModuleType("rescore.pipelines.job")
 from rescore.pipelines import cli
 assert "numpy" not in sys.modules, "numpy imported before the entry point ran"
 cli.run_command_line = lambda prefetch=None: sys.exit(print(  # the command never returns

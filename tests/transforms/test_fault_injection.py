@@ -78,7 +78,7 @@ def test_each_kind_fires_only_on_its_own_hook(tmp_path, monkeypatch):
 
 
 def test_a_run_rereads_the_variable(tmp_path, monkeypatch):
-    """pipelines/rescore.py run_job() refreshes, so one process can run a faulty job then a clean one."""
+    """pipelines/job.py run_job() refreshes, so one process can run a faulty job then a clean one."""
     from rescore.errors import InputError
     from rescore.pipelines import cli
 

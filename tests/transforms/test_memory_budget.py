@@ -122,7 +122,7 @@ def test_the_option_is_declared_once(tmp_path, monkeypatch):
 def test_a_run_under_a_budget_below_one_unit_writes_the_same_files_with_one_unit_at_a_time(tmp_path, monkeypatch, caplog):
     """The run honours the plan: its steps take one unit at a time and the cache keeps nothing,
     it warns that the budget is below what one unit needs, and every file is the same."""
-    from rescore.pipelines import rescore as rs
+    from rescore.pipelines import job as rs
     from rescore.pipelines.config import parse_args
 
     glob = write_parquet(random_rows(seed=5, batches=3), str(tmp_path / "in"), files=2, row_group_size=8,

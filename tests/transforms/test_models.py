@@ -167,7 +167,7 @@ def test_teacher_logprobs_and_on_policy_distill_end_to_end(models, tmp_path, res
     assert rejected[(1, 9, 0)]["reject_reason"].startswith("model_input: prompt_length 0")
     assert len(scored) == len(rows) - 2 and doc["totals"]["reject_reasons"] == {"model_context": 1, "model_input": 1}
     assert doc["models"]["teacher_model"] == models["teacher"] and doc["models"]["context"] == CONTEXT
-    from rescore.pipelines.rescore import config_hash
+    from rescore.pipelines.job import config_hash
 
     assert doc["config_hash"] != config_hash("on_policy_distill", {"kl_coef": 0.5}, None)  # the teacher is part of it
     for r in rows:

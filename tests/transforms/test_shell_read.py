@@ -60,7 +60,7 @@ def test_units_are_kept_for_the_write_step_only_when_asked(tmp_path):
 def test_the_command_keeps_units_only_where_one_process_runs_every_step():
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from rescore.pipelines.rescore import _one_process
+    from rescore.pipelines.job import _one_process
 
     assert _one_process(PipelineOptions([]))
     assert _one_process(PipelineOptions(["--direct_running_mode=multi_threading"]))

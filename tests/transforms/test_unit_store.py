@@ -62,7 +62,7 @@ def test_each_run_has_a_store_of_its_own():
 
 
 def test_the_launcher_takes_the_finalize_steps_document_without_reading_metrics_back(tmp_path, monkeypatch):
-    from rescore.pipelines import rescore as rs
+    from rescore.pipelines import job as rs
     from rescore.pipelines.config import parse_args
 
     glob = write_parquet(random_rows(seed=4, batches=3), str(tmp_path / "in"), files=1, row_group_size=8,
@@ -87,7 +87,7 @@ def test_the_launcher_takes_the_finalize_steps_document_without_reading_metrics_
 
 
 def test_read_back_where_the_finalize_step_ran_elsewhere(tmp_path):
-    from rescore.pipelines.rescore import _published_file
+    from rescore.pipelines.job import _published_file
 
     out = tmp_path / "out"
     assert _published_file(str(out)) == ({}, str(out / "metrics.json"))
