@@ -56,7 +56,7 @@ class Door(Protocol):
     sample_output: str
     """What `rescore sample --output` names in its format: "the SQLite file", "a directory"."""
     owns: tuple[str, ...]
-    """The run options (RunView fields) only this door reads."""
+    """The run options (RunConfig fields) only this door reads."""
     staged: bool
     """True: `read` writes its rows as Parquet read units before the job; False: the job reads --input as it is."""
     no_tokens: str | None
