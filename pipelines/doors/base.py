@@ -18,12 +18,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # the settings of a run (pipelines/options.py imports this module)
+if TYPE_CHECKING:
     import argparse
 
     import pyarrow as pa
 
-    from rescore.pipelines.options import RunConfig
+
+class RunView(Protocol):
+    """What a door reads of a run's settings (pipelines/options.py: RunConfig, which imports this
+    module: the door sees the run through this view, never the class)."""
+
+    inputs: list[str]
+    input_table: str | None
+    input_format: str
+    shard_rows: int
 
 RunPipeline = Callable[[Callable[[Any], Any]], None]
 """Runs a Beam pipeline that `build(pipeline)` fills, with the run's Beam options, and waits."""
@@ -54,20 +62,20 @@ class Door(Protocol):
     no_tokens: str | None
     """Why its rows cannot be written to a Trinity buffer (--output-db), or None where they can."""
 
-    def selects(self, cfg: RunConfig) -> bool:
+    def selects(self, cfg: RunView) -> bool:
         """Does this run read through this door? (Doors without an input_format are asked first.)"""
 
     def option_problem(self, values: Mapping[str, Any]) -> str | None:
         """When the options are parsed: the first problem of this door's options with the others."""
 
-    def check(self, cfg: RunConfig) -> None:
+    def check(self, cfg: RunView) -> None:
         """Before any work: ConfigError (one line) where this door cannot read `cfg.inputs`."""
 
-    def read(self, cfg: RunConfig, directory: str, run: RunPipeline) -> tuple[list[str], dict[str, Any]]:
+    def read(self, cfg: RunView, directory: str, run: RunPipeline) -> tuple[list[str], dict[str, Any]]:
         """Write the rows as Parquet read units into `directory` (a Beam job that `run` runs):
         (the files written, what metrics.json says of the source)."""
 
-    def shown_inputs(self, cfg: RunConfig, source: Mapping[str, Any]) -> list[str]:
+    def shown_inputs(self, cfg: RunView, source: Mapping[str, Any]) -> list[str]:
         """What metrics.json names as the run's input (what the user gave, a password hidden)."""
 
     def write_sample(self, table: pa.Table, output: str, args: argparse.Namespace) -> str:
@@ -152,7 +160,7 @@ def staged_doors() -> tuple[Door, ...]:
     return tuple(d for d in _DOORS if d.staged)
 
 
-def door_for(cfg: RunConfig) -> Door:
+def door_for(cfg: RunView) -> Door:
     """The door a run reads through: the first door picked by its own options (`selects`), else
     the one --input-format names."""
     for door in sorted(_DOORS, key=lambda d: d.input_format is not None):  # stable: registration order

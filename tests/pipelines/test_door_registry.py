@@ -127,3 +127,21 @@ def test_a_door_registered_from_outside_is_read_end_to_end(tmp_path, rescore, to
         rescore(data, *toy, "--incremental", output=str(tmp_path / "o3"))
     with pytest.raises(ConfigError, match="invalid choice: 'toy-tsv'"):
         parse_args(["--input", data, "--input-format", "toy-tsv", *common])
+
+
+def test_the_staging_benchmark_stages_and_decodes_the_same_rows(tmp_path):
+    """benchmarks/door_staging.py (docs/trainers.md's figures), on 2 dump files of 24 lines."""
+    import sys
+
+    from rescore.pipelines.sample import main as sample
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from door_staging import measure
+
+    dumps = str(tmp_path / "dumps")
+    assert sample(["--format", "verl-rollouts", "--output", dumps, "--batches", "2", "--tasks", "3"]) == 0
+    decoded = measure("decode", "verl-rollouts", dumps)
+    staged = measure("stage", "verl-rollouts", dumps, str(tmp_path / "staged"))
+    assert (decoded["rows"], decoded["units"]) == (staged["rows"], staged["units"]) == (48, 2)
+    staged_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in (tmp_path / "staged").iterdir())
+    assert staged_rows == 48 and len(os.listdir(tmp_path / "staged")) == 2
