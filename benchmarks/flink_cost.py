@@ -75,6 +75,38 @@ def _cpu_of(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def _workers_gone(cluster, timeout: float = 120.0) -> None:
+    """Wait until the fork server has no worker left (a cached environment, with
+    --environment_cache_millis, outlives the job by that long) and has reaped them: their CPU
+    counts in the fork server's children's once they are reaped."""
+    deadline = time.monotonic() + timeout
+    for pid in cluster.pids("sdk_zygote"):
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        while time.monotonic() < deadline:
+            try:
+                if not children.read_text().split():
+                    break
+            except OSError:  # the fork server is gone
+                break
+            time.sleep(0.5)
+    time.sleep(1.5)  # the fork server reaps its finished supervisors once a second
+
+
+ROLE_NAMES = {"sdk_zygote": "SDK workers", "jobmanager": "JobManager", "taskmanager": "TaskManagers"}
+
+
+def _role_cpu(cluster) -> dict[str, float]:
+    """CPU seconds so far of the cluster's processes by role: the JobManager, the TaskManagers,
+    and the SDK workers (the fork server, with the workers it reaped)."""
+    used: dict[str, float] = {}
+    for p in cluster.state["processes"]:
+        try:
+            used[p["role"]] = used.get(p["role"], 0.0) + _cpu_of(p["pid"])
+        except OSError:  # a process that is gone (a TaskManager killed)
+            pass
+    return used
+
+
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     """(fixed, marginal) of the least-squares line through (rows, cpu)."""
     n = len(points)
@@ -139,6 +171,7 @@ def measure(sizes, data_dir: Path, variants: tuple[str, ...], warmup: bool = Tru
                         if name in failed:
                             continue
                         before = cluster.cpu_seconds() + (_cpu_of(server["process"].pid) if server else 0.0)
+                        roles_before = _role_cpu(cluster)
                         try:
                             wall, cpu = _run([*_rescore(), "--config", str(ROOT / "run_configs" / "flink.yaml"),
                                               "--input", inp, "--output", str(out / f"flink-{rows}"),
@@ -147,13 +180,18 @@ def measure(sizes, data_dir: Path, variants: tuple[str, ...], warmup: bool = Tru
                             failed[name] = str(e).splitlines()[-1][:300]
                             print(f"{name} {rows:>9,} rows: failed: {failed[name]}", flush=True)
                             continue
-                        time.sleep(2.5)  # the fork server reaps its finished workers once a second
+                        _workers_gone(cluster)  # reaped, so that their CPU counts in this run
                         # the long-lived job server's CPU during the run counts with the cluster's
                         cluster_cpu = cluster.cpu_seconds() + (_cpu_of(server["process"].pid) if server else 0.0) - before
+                        roles = {role: round(used - roles_before.get(role, 0.0), 2)
+                                 for role, used in _role_cpu(cluster).items()}
                         modes[name].append({"rows": rows, "wall_s": wall, "cpu_s": cpu + cluster_cpu,
-                                            "launcher_cpu_s": cpu, "cluster_cpu_s": cluster_cpu})
+                                            "launcher_cpu_s": cpu, "cluster_cpu_s": cluster_cpu,
+                                            "cluster_roles_cpu_s": roles})
                         print(f"{name} {rows:>9,} rows: {wall:7.1f} s wall, {cpu + cluster_cpu:7.1f} CPU-s "
-                              f"(launcher and job server {cpu:.1f}, cluster {cluster_cpu:.1f})", flush=True)
+                              f"(launcher and job server {cpu:.1f}, cluster {cluster_cpu:.1f}: "
+                              + ", ".join(f"{ROLE_NAMES.get(r, r)} {v:.1f}" for r, v in roles.items()) + ")",
+                              flush=True)
             finally:
                 if server is not None:
                     server["process"].terminate()

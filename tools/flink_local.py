@@ -336,6 +336,14 @@ def cluster_conf(local: dict[str, str]) -> str:
     return "".join(f"{k}: {v}\n" for k, v in keys.items())
 
 
+def java_opts(conf_text: str, role: str) -> list[str]:
+    """The JVM flags a flink-conf.yaml asks for a `role` ("jobmanager", "taskmanager"):
+    env.java.opts.all, then env.java.opts.ROLE, as Flink's own start scripts add them."""
+    keys = dict(line.partition(":")[::2] for line in conf_text.splitlines() if ":" in line)
+    keys = {k.strip(): v.strip() for k, v in keys.items()}
+    return [*shlex.split(keys.get("env.java.opts.all", "")), *shlex.split(keys.get(f"env.java.opts.{role}", ""))]
+
+
 def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sys.executable,
           timeout: float = 120.0, env: dict[str, str] | None = None, rest_port: int | None = None,
           parent_first: bool = False) -> Cluster:
@@ -376,7 +384,8 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
     }
     if parent_first:
         local["classloader.resolve-order"] = "parent-first"
-    (conf / "flink-conf.yaml").write_text(cluster_conf(local))
+    conf_text = cluster_conf(local)
+    (conf / "flink-conf.yaml").write_text(conf_text)
     (workdir / "tmp").mkdir(exist_ok=True)
     (workdir / "log").mkdir(exist_ok=True)
     extra = dict(env or {}, RESCORE_FLINK_WORKDIR=str(workdir))  # the workers' fence (Cluster.private)
@@ -393,7 +402,7 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
                                                        workdir / "log" / "sdk_zygote.log", dict(os.environ, **extra))}]
     jm_jvm, jm_dyn = _bash_java_utils(home, conf, "GET_JM_RESOURCE_PARAMS")
     processes.append({"role": "jobmanager", "pid": _spawn(
-        ["java", *jm_jvm, *jvm_common, "-cp", cp,
+        ["java", *jm_jvm, *jvm_common, *java_opts(conf_text, "jobmanager"), "-cp", cp,
          "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint",
          "--configDir", str(conf), *jm_dyn], workdir / "log" / "jobmanager.log", env)})
     tm_jvm, tm_dyn = _bash_java_utils(home, conf, "GET_TM_RESOURCE_PARAMS")
@@ -402,7 +411,7 @@ def start(workdir: Path, taskmanagers: int = 2, slots: int = 2, python: str = sy
         beam = [str(p) for p in sorted((job_server_jar().parent / "lib").glob("*.jar"))
                 if not p.name.startswith(("flink-", "slf4j-", "log4j-"))]
         tm_cp = ":".join([cp, *beam])
-    tm_cmd = ["java", *tm_jvm, *jvm_common, "-cp", tm_cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
+    tm_cmd = ["java", *tm_jvm, *jvm_common, *java_opts(conf_text, "taskmanager"), "-cp", tm_cp, "org.apache.flink.runtime.taskexecutor.TaskManagerRunner",
               "--configDir", str(conf), *tm_dyn]
     state = {"rest_port": rest, "slots_total": slots * taskmanagers, "taskmanagers": taskmanagers,
              "processes": processes, "taskmanager_command": tm_cmd, "env": {**extra, "FLINK_CONF_DIR": str(conf)}}

@@ -152,6 +152,25 @@ def test_the_local_cluster_runs_the_shipped_cluster_config():
     assert "heartbeat.timeout: 20000" in shipped  # the shipped value, which the local cluster overrides
 
 
+def test_the_cost_settings_reach_every_jvm_and_the_workers():
+    """The shipped cost settings (benchmarks/README.md, "Flink against in-process"): the cluster
+    config's JVM flags go to the JobManager and TaskManagers the local cluster starts (as Flink's
+    start scripts add env.java.opts.*), flink.yaml gives Beam's job server JVM the same and keeps
+    a stage's SDK workers for the next stage."""
+    tool = _flink_local()
+    text = tool.cluster_conf({})
+    assert tool.java_opts(text, "jobmanager") == ["-XX:TieredStopAtLevel=1"]
+    assert tool.java_opts(text, "taskmanager") == ["-XX:TieredStopAtLevel=1"]
+    both = tool.cluster_conf({"env.java.opts.all": "-Da=1 -Db='x y'", "env.java.opts.taskmanager": ""})
+    assert tool.java_opts(both, "jobmanager") == ["-Da=1", "-Db=x y", "-XX:TieredStopAtLevel=1"]
+    assert tool.java_opts(both, "taskmanager") == ["-Da=1", "-Db=x y"]
+    from rescore.pipelines.config_files import load_yaml, pipeline_option_flags
+
+    flags = pipeline_option_flags(load_yaml(str(ROOT / "run_configs" / "flink.yaml"))["pipeline_options"])
+    assert "--job_server_jvm_properties=-XX:TieredStopAtLevel=1" in flags
+    assert "--environment_cache_millis=10000" in flags
+
+
 def test_local_paths_are_made_absolute_for_a_clusters_workers(tmp_path, monkeypatch):
     """A TaskManager's SDK worker runs in its own working directory: `data/*.parquet` must reach
     it as the launcher meant it. Other runners and paths with a scheme are left as given."""
