@@ -15,7 +15,7 @@ listing, creating, renaming or removing anything under them. The worker records 
 WORKDIR/fenced/PID. Nothing here imports Rescore.
 """
 
-import array, importlib, json, os, select, signal, socket, struct, sys, tempfile, traceback
+import array, importlib, json, os, select, shutil, signal, socket, struct, sys, tempfile, traceback
 
 PRELOAD = ("grpc", "google.protobuf.json_format", "apache_beam.runners.worker.sdk_worker_main", "torch",
            "rescore.transforms.read", "rescore.transforms.score", "rescore.transforms.write",
@@ -111,9 +111,17 @@ def boot(argv):
     os.environ["CONTROL_API_SERVICE_DESCRIPTOR"] = descriptor(info.control_endpoint.url or a.control_endpoint)
     os.environ["LOGGING_API_SERVICE_DESCRIPTOR"] = descriptor(info.logging_endpoint.url or a.logging_endpoint)
     os.environ["RUNNER_CAPABILITIES"] = " ".join(info.runner_capabilities)
-    os.environ["SEMI_PERSISTENT_DIRECTORY"] = a.semi_persist_dir or tempfile.mkdtemp(prefix="beam-worker-")
+    own = None if a.semi_persist_dir else tempfile.mkdtemp(prefix="beam-worker-")  # removed when the worker ends
+    os.environ["SEMI_PERSISTENT_DIRECTORY"] = a.semi_persist_dir or own
     from apache_beam.runners.worker import sdk_worker_main
-    sdk_worker_main.main(sys.argv[:1])
+    try:
+        sdk_worker_main.main(sys.argv[:1])
+    finally:
+        if own:
+            try:
+                shutil.rmtree(own, ignore_errors=True)
+            except Exception:  # a fence's audit hook may refuse it: the folder is then left, as before
+                pass
 
 
 def _worker(request, fds):
