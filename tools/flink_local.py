@@ -325,22 +325,21 @@ CLUSTER_CONF = REPO / "run_configs" / "flink_cluster" / "flink-conf.yaml"
 flink-conf.yaml is its keys, then this machine's (ports, memory, a faster heartbeat)."""
 
 
+def conf_keys(text: str) -> dict[str, str]:
+    """{key: value} of a flink-conf.yaml's text (flat `key: value` lines; comments skipped)."""
+    pairs = (ln.partition(":") for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
 def cluster_conf(local: dict[str, str]) -> str:
     """flink-conf.yaml's text: the shipped keys, each overridden by `local` where it names one."""
-    keys: dict[str, str] = {}
-    for line in CLUSTER_CONF.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition(":")
-            keys[key.strip()] = value.strip()
-    keys.update(local)
-    return "".join(f"{k}: {v}\n" for k, v in keys.items())
+    return "".join(f"{k}: {v}\n" for k, v in {**conf_keys(CLUSTER_CONF.read_text()), **local}.items())
 
 
 def java_opts(conf_text: str, role: str) -> list[str]:
     """The JVM flags a flink-conf.yaml asks for a `role` ("jobmanager", "taskmanager"):
     env.java.opts.all, then env.java.opts.ROLE, as Flink's own start scripts add them."""
-    keys = dict(line.partition(":")[::2] for line in conf_text.splitlines() if ":" in line)
-    keys = {k.strip(): v.strip() for k, v in keys.items()}
+    keys = conf_keys(conf_text)
     return [*shlex.split(keys.get("env.java.opts.all", "")), *shlex.split(keys.get(f"env.java.opts.{role}", ""))]
 
 
