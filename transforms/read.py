@@ -106,7 +106,7 @@ class ReadExperiences(beam.PTransform):
         progress: str | None = None, unit_store: UnitStoreHandle | None = None, task_history: dict | None = None,
     ):
         """settings: the run's (buckets, io_threads); needs: the columns the strategies read.
-        task_history: {PATH: TaskHistory} of the task-history needs (filters.TaskHistory), read by the launcher
+        task_history: {PATH: TaskPassRates} of the task-history needs (filters.TaskHistory), read by the launcher
         (pipelines/task_history.py): the numbers the rows' tasks are matched against.
         progress: the directory of the run's progress marks (transforms/files/progress_marks.py).
         unit_store: the run's UnitStoreHandle (transforms/unit_store.py): the prefetched units

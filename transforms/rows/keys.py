@@ -20,7 +20,7 @@ from rescore.transforms.rows.unit_rows import UnitRows
 from rescore.transforms.strategies.features import WHOLE_BATCH, Feature  # noqa: F401  (WHOLE_BATCH re-exported)
 from rescore.transforms.strategies.flat import TokenColumn, flat_segment_sum
 from rescore.transforms.strategies.hashing import exact_codes, mix64, string_keys
-from rescore.transforms.rows.task_stats import TaskHistory
+from rescore.transforms.rows.task_stats import TaskPassRates
 
 ID_KEYS = ("batch", "task", "run", "step")
 SORT_KEYS = [(k, "ascending") for k in ID_KEYS]
@@ -39,7 +39,7 @@ def light_columns(needs: tuple) -> list[str]:
 
 
 def light_rows(unit: int, table: pa.Table, check: RowCheck, *, task_type: pa.DataType, needs: tuple = (),
-               task_history: dict[str, TaskHistory] | None = None) -> pa.Table:
+               task_history: dict[str, TaskPassRates] | None = None) -> pa.Table:
     """One light row per valid row of `table` (a read unit's rows, in file order).
 
     Columns: unit, row (locator), batch, task, run, step, reward (float64), action_tokens

@@ -248,7 +248,7 @@ def sort_key(row: dict[str, Any]) -> tuple:
 
 
 @dataclass(frozen=True, eq=False)
-class TaskHistory:
+class TaskPassRates:
     """pass_rate_band's history (`task_stats=PATH`): each task of a `rescore task-stats` table with
     its pass rate. The launcher reads the table before any work (pipelines/task_history.py) and
     hands these numbers to the read step, which matches each row's task against them
@@ -260,7 +260,7 @@ class TaskHistory:
     """(len(tasks),) float64 their pass rates (NaN for a null)."""
 
     @classmethod
-    def of(cls, table: pa.Table, where: str) -> "TaskHistory":
+    def of(cls, table: pa.Table, where: str) -> "TaskPassRates":
         """From the `task` and `pass_rate` columns of a task_stats.parquet read at `where`.
         ValueError where a task is listed twice (a table `rescore task-stats` did not write)."""
         import numpy as np
@@ -273,7 +273,7 @@ class TaskHistory:
         return cls(tasks, np.asarray(table["pass_rate"].fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64))
 
 
-def history_rates(task: pa.Array | pa.ChunkedArray, history: TaskHistory) -> "np.ndarray":
+def history_rates(task: pa.Array | pa.ChunkedArray, history: TaskPassRates) -> "np.ndarray":
     """(n,) float64: the pass rate of each task of `task` in `history`, matched by the task's
     exact value; NaN for a task the table does not hold (also every task where the table's ids
     are strings and these integers, or the reverse)."""

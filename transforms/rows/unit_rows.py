@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from rescore.schemas.lists import flat_list
 from rescore.transforms.rows.response import response_lengths
-from rescore.transforms.rows.task_stats import TaskHistory, history_rates
+from rescore.transforms.rows.task_stats import TaskPassRates, history_rates
 from rescore.transforms.strategies.flat import TokenColumn
 
 
@@ -43,7 +43,7 @@ class UnitRows(ArrowRows):
     task-stats tables the launcher read (by path)."""
 
     def __init__(self, valid: pa.Table, response_length: np.ndarray, mask_raw: np.ndarray | None, task: pa.Array,
-                 task_history: dict[str, TaskHistory] | None = None):
+                 task_history: dict[str, TaskPassRates] | None = None):
         super().__init__(valid)
         self._response_length = response_length
         self._mask_raw = mask_raw
