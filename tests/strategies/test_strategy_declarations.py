@@ -200,6 +200,23 @@ def test_a_declaration_needs_checkable_types_and_a_free_name():
             weights: list = __import__("rescore.transforms.strategies.registry", fromlist=["param"]).param([1.0])
 
 
+def test_a_declaration_that_lost_its_dataclass_decorator_is_refused_at_registration():
+    """A merge once dropped `@dataclass(frozen=True)` above a parameters class: the strategy
+    registered with no parameters at all, and `--set rep_len=...` was refused as unknown."""
+    from rescore.transforms.strategies.registry import param, unregister
+
+    class NoLongerADataclass(StrategyParams):
+        rep_len: int = param(10, minimum=1)
+
+    class Filter(NoLongerADataclass):
+        pass
+
+    with pytest.raises(TypeError, match=r"NoLongerADataclass declares rep_len with param\(\) but is not a @dataclass"):
+        register("lost_decorator", kind="filter", summary="")(Filter)
+    unregister("lost_decorator")
+    assert "lost_decorator" not in names()
+
+
 def test_capabilities_are_declared_protocols():
     assert {n for n in names() if isinstance(create(n), TokenLevel)} == {
         "jsd", "on_policy_distill", "reinforceplusplus", "reinforce_plus_plus", "optimal_token_baseline",

@@ -191,6 +191,11 @@ def declaration(cls: type) -> type[StrategyParams]:
     for c in cls.__mro__:
         if "__dataclass_fields__" in c.__dict__ and issubclass(c, StrategyParams):
             return c
+        # `x: int = param(...)` on a class that lost its @dataclass(frozen=True) leaves a Field
+        # where the parameter should be: the strategy would register without it (a merge did that).
+        undeclared = [k for k, v in vars(c).items() if isinstance(v, dataclasses.Field)]
+        if undeclared:
+            raise TypeError(f"{c.__name__} declares {', '.join(undeclared)} with param() but is not a @dataclass(frozen=True)")
     raise TypeError(f"{cls.__name__} is not a StrategyParams dataclass nor derived from one")
 
 
