@@ -9,6 +9,7 @@ declarations (each family module of transforms/strategies/, registry.py) and the
 from __future__ import annotations
 
 import sys
+import textwrap
 
 from rescore.errors import ConfigError
 
@@ -31,8 +32,9 @@ def strategies(argv: list[str]) -> int:
         described = spec.describe()
         if described:
             print("parameters (--set KEY=VALUE, or --set " + spec.name + ".KEY=VALUE in a chain):")
-            for line in described.splitlines():
+            for line, (_, _, _, meaning) in zip(described.splitlines(), spec.parameters()):
                 print(f"  {line}")
+                print(textwrap.fill(meaning, 100, initial_indent="      ", subsequent_indent="      "))
         else:
             print("parameters: none")
         return 0

@@ -1,12 +1,23 @@
 """`python -m rescore.pipelines.strategy_docs [--check] [PAGE]`: the strategy tables of
 docs/strategies.md, written from the declarations (transforms/strategies/registry.py).
 
-Every table between a `<!-- generated: KIND -->` line and its `<!-- end generated: KIND -->`
-line is rewritten from the registry: `strategies` (one row per strategy: name and aliases, kind,
-parameters with their defaults, the declaration's summary) and `presets` (each declaration
-derived from another one's, a framework's preset, with the defaults it changes). The rest of the
-page is prose and stays as written. `--check` writes nothing and exits 1 where the page and the
-declarations disagree (tests/strategies/test_strategy_docs.py runs it).
+Every region between a `<!-- generated: WHAT -->` line and its `<!-- end generated: WHAT -->`
+line is rewritten from the registry:
+
+    strategies        one row per strategy: name and aliases, kind, parameters with their
+                      defaults, the declaration's summary
+    presets           each declaration derived from another one's (a framework's preset), with
+                      the defaults it changes
+    params NAME...    the parameter table of strategy NAME (several names: strategies that share
+                      one declaration), one row per parameter: type and bounds, default, and
+                      its meaning, the `param(help=...)` of the declaration
+    sections          a minimal section (summary and parameter table) for every strategy that no
+                      `params` region elsewhere on the page documents: a new strategy is on the
+                      page from its first run of this command
+
+The rest of the page is prose and stays as written. `--check` writes nothing and exits 1 where
+the page and the declarations disagree (tests/strategies/test_strategy_docs.py runs it), or a
+parameter has no help.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from rescore.transforms.strategies import registry
 PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "strategies.md")
 """docs/strategies.md of the checkout this module runs from."""
 ORDER = (registry.ADVANTAGE, registry.FILTER, registry.DUPLICATE, registry.SHAPE)
-_REGION = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
+_REGION = re.compile(r"(<!-- generated: ([\w ]+?) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 
 
 def value_text(value) -> str:
@@ -38,7 +49,8 @@ def value_text(value) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """`text` as one Markdown table cell: a `|` does not split the row, a newline does not end it."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _base(spec: registry.StrategySpec, specs: Iterable[registry.StrategySpec]) -> registry.StrategySpec | None:
@@ -83,6 +95,58 @@ def presets_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _primaries() -> dict[str, list[str]]:
+    """Each documented strategy's name -> the names sharing its row of the strategies table
+    (aliases: one declaration, math and summary); presets are left out (the presets table)."""
+    specs = _specs()
+    rows: dict[tuple, list[str]] = {}
+    for s in specs:
+        if _base(s, specs) is None:
+            rows.setdefault((s.params, s.factory, s.summary), []).append(s.name)
+    return {names[0]: names for names in rows.values()}
+
+
+def _default_text(value) -> str:
+    text = value_text(value)
+    return f"`{text}`" if isinstance(value, str) else text
+
+
+def params_table(names: list[str]) -> str:
+    """The parameter table of the strategies `names` (one declaration), from its fields' types,
+    bounds, defaults and help."""
+    specs = [registry.spec(n) for n in names]
+    if any(s.params is not specs[0].params for s in specs[1:]):
+        raise ValueError(f"params {' '.join(names)}: these strategies do not share one declaration; give each its own region")
+    shown = " and ".join(f"`{n}`" for n in names)
+    rows = specs[0].parameters()
+    if not rows:
+        return f"{shown}: no parameters.\n"
+    lines = [f"Parameters of {shown} (`--set KEY=VALUE`):", "", "| parameter | type | default | meaning |", "|---|---|---|---|"]
+    for key, kind, default, meaning in rows:
+        if not meaning.strip():
+            raise ValueError(f"{names[0]}: parameter {key!r} has no help (param(..., help=...))")
+        lines.append(f"| `{key}` | {_cell(kind.replace('|', ' / '))} | {_cell(_default_text(default))} | {_cell(meaning)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _documented(page: str) -> set[str]:
+    """The strategies a `params` region of `page` documents, with their aliases."""
+    named = {n for m in _REGION.finditer(page) if m.group(2).startswith("params ") for n in m.group(2).split()[1:]}
+    return {n for names in _primaries().values() if named & set(names) for n in names}
+
+
+def sections(page: str) -> str:
+    """A minimal section for every strategy no `params` region of `page` documents."""
+    documented = _documented(page)
+    out = []
+    for name, names in sorted(_primaries().items()):
+        if name not in documented:
+            s = registry.spec(name)
+            aliases = f" (alias {', '.join(f'`{n}`' for n in names[1:])})" if names[1:] else ""
+            out.append(f"## `{name}`\n\n{s.kind}{aliases}: {s.summary}.\n\n{params_table([name])}")
+    return "\n".join(out)
+
+
 TABLES = {"strategies": strategies_table, "presets": presets_table}
 
 
@@ -90,11 +154,23 @@ def render(page: str) -> str:
     """`page` with every generated region rewritten from the declarations."""
 
     def region(m: re.Match) -> str:
-        if m.group(2) not in TABLES:
-            raise ValueError(f"unknown generated region {m.group(2)!r} (known: {', '.join(TABLES)})")
-        return m.group(1) + TABLES[m.group(2)]() + m.group(4)
+        what = m.group(2).split()
+        if what[0] == "params" and what[1:]:
+            return m.group(1) + params_table(what[1:]) + m.group(4)
+        if what == ["sections"]:
+            return m.group(1) + sections(page) + m.group(4)
+        if what[0] not in TABLES or what[1:]:
+            raise ValueError(f"unknown generated region {m.group(2)!r} (known: {', '.join(TABLES)}, params NAME..., sections)")
+        return m.group(1) + TABLES[what[0]]() + m.group(4)
 
     return _REGION.sub(region, page)
+
+
+def undocumented(page: str) -> list[str]:
+    """Strategies the rendered `page` documents nowhere (no `params` region, no generated
+    section): empty for a page with a `sections` region."""
+    covered = _documented(page) | {n for names in _primaries().values() for n in names if f"## `{names[0]}`" in page}
+    return sorted(n for n in _primaries() if n not in covered)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"strategy_docs: cannot read {path}: {e.strerror}", file=sys.stderr)
         return 2
-    new = render(page)
+    try:
+        new = render(page)
+    except (ValueError, registry.ConfigError) as e:
+        print(f"strategy_docs: {path}: {e}", file=sys.stderr)
+        return 1
     if new == page:
         return 0
     if check:

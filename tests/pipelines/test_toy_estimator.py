@@ -22,7 +22,7 @@ from rescore.transforms.strategies.segments import per_row, segment_max
 NAME = "toy_max_gap"
 
 
-def toy_max_gap(reward, offsets, *, scale: float = param(2.0, positive=True)):
+def toy_max_gap(reward, offsets, *, scale: float = param(2.0, positive=True, help="multiplies the gap to the group's best reward")):
     """(n,) scale * (r - max(G)): the best row of each group scores 0, the others below it."""
     return scale * (reward - per_row(segment_max(reward, offsets), offsets))
 
@@ -44,7 +44,7 @@ def test_the_toy_is_a_strategy_like_a_shipped_one(toy):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert listings.strategies([NAME]) == 0
-    assert out.getvalue().splitlines()[-1] == "  scale: float = 2.0"
+    assert out.getvalue().splitlines()[-2:] == ["  scale: float = 2.0", "      multiplies the gap to the group's best reward"]
     assert f"| `{NAME}` | advantage | `scale` (2.0) | scale * (r - max(G)) (a test's toy) |" in strategy_docs.strategies_table()
 
 

@@ -115,8 +115,12 @@ class _GroupBaseline(ScoreExplanation):
 
 @dataclass(frozen=True)
 class OPMDParams(StrategyParams):
-    opmd_baseline: Literal["mean", "logavgexp"] = "mean"
-    tau: float = param(1.0, positive=True)
+    opmd_baseline: Literal["mean", "logavgexp"] = param(
+        "mean",
+        help="`mean`: b = mean(G); `logavgexp`: b = tau * (logsumexp(r / tau) - log n), shifted by the group "
+             "maximum",
+    )
+    tau: float = param(1.0, positive=True, help="temperature of the `logavgexp` baseline")
 
 
 @register("opmd", kind=ADVANTAGE, summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation")
@@ -133,7 +137,7 @@ class OPMD(_GroupBaseline, OPMDParams):
 
 @dataclass(frozen=True)
 class AsymREParams(StrategyParams):
-    baseline_shift: float = -0.1
+    baseline_shift: float = param(-0.1, help="added to the group mean baseline; a negative shift favours positive advantages")
 
 
 @register("asymre", kind=ADVANTAGE, summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)")
@@ -147,7 +151,11 @@ class AsymRE(_GroupBaseline, AsymREParams):
 
 @dataclass(frozen=True)
 class RLOOParams(StrategyParams):
-    normalize_advantages: bool = param(False, hidden_at_default=True)
+    normalize_advantages: bool = param(
+        False, hidden_at_default=True,
+        help="TRL's option: whiten the leave-one-out scores over the batch, (a - mean(a)) / (std(a) + 1e-4), std "
+             "ddof 1",
+    )
 
 
 @register("rloo", kind=ADVANTAGE, summary="leave-one-out baseline: (r - mean(G)) * n / (n - 1); TRL's normalize_advantages whitens over the batch")

@@ -51,12 +51,18 @@ def phi(logprobs: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MixChordParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    mu_warmup_steps: int = param(0, minimum=0)
-    mu_decay_steps: int = param(0, minimum=0)
-    mu_peak: float = param(0.1, between=(0.0, 1.0))
-    mu_valley: float = param(0.1, between=(0.0, 1.0))
-    enable_phi_function: bool = True
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std of the GRPO step over each group's non-expert rows")
+    mu_warmup_steps: int = param(0, minimum=0, help="batches of linear warm-up of mu, from 0 to mu_peak")
+    mu_decay_steps: int = param(0, minimum=0, help="batches of cosine decay of mu, from mu_peak to mu_valley, after the warm-up")
+    mu_peak: float = param(0.1, between=(0.0, 1.0), help="mu at the end of the warm-up")
+    mu_valley: float = param(
+        0.1, between=(0.0, 1.0),
+        help="mu after the decay (and throughout with the default 0 warm-up and decay steps)",
+    )
+    enable_phi_function: bool = param(
+        True,
+        help="write `sft_token_weights` phi(p) = p (1 - p), p = exp(logprob), where the input has logprobs",
+    )
 
 
 @register("mix_chord", kind=ADVANTAGE, summary="CHORD: mu schedule, loss weights (mu expert / 1 - mu others), GRPO for non-expert rows, phi token weights")

@@ -17,7 +17,7 @@ import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, WrittenRows
 from rescore.transforms.strategies.flat import flat_segment_sum
-from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, register
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats
 from rescore.transforms.strategies.tensors import torch
 
@@ -79,7 +79,7 @@ class TeacherTokens:
 
 @dataclass(frozen=True)
 class OnPolicyDistillParams(StrategyParams):
-    kl_coef: float = 1.0
+    kl_coef: float = param(1.0, help="advantages[t] = kl_coef * (teacher_logprobs[t] - logprobs[t]) * action_mask[t]")
 
 
 @register("on_policy_distill", kind=ADVANTAGE, summary="token-level kl_coef * (teacher_logprobs - logprobs); needs logprobs and teacher_logprobs")

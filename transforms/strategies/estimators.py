@@ -188,10 +188,14 @@ class Reinforce(_Estimator, ScoreExplanation, ReinforceParams):
 
 @dataclass(frozen=True)
 class RECParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    std_normalize: bool = param(False, null=False)
-    drop: Literal["balance"] | None = None
-    seed: int = param(0, minimum=0)
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std")
+    std_normalize: bool = param(False, null=False, help="divide by the group's std")
+    drop: Literal["balance"] | None = param(
+        None,
+        help="`balance`: when a group has more rows below its mean (`r < mean(G)`) than others, the surplus "
+             "below-mean rows score 0",
+    )
+    seed: int = param(0, minimum=0, help="(not Trinity's) which below-mean rows `balance` drops")
 
 
 @register("rec", kind=ADVANTAGE, summary="r - mean, optionally / (std + epsilon), with drop=balance of surplus below-mean rows (Trinity `rec`)")
@@ -227,7 +231,7 @@ class REC(_Estimator, ScoreExplanation, RECParams):
 
 @dataclass(frozen=True)
 class OPOParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
+    epsilon: float = param(1e-6, minimum=0.0, help="accepted and unused, as in verl")
 
 
 @register("opo", kind=ADVANTAGE, summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)")
@@ -256,8 +260,8 @@ class OPO(_Estimator, ScoreExplanation, OPOParams):
 
 @dataclass(frozen=True)
 class GRPOPassKParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    norm_adv_by_std_in_grpo: bool = True
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std with norm_adv_by_std_in_grpo")
+    norm_adv_by_std_in_grpo: bool = param(True, help="divide r_max - r_second by std(G) + epsilon")
 
 
 @register("grpo_passk", kind=ADVANTAGE, summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)")
@@ -281,9 +285,13 @@ class GRPOPassK(_Estimator, ScoreExplanation, GRPOPassKParams):
 
 @dataclass(frozen=True)
 class GPGParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    f_norm: float = param(1.0, nonzero=True)
-    alpha: float = 1.0
+    epsilon: float = param(1e-6, minimum=0.0, help="accepted and unused, as in verl")
+    f_norm: float = param(1.0, nonzero=True, help="divides the advantage; must not be 0")
+    alpha: float = param(
+        1.0,
+        help="accepted for configs that set it; verl 0.9.1 overwrites it with rows of the batch / max(rows with r "
+             "!= 0, 1), and so does Rescore",
+    )
 
 
 @register("gpg", kind=ADVANTAGE, summary="alpha * (r - mean(G)) / f_norm, alpha = batch rows / rows with r != 0 (verl `gpg`)")
@@ -306,10 +314,13 @@ class GPG(_Estimator, ScoreExplanation, GPGParams):
 
 @dataclass(frozen=True)
 class GDPOParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    norm_adv_by_std_in_grpo: bool = True
-    gdpo_reward_keys: tuple[Column, ...] = ()
-    gdpo_reward_weights: tuple[float, ...] | None = None
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std of each reward column's GRPO step")
+    norm_adv_by_std_in_grpo: bool = param(True, help="GRPO per column divides by std + epsilon; false: r_k - mean only")
+    gdpo_reward_keys: tuple[Column, ...] = param(
+        (),
+        help="the reward columns, each normalised within the group (none: the `reward` column alone)",
+    )
+    gdpo_reward_weights: tuple[float, ...] | None = param(None, help="w_k of the weighted sum, one per column (null: all 1)")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -350,7 +361,7 @@ class GDPO(_Estimator, GDPOParams):
 
 @dataclass(frozen=True)
 class ReMaxParams(StrategyParams):
-    reward_baselines: Column = "reward_baselines"
+    reward_baselines: Column = param("reward_baselines", help="the column holding the greedy response's reward b_i")
 
 
 @register("remax", kind=ADVANTAGE, summary="r - the greedy response's reward, read from a column (verl / Trinity `remax`)")

@@ -83,7 +83,7 @@ class _MetricFilter(_Filter):
 
 @dataclass(frozen=True)
 class FilterGroupsParams(StrategyParams):
-    metric: Column = "acc"
+    metric: Column = param("acc", help="the raw metric column whose spread decides (`reward`: the reward column)")
 
 
 @register("filter_groups", kind=FILTER, summary="verl's DAPO filter_groups: drop groups of 2+ rows whose `metric` column has no spread")
@@ -108,10 +108,12 @@ def dapo_keep_groups(correct: Tensor, offsets: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class DAPODynamicSamplingParams(StrategyParams):
-    metric_key: Column = "accuracy"
-    """The metric column; where the input has no such column, or a row's value is null, the
-    row's reward (Trinity: exp.metrics[metric_key], else exp.reward)."""
-    correct_threshold: float = 0.0
+    metric_key: Column = param(
+        "accuracy",
+        help="the metric column; where the input has no such column, or a row's value is null, the row's reward "
+             "(Trinity: exp.metrics[metric_key], else exp.reward)",
+    )
+    correct_threshold: float = param(0.0, help="a row is correct when its metric > correct_threshold")
 
 
 @register("dynamic_sampling", kind=FILTER, summary="DAPO dynamic sampling (Trinity): keep groups of 2+ rows with 0 < #(metric > correct_threshold) < n")
@@ -148,8 +150,11 @@ class DAPODynamicSampling(_Filter, DAPODynamicSamplingParams):
 
 @dataclass(frozen=True)
 class DynamicFilteringParams(StrategyParams):
-    dynamic_filtering_reward_range: tuple[float, float] = (0.0, 1.0)
-    metric: Column = "reward"
+    dynamic_filtering_reward_range: tuple[float, float] = param(
+        (0.0, 1.0),
+        help="[low, high]: keep groups whose mean metric lies strictly inside",
+    )
+    metric: Column = param("reward", help="the column whose group mean is compared (default the reward)")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -196,8 +201,11 @@ def truncated_flags(values: Tensor, column_is_hash: bool) -> Tensor:
 
 @dataclass(frozen=True)
 class MaskResponseTruncatedParams(StrategyParams):
-    truncate_status_key: Column = "truncate_status"
-    drop: bool = False
+    truncate_status_key: Column = param(
+        "truncate_status",
+        help="the column whose value `response_truncated` (or true) flags a truncated response",
+    )
+    drop: bool = param(False, help="drop flagged rows before scoring instead of zeroing their advantages and action_mask")
 
 
 @register("mask_truncated_completions", kind=FILTER, summary="truncated responses (truncate_status): advantages 0 and action_mask zeroed, or dropped with drop=true")
@@ -269,11 +277,15 @@ class TaskHistory(Feature):
 
 @dataclass(frozen=True)
 class PassRateBandParams(StrategyParams):
-    lo: float = param(0.0, between=(0.0, 1.0))
-    hi: float = param(1.0, between=(0.0, 1.0))
-    threshold: float = 1.0
-    task_stats: Path | None = None
-    unseen: Literal["keep", "drop"] = "keep"
+    lo: float = param(0.0, between=(0.0, 1.0), help="keep tasks whose pass rate is > lo")
+    hi: float = param(1.0, between=(0.0, 1.0), help="keep tasks whose pass rate is < hi")
+    threshold: float = param(1.0, help="a row passes when its reward >= threshold (without task_stats)")
+    task_stats: Path | None = param(
+        None,
+        help="a `rescore task-stats` output directory or table: the task's pass rate over its whole history "
+             "instead of the group's",
+    )
+    unseen: Literal["keep", "drop"] = param("keep", help="with task_stats: `keep` or `drop` a task the table lacks")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -324,7 +336,7 @@ class PassRateBand(_Filter, PassRateBandParams):
 
 @dataclass(frozen=True)
 class RewardFilterParams(StrategyParams):
-    threshold: float = 0.0
+    threshold: float = param(0.0, help="keep rows with reward >= threshold")
 
 
 @register("reward_filter", kind=FILTER, summary="row-level: keep rows with reward >= threshold (Trinity `reward_filter`)")
@@ -342,7 +354,7 @@ class RewardFilter(RewardFilterParams):
 
 @dataclass(frozen=True)
 class RewardSTDFilterParams(StrategyParams):
-    threshold: float = 0.0
+    threshold: float = param(0.0, help="drop groups whose reward std (ddof 0) <= threshold")
 
 
 @register("reward_std_filter", kind=FILTER, summary="drop groups with fewer than 2 rows or reward std (ddof=0) <= threshold (Trinity `reward_std_filter`)")
@@ -375,7 +387,10 @@ def live_spread(reward: Tensor, live: Tensor, offsets: Tensor) -> tuple[Tensor, 
 
 @dataclass(frozen=True)
 class ZeroVarianceFilterParams(StrategyParams):
-    zero_variance_filter_tol: float = param(1e-6, minimum=0.0)
+    zero_variance_filter_tol: float = param(
+        1e-6, minimum=0.0,
+        help="a group with 2+ live rows whose live rewards satisfy max - min <= tol is dropped",
+    )
 
 
 @register("zero_variance_filter", kind=FILTER, summary="drop groups with 2+ live rows (action tokens > 0) whose rewards lie within tol (SkyRL)")

@@ -118,15 +118,24 @@ def gigpo_scores(
 
 @dataclass(frozen=True)
 class GiGPOParams(StrategyParams):
-    omega: float = 1.0
-    gamma: float = param(1.0, minimum=0.0)
-    fnorm: Literal["std", "none"] = "none"
-    epsilon: float = param(1e-6, minimum=0.0)
-    step_reward_key: Column | None = "step_reward"
-    env_state_hash_key: Column = param("env_state_hash", none_message="must name the anchor-state column")
-    anchor_scope: Literal["batch", "task"] = "batch"
-    """batch: anchor states pooled over the whole batch, across tasks (Trinity); task: within
-    each task group (the paper's step groups)."""
+    omega: float = param(1.0, help="weight of the step advantage")
+    gamma: float = param(1.0, minimum=0.0, help="discount of `R_t`")
+    fnorm: Literal["std", "none"] = param("none", help="`std` or `none`")
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the denominator")
+    step_reward_key: Column | None = param(
+        "step_reward",
+        help="column of per-step rewards, used per run where the run has a value (null: always the fallback)",
+    )
+    env_state_hash_key: Column = param(
+        "env_state_hash", none_message="must name the anchor-state column",
+        help="column of anchor-state ids",
+    )
+    anchor_scope: Literal["batch", "task"] = param(
+        "batch",
+        help="`batch`: steps of the whole batch (one explore step) that share a state hash form one anchor group, "
+             "across tasks, as Trinity does; `task`: anchor groups stay inside the task group (the paper's step "
+             "groups)",
+    )
 
 
 @register("gigpo", kind=ADVANTAGE, summary="multi-step: episode advantage + omega * step advantage within anchor-state groups (Trinity `gigpo`)")

@@ -149,10 +149,18 @@ class _GRPOScoring(GroupStdOptions):
 
 @dataclass(frozen=True)
 class GRPOParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    std_cal_level: Literal["group", "batch"] = "group"
-    std_threshold: float | None = param(None, minimum=0.0)
-    rank_penalty: float | None = None
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std")
+    std_cal_level: Literal["group", "batch"] = param(
+        "group",
+        help="`group`: std(G); `batch`: the std of **all** rewards the stage sees in the batch (1.0 when the batch"
+             " has one row); the mean is always the group's",
+    )
+    std_threshold: float | None = param(
+        None, minimum=0.0,
+        help="if set, groups of one row and groups with std(G) ≤ threshold are dropped (counted as filtered; "
+             "`std_threshold_skipped` in the metrics)",
+    )
+    rank_penalty: float | None = param(None, help="if set, rank-bias correction as in `correct_bias` before the GRPO step")
 
 
 @register("grpo", kind=ADVANTAGE, summary="(r - mean(G)) / (std + epsilon), group or batch std, optional threshold and rank penalty")
@@ -162,8 +170,8 @@ class GRPO(_GRPOScoring, GRPOParams):
 
 @dataclass(frozen=True)
 class CorrectBiasParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    rank_penalty: float = 0.25
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std of the corrected rewards")
+    rank_penalty: float = param(0.25, help="r'_i = r_i * (1 - rank_i / n * rank_penalty), rank by mean logprob ascending")
 
 
 @register("correct_bias", kind=ADVANTAGE, summary="GRPO on rank-bias-corrected rewards (arXiv 2506.02355); needs logprobs")

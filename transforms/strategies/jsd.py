@@ -38,11 +38,13 @@ def jsd_per_token(student: np.ndarray, teacher: np.ndarray, lambda_coef: float, 
 
 @dataclass(frozen=True)
 class JSDParams(StrategyParams):
-    lambda_coef: float = param(0.5, minimum=0.0, between=(0.0, 1.0))
-    kl_coef: float = 1.0
-    temperature: float = param(1.0, positive=True)
-    chunk_size: int | None = param(None, minimum=1)
-    """Trinity's chunk_size only bounds GPU memory; the result does not depend on it."""
+    lambda_coef: float = param(
+        0.5, minimum=0.0, between=(0.0, 1.0),
+        help="beta of the JSD mixture, in [0, 1] (0: s - t, 1: t - s)",
+    )
+    kl_coef: float = param(1.0, help="advantages[t] = -kl_coef * jsd * action_mask")
+    temperature: float = param(1.0, positive=True, help="divides logprobs and teacher_logprobs")
+    chunk_size: int | None = param(None, minimum=1, help="memory only in Trinity; accepted and ignored")
 
 
 @register("jsd", kind=ADVANTAGE, summary="token-level -kl_coef * JSD(teacher, logprobs) (Trinity `jsd`); needs logprobs and teacher_logprobs")

@@ -53,10 +53,9 @@ def abstaining_zscores(values: Tensor, offsets: Tensor, epsilon: float) -> Tenso
 
 @dataclass(frozen=True)
 class NormalizeThenSumParams(StrategyParams):
-    reward_keys: tuple[Column, ...] = ()
-    """The reward columns (a null abstains); none: the `reward` column alone."""
-    reward_weights: tuple[float, ...] | None = None
-    epsilon: float = param(1e-4, minimum=0.0)
+    reward_keys: tuple[Column, ...] = param((), help="the reward columns (a null abstains); none: the `reward` column alone")
+    reward_weights: tuple[float, ...] | None = param(None, help="w_k of the sum, one per column (null: all 1)")
+    epsilon: float = param(1e-4, minimum=0.0, help="added to each column's group std and to the batch std")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:

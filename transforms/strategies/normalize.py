@@ -109,16 +109,26 @@ def normalize_scores(
 
 @dataclass(frozen=True)
 class NormalizeParams(StrategyParams):
-    mean_level: Literal["group", "batch", "none"] = "batch"
-    mean_leave1out: bool = False
-    std_level: Literal["group", "batch", "none"] = "batch"
-    std_unbiased: bool = True
-    eps: float = param(1e-5, minimum=0.0)
-    std_of: Literal["centered", "reward"] = "centered"
-    """centered: the std of r - mean as used, about 0 (AReaL); reward: the std of the raw
-    rewards at that level about their own mean (TRL's scale_rewards=batch)."""
-    weighting: Literal["row", "token"] = "row"
-    """token: every statistic weights a row by its action tokens (AReaL's loss_mask)."""
+    mean_level: Literal["group", "batch", "none"] = param("batch", help="`m`: the group mean, the batch mean, or `none` (0)")
+    mean_leave1out: bool = param(
+        False,
+        help="`m` is the mean of the *other* rows of the group / batch (0 for a set of one); needs `weighting=row`",
+    )
+    std_level: Literal["group", "batch", "none"] = param(
+        "batch",
+        help="`s` over the group, the batch, or `none` (`s = 1` and `eps = 0`)",
+    )
+    std_unbiased: bool = param(True, help="ddof 1, else 0; a set with weight ≤ ddof has `s = 1`")
+    eps: float = param(1e-5, minimum=0.0, help="added to `s`")
+    std_of: Literal["centered", "reward"] = param(
+        "centered",
+        help="`centered`: `s = sqrt(Σ w (r - m)² / (W - ddof))` about 0, `m` as used (AReaL); `reward`: the std of"
+             " the raw rewards at `std_level` about their own mean (TRL's `scale_rewards=batch`)",
+    )
+    weighting: Literal["row", "token"] = param(
+        "row",
+        help="`token`: every mean and std weighs a row by its action tokens (AReaL's `loss_mask`)",
+    )
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -213,7 +223,9 @@ class Normalize(ScoreExplanation, NormalizeParams):
 
 
 @estimator("maxrl", summary="(r - mean(G)) / (mean(G) + epsilon); a group of one row keeps r (SkyRL `maxrl`)")
-def maxrl_scores(reward: Tensor, offsets: Tensor, *, epsilon: float = param(1e-6, minimum=0.0)) -> Tensor:
+def maxrl_scores(
+    reward: Tensor, offsets: Tensor, *, epsilon: float = param(1e-6, minimum=0.0, help="added to the group mean that divides")
+) -> Tensor:
     """(n,) (r - mean(G)) / (mean(G) + epsilon); r for a group of one (SkyRL)."""
     sizes = per_row(offsets[1:] - offsets[:-1], offsets)
     mean = per_row(weighted_mean(reward, torch.ones_like(reward), offsets), offsets)

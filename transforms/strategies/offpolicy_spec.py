@@ -124,40 +124,105 @@ def check(p: dict, strategy: str) -> None:
 )
 @dataclass(frozen=True)
 class RolloutCorrectionParams(StrategyParams):
-    behaviour_logprobs: Column = "logprobs_original"
+    behaviour_logprobs: Column = param(
+        "logprobs_original",
+        help="the behaviour (rollout) log-probs column, pi_rollout; must end in `logprobs` or `logprobs_original`",
+    )
     # verl 0.9.1 (rollout_corr_helper.py)
-    rollout_is: Literal["token", "sequence"] | None = None
-    rollout_is_threshold: str = "2.0"
-    rollout_rs: str | None = None
-    rollout_rs_threshold: str | None = None
-    rollout_is_batch_normalize: bool = False
+    rollout_is: Literal["token", "sequence"] | None = param(
+        None,
+        help="verl: `token`: w_t = exp(clamp(log r_t, ±20)); `sequence`: w = exp(clamp(seq_sum(log r), ±20))",
+    )
+    rollout_is_threshold: str = param("2.0", help="verl: `\"U\"`: w = min(w, U) (TIS); `\"L_U\"`: w = 0 outside [L, U] (IcePop)")
+    rollout_rs: str | None = param(
+        None,
+        help="verl: comma list of `token_k1/k2/k3`, `seq_sum_k1/k2/k3`, `seq_mean_k1/k2/k3`, `seq_max_k2/k3` (log "
+             "r clamped to ±20); every option must pass",
+    )
+    rollout_rs_threshold: str | None = param(
+        None,
+        help="verl: k1: keep log L <= stat <= log U (`\"L_U\"`, a single `\"U\"` means L = 1/U), k2/k3: keep stat <= "
+             "U; one threshold for all options or one each",
+    )
+    rollout_is_batch_normalize: bool = param(
+        False,
+        help="verl: with `rollout_is`, the weights divided by their batch mean (token level: sum over every action"
+             " token of the batch of w m / (sum of m + 1e-8); sequence level: the mean over the batch's rows with"
+             " action tokens of each row's mean weight), left as they are where that mean is <= 1e-8. The mean is"
+             " over the input mask of every row of the batch (rows the rejection drops included), as verl computes"
+             " it before the rejection; each row sends its two sums as batch statistics, so the divisor is exact"
+             " over any split of the batch",
+    )
     # TRL 1.16.0 (GRPOTrainer)
-    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] | None = None
-    vllm_importance_sampling_clip_max: float | None = param(3.0, positive=True)
-    vllm_importance_sampling_clip_min: float | None = param(None, minimum=0.0)
-    off_policy_mask_threshold: float | None = param(None, minimum=0.0)
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] | None = param(
+        None,
+        help="TRL: rho = exp(m log r) per token or exp(sum_t m_t log r_t) per row (no clamp); truncate: clamp(rho,"
+             " C_min, C_max); mask: rho = 0 outside [C_min, C_max]",
+    )
+    vllm_importance_sampling_clip_max: float | None = param(3.0, positive=True, help="TRL: C_max")
+    vllm_importance_sampling_clip_min: float | None = param(None, minimum=0.0, help="TRL: C_min (null: no lower bound)")
+    off_policy_mask_threshold: float | None = param(
+        None, minimum=0.0,
+        help="TRL / DeepSeek-V3.2: δ; a row whose advantage is < 0 and whose mean_t m_t (behaviour_t - logprobs_t)"
+             " > δ gets an all-zero `action_mask` where it is written",
+    )
     # SkyRL (off_policy_correction_utils.py)
-    tis_ratio_type: Literal["token", "sequence"] | None = None
-    token_tis_ratio_clip_high: float = param(2.0, positive=True)
-    sequence_tis_ratio_clip_high: float = param(5.0, positive=True)
-    sequence_mask_metric: Literal["geometric", "product"] | None = None
-    geo_mask_high: float = param(1.01, positive=True)
-    geo_mask_low: float = param(0.99, minimum=0.0)
-    product_mask_high: float = param(2.0, positive=True)
-    product_mask_low: float = param(0.5, minimum=0.0)
-    outlier_token_is_threshold_low: float | None = param(None, minimum=0.0)
-    outlier_token_is_threshold_high: float | None = param(None, minimum=0.0)
-    token_mask_is_threshold_low: float | None = param(None, minimum=0.0)
-    token_mask_is_threshold_high: float | None = param(None, minimum=0.0)
+    tis_ratio_type: Literal["token", "sequence"] | None = param(
+        None,
+        help="SkyRL: `token`: min(exp(clamp(log r_t, ±20)), cap); `sequence`: min(exp(clamp(seq_sum log r)), cap)",
+    )
+    token_tis_ratio_clip_high: float = param(2.0, positive=True, help="SkyRL: the cap of the token TIS ratio")
+    sequence_tis_ratio_clip_high: float = param(5.0, positive=True, help="SkyRL: the cap of the sequence TIS ratio")
+    sequence_mask_metric: Literal["geometric", "product"] | None = param(
+        None,
+        help="SkyRL: `geometric`: exp(clamp(seq_mean(log r))), `product`: exp(clamp(seq_sum(log r))); outside "
+             "[low, high] rejects the row",
+    )
+    geo_mask_high: float = param(1.01, positive=True, help="SkyRL: upper bound of the geometric sequence mask")
+    geo_mask_low: float = param(0.99, minimum=0.0, help="SkyRL: lower bound of the geometric sequence mask")
+    product_mask_high: float = param(2.0, positive=True, help="SkyRL: upper bound of the product sequence mask")
+    product_mask_low: float = param(0.5, minimum=0.0, help="SkyRL: lower bound of the product sequence mask")
+    outlier_token_is_threshold_low: float | None = param(
+        None, minimum=0.0,
+        help="SkyRL: a row with any action token's exp(clamp(log r)) below it is rejected",
+    )
+    outlier_token_is_threshold_high: float | None = param(
+        None, minimum=0.0,
+        help="SkyRL: a row with any action token's exp(clamp(log r)) above it is rejected",
+    )
+    token_mask_is_threshold_low: float | None = param(
+        None, minimum=0.0,
+        help="SkyRL: tokens whose exp(clamp(log r)) is below it are rejected",
+    )
+    token_mask_is_threshold_high: float | None = param(
+        None, minimum=0.0,
+        help="SkyRL: tokens whose exp(clamp(log r)) is above it are rejected",
+    )
     # OpenRLHF 0.11.2 (PolicyLoss is_correction_*)
-    is_correction_level: Literal["off", "token", "seq"] = "off"
-    is_correction_mode: Literal["mask", "clip"] = "mask"
-    is_correction_gating: Literal["ratio", "binary_kl", "tv"] = "ratio"
-    is_correction_threshold: tuple[float, float] = (0.5, 5.0)
+    is_correction_level: Literal["off", "token", "seq"] = param(
+        "off",
+        help="OpenRLHF: the statistic per `token` or per row (`seq`: the ratio's geometric mean, a divergence's "
+             "mean); `off`: none",
+    )
+    is_correction_mode: Literal["mask", "clip"] = param(
+        "mask",
+        help="OpenRLHF: `mask`: units outside the threshold rejected, survivors weigh exp(log r_t); `clip` (token "
+             "ratio only): w = clamp(r, low, high)",
+    )
+    is_correction_gating: Literal["ratio", "binary_kl", "tv"] = param(
+        "ratio",
+        help="OpenRLHF: ratio exp(log r), binary KL p log(p/q) + (1-p) log((1-p)/(1-q)) or TV abs(p - q), p = "
+             "exp(behaviour), q = exp(logprobs) clamped to [1e-6, 1 - 1e-6]",
+    )
+    is_correction_threshold: tuple[float, float] = param((0.5, 5.0), help="OpenRLHF: [low, high] of the gate")
     # staleness (Trinity's model_version)
-    max_staleness: int | None = param(None, minimum=0)
-    current_model_version: int | None = None
-    model_version_key: Column = "model_version"
+    max_staleness: int | None = param(
+        None, minimum=0,
+        help="Trinity: rows whose `model_version` < current_model_version - max_staleness are dropped"
+             " (`NAME: model_version 3 is more than max_staleness 2 behind 7`)",
+    )
+    current_model_version: int | None = param(None, help="Trinity: the version max_staleness counts back from")
+    model_version_key: Column = param("model_version", help="Trinity: the column holding each row's model version")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:

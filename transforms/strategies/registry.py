@@ -90,10 +90,13 @@ def param(
     null: Any = dataclasses.MISSING,
     none_message: str | None = None,
     hidden_at_default: bool = False,
+    help: str = "",
 ) -> Any:
-    """A parameter field with bounds beyond its type.
+    """A parameter field with its meaning and bounds beyond its type.
 
-    minimum: value >= minimum; between: lo <= value <= hi; positive: value > 0; nonzero: value
+    help: what the parameter means, one sentence or a few (required: `register` refuses a
+    parameter without it; docs/strategies.md's parameter tables and `rescore strategies NAME`
+    print it); minimum: value >= minimum; between: lo <= value <= hi; positive: value > 0; nonzero: value
     != 0; null: what an explicit null means for a field that does not allow None;
     none_message: the error for null on a required column; hidden_at_default: left out of the
     resolved params at its default (added later: earlier runs' config hashes stay the same).
@@ -106,6 +109,7 @@ def param(
         "null": null,
         "none_message": none_message,
         "hidden_at_default": hidden_at_default,
+        "help": " ".join(str(help).split()),
     }
     if isinstance(default, (list, dict)):
         raise TypeError("parameter defaults must be immutable (use a tuple)")
@@ -115,6 +119,22 @@ def param(
 def parameter_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     """The declared parameters of a StrategyParams class, in declaration order."""
     return tuple(f for f in dataclasses.fields(cls) if f.name not in ("name", "kind"))
+
+
+def help_text(f: dataclasses.Field) -> str:
+    """A parameter's meaning as its `param(help=...)` declares it ('' where it has none)."""
+    return f.metadata.get("help", "") if f.metadata else ""
+
+
+def _require_help(name: str, params: type) -> None:
+    """Refuse a declaration with a parameter whose meaning is not declared: the docs' parameter
+    tables and `rescore strategies NAME` are written from it."""
+    missing = [f.name for f in parameter_fields(params) if not help_text(f)]
+    if missing:
+        raise TypeError(
+            f"strategy {name!r}: parameter {missing[0]!r} has no help; declare it as "
+            f"{missing[0]}: TYPE = param(DEFAULT, help=\"what it means\")"
+        )
 
 
 @dataclass(frozen=True)
@@ -142,6 +162,12 @@ class StrategySpec:
         """One line per parameter, `name: type = default`, for --help and the docs."""
         hints = _hints(self.params)
         return "\n".join(f"{f.name}: {_type_name(hints[f.name])} = {f.default!r}" for f in parameter_fields(self.params))
+
+    def parameters(self) -> list[tuple[str, str, Any, str]]:
+        """(name, type and bounds as text, default, help) of each parameter, in declaration
+        order: the docs' parameter tables (pipelines/strategy_docs.py)."""
+        hints = _hints(self.params)
+        return [(f.name, _type_name(hints[f.name]) + _bounds_text(f.metadata), f.default, help_text(f)) for f in parameter_fields(self.params)]
 
 
 _REGISTRY: dict[str, StrategySpec] = {}
@@ -174,6 +200,7 @@ def register(name: str, *, kind: str, summary: str, implementation: str | None =
             raise ValueError(f"strategy {name!r} is already registered")
         params = declaration(cls)
         _hints(params)  # a declaration whose types do not resolve fails here, at import
+        _require_help(name, params)
         _REGISTRY[name] = StrategySpec(name, kind, params, implementation or cls, summary)
         return cls
 
@@ -293,6 +320,20 @@ def _type_name(hint: Any) -> str:
     else:
         text = getattr(inner, "__name__", str(inner))
     return text + (" or null" if optional else "")
+
+
+def _bounds_text(meta: Mapping[str, Any]) -> str:
+    """The bounds `param()` adds, as text: ', >= 0', ', in [0, 1]', ', > 0', ', != 0'."""
+    parts = []
+    if meta.get("minimum") is not None:
+        parts.append(f">= {meta['minimum']:g}")
+    if meta.get("between") is not None:
+        parts.append(f"in [{meta['between'][0]:g}, {meta['between'][1]:g}]")
+    if meta.get("positive"):
+        parts.append("> 0")
+    if meta.get("nonzero"):
+        parts.append("!= 0")
+    return "".join(f", {p}" for p in parts)
 
 
 def _checked(strategy: str, key: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Any:

@@ -173,7 +173,10 @@ class DiscountSums(Feature):
 
 @dataclass(frozen=True)
 class ReinforcePlusPlusParams(StrategyParams):
-    gamma: float = param(1.0, minimum=0.0, between=(0.0, 1.0))
+    gamma: float = param(
+        1.0, minimum=0.0, between=(0.0, 1.0),
+        help="discount of the token returns, 0 ≤ gamma ≤ 1 (verl reads `algorithm.gamma`)",
+    )
 
 
 class ReinforcePlusPlus(ReinforcePlusPlusParams):

@@ -76,8 +76,8 @@ class NgramRepeat(Feature):
 
 @dataclass(frozen=True)
 class NgramRepetitionFilterParams(StrategyParams):
-    rep_len: int = param(10, minimum=1)
-    max_ratio: float = param(0.5, between=(0.0, 1.0))
+    rep_len: int = param(10, minimum=1, help="n, the length of the token n-grams counted")
+    max_ratio: float = param(0.5, between=(0.0, 1.0), help="drop a row whose share of repeated n-grams is > max_ratio")
 
 
 @register("ngram_repetition_filter", kind=FILTER, summary="row-level: drop responses whose share of repeated token n-grams (rep_len) > max_ratio; needs tokens")

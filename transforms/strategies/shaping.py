@@ -87,15 +87,20 @@ class _Shaping:
 
 @dataclass(frozen=True)
 class RewardShapingParams(StrategyParams):
-    stats_key: Column | None = None
-    """Trinity's column operation: the number column it applies (a missing or null value leaves
-    the reward as it is, as Trinity skips a missing info key); none: no column operation."""
-    op_type: Literal["add", "sub", "mul", "div"] = "add"
-    weight: float = 1.0
-    scale: float = 1.0
-    bias: float = 0.0
-    clip_min: float | None = None
-    clip_max: float | None = None
+    stats_key: Column | None = param(
+        None,
+        help="Trinity's column operation: the number column it applies (a missing or null value leaves the reward "
+             "as it is, as Trinity skips a missing info key); none: no column operation",
+    )
+    op_type: Literal["add", "sub", "mul", "div"] = param(
+        "add",
+        help="`add`: r + w·x, `sub`: r − w·x, `mul`: r · w·x, `div`: r / (w·x) (a division by 0 keeps r)",
+    )
+    weight: float = param(1.0, help="w of the column operation")
+    scale: float = param(1.0, help="r ← scale·r + bias, after the column operation")
+    bias: float = param(0.0, help="r ← scale·r + bias, after the column operation")
+    clip_min: float | None = param(None, help="lower clip of the shaped reward (null: none)")
+    clip_max: float | None = param(None, help="upper clip of the shaped reward (null: none)")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -119,10 +124,15 @@ class RewardShaping(_Shaping, RewardShapingParams):
 
 @dataclass(frozen=True)
 class DAPOOverlongPenaltyParams(StrategyParams):
-    max_resp_len: int = param(20480, minimum=1)
-    """The generation's maximum response length in tokens (DAPO: 16384 expected + 4096 buffer)."""
-    overlong_buffer_len: int = param(4096, minimum=1)
-    penalty_factor: float = param(1.0, minimum=0.0)
+    max_resp_len: int = param(
+        20480, minimum=1,
+        help="the generation's maximum response length in tokens (DAPO: 16384 expected + 4096 buffer)",
+    )
+    overlong_buffer_len: int = param(
+        4096, minimum=1,
+        help="the buffer before max_resp_len in which the penalty grows linearly (Trinity's cache_length)",
+    )
+    penalty_factor: float = param(1.0, minimum=0.0, help="the penalty at max_resp_len and beyond")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -143,9 +153,12 @@ class DAPOOverlongPenalty(_Shaping, DAPOOverlongPenaltyParams):
 
 @dataclass(frozen=True)
 class TruncatedRewardParams(StrategyParams):
-    truncate_status_key: Column = "truncate_status"
-    value: float = 0.0
-    mode: Literal["set", "add"] = "set"
+    truncate_status_key: Column = param(
+        "truncate_status",
+        help="the column whose value `response_truncated` (or true) flags a truncated response",
+    )
+    value: float = param(0.0, help="the new reward (mode=set) or what is added to it (mode=add)")
+    mode: Literal["set", "add"] = param("set", help="`set`: r ← value; `add`: r ← r + value")
 
 
 @register("truncated_reward", kind=SHAPE, summary="truncated responses (truncate_status) get reward `value` (mode=set, ProRL/SkyRL/AReaL: 0) or r + value (mode=add)")
@@ -163,9 +176,11 @@ class TruncatedReward(_Shaping, TruncatedRewardParams):
 
 @dataclass(frozen=True)
 class RewardSumParams(StrategyParams):
-    reward_keys: tuple[Column, ...] = ("reward",)
-    """The number columns summed (`reward` may be one of them); a null rejects the row."""
-    reward_weights: tuple[float, ...] | None = None
+    reward_keys: tuple[Column, ...] = param(
+        ("reward",),
+        help="the number columns summed (`reward` may be one of them); a null rejects the row",
+    )
+    reward_weights: tuple[float, ...] | None = param(None, help="w_k, one per column (null: all 1)")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:
@@ -207,9 +222,13 @@ def kl_values(logprobs: np.ndarray, ref_logprobs: np.ndarray, kind: str) -> np.n
 
 @dataclass(frozen=True)
 class KLPenaltyParams(StrategyParams):
-    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
-    kl_coef: float = param(0.001, minimum=0.0)
-    ref_logprobs: Column = "ref_logprobs"
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = param(
+        "kl",
+        help="verl's estimator of kl_t from d = logprobs − ref_logprobs: `kl`/`k1`: d; `abs`: |d|; `mse`/`k2`: "
+             "d²/2; `low_var_kl`/`k3`: exp(−d') + d' − 1, d' = clamp(d, −20, 20), clamped to [−10, 10]",
+    )
+    kl_coef: float = param(0.001, minimum=0.0, help="r ← r − kl_coef · Σ_t m_t kl_t (a fixed coefficient)")
+    ref_logprobs: Column = param("ref_logprobs", help="the reference model's log-probs column (a name ending in `ref_logprobs`)")
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:

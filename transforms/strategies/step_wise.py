@@ -67,10 +67,13 @@ def step_wise_grpo_scores(
 
 @dataclass(frozen=True)
 class StepWiseGRPOParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    enable_step_norm: bool = False
-    std_cal_level: Literal["group", "batch"] = "group"
-    std_threshold: float | None = param(None, minimum=0.0)
+    epsilon: float = param(1e-6, minimum=0.0, help="as in GRPO")
+    enable_step_norm: bool = param(False, help="`advantages = score_k * action_mask / (steps of run k)`; `score` stays `score_k`")
+    std_cal_level: Literal["group", "batch"] = param(
+        "group",
+        help="`batch`: the std of the last-step rewards of every run of the batch",
+    )
+    std_threshold: float | None = param(None, minimum=0.0, help="groups with one run, or std ≤ threshold, are dropped whole")
 
 
 @register("step_wise_grpo", kind=ADVANTAGE, summary="multi-step runs: GRPO over each run's last-step reward, broadcast to all its steps")

@@ -66,9 +66,16 @@ def _aligned(rows: WrittenRows, name: str, lengths: np.ndarray, bad: np.ndarray)
 
 @dataclass(frozen=True)
 class OptimalTokenBaselineParams(StrategyParams):
-    handle_zero_tail: bool = True
-    epsilon: float = param(1e-8, minimum=0.0)
-    rollout_is_weights: bool = False
+    handle_zero_tail: bool = param(
+        True,
+        help="verl's default: where one row alone has the most action tokens (L1, the next most L2), its baseline "
+             "is 0 from position L2 on",
+    )
+    epsilon: float = param(1e-8, minimum=0.0, help="added to the denominator of B_t")
+    rollout_is_weights: bool = param(
+        False,
+        help="read an `is_weights` column of the input as rho_t (what an earlier correction run wrote)",
+    )
 
 
 @register("optimal_token_baseline", kind=ADVANTAGE, summary="G_t - B_t, B_t per group and position weighted by the path variance (verl); needs logprobs and sum_pi_squared")
@@ -211,8 +218,8 @@ S_SUM, S2_SUM, S_BAD = "clipb_s", "clipb_s2", "clipb_bad"
 
 @dataclass(frozen=True)
 class ClipBParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0)
-    mu: float = param(2.5, minimum=0.0)
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std of the GRPO advantage")
+    mu: float = param(2.5, minimum=0.0, help="a negative-advantage token leaves the mask when S_t - ES < -mu sqrt(varS)")
 
 
 @register("clipb", kind=ADVANTAGE, summary="GRPO advantages; negative-advantage tokens whose p(H + log p) is mu batch stds below its mean leave the action mask (Trinity); needs logprobs and entropy")

@@ -29,7 +29,7 @@ import numpy as np
 from rescore.errors import first_line
 from rescore.transforms.strategies.base import GroupedRows, Scores
 from rescore.transforms.strategies.features import OptionalColumn
-from rescore.transforms.strategies.registry import FILTER, Column, StrategyParams, register
+from rescore.transforms.strategies.registry import FILTER, Column, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats, per_row
 from rescore.transforms.strategies.tensors import torch
 from rescore.user_code import load_function
@@ -61,11 +61,15 @@ def group_decision(fn: Callable[[dict[str, Any]], Any], group: dict[str, Any]) -
 
 @dataclass(frozen=True)
 class GroupFilterParams(StrategyParams):
-    function: str | None = None
-    """MODULE:FUNCTION, imported where the run starts (a bad one: exit 2) and on each worker;
-    none keeps every group."""
-    columns: tuple[Column, ...] = ()
-    """Number columns passed to the function besides the ids and the reward (a null crosses as NaN)."""
+    function: str | None = param(
+        None,
+        help="MODULE:FUNCTION, imported where the run starts (a bad one: exit 2) and on each worker; none keeps "
+             "every group",
+    )
+    columns: tuple[Column, ...] = param(
+        (),
+        help="number columns passed to the function besides the ids and the reward (a null crosses as NaN)",
+    )
 
     @classmethod
     def check(cls, values: dict[str, Any], strategy: str) -> None:

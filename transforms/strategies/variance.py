@@ -66,7 +66,7 @@ class _VarianceFilter(_Groups):
 
 @dataclass(frozen=True)
 class RewardVarianceParams(StrategyParams):
-    variance_threshold: float = 0.0
+    variance_threshold: float = param(0.0, help="drop groups whose reward variance (ddof 0) ≤ variance_threshold")
 
 
 @register("reward_variance", kind=FILTER, summary="drop groups with fewer than 2 rows or reward variance (ddof=0) <= variance_threshold")
@@ -76,12 +76,16 @@ class RewardVariance(_VarianceFilter, RewardVarianceParams):
 
 @dataclass(frozen=True)
 class DuplicateInformativeParams(StrategyParams):
-    variance_threshold: float = 0.0
-    seed: int = param(0, minimum=0)
-    min_replace_ratio: float | None = param(None, between=(0.0, 1.0), hidden_at_default=True)
-    """POLARIS / SkyRL `replace`: a batch is rebalanced only where its informative groups are
-    more than min_replace_ratio of the groups reaching this stage; otherwise the batch is kept
-    whole, uncopied. None: always rebalanced (a batch without an informative group writes nothing)."""
+    variance_threshold: float = param(
+        0.0,
+        help="the filter before copying: drop groups whose reward variance (ddof 0) ≤ variance_threshold",
+    )
+    seed: int = param(0, minimum=0, help="seeds the shuffle that picks the last round's copies")
+    min_replace_ratio: float | None = param(
+        None, between=(0.0, 1.0), hidden_at_default=True,
+        help="rebalance a batch only where its informative groups are more than this share of its groups (POLARIS "
+             "/ SkyRL replace sampling); null: always",
+    )
 
 
 @register("duplicate_informative", kind=DUPLICATE, summary="reward_variance, then copy kept groups until the batch has its rows again (POLARIS)")

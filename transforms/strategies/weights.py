@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows
-from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, register
+from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_max
 from rescore.transforms.strategies.tensors import torch
 
@@ -31,9 +31,9 @@ class _FixedWeight:
 
 @dataclass(frozen=True)
 class RAFTParams(StrategyParams):
-    reward_threshold: float | None = 0.0
-    top_only: bool = True
-    weight: float = 1.0
+    reward_threshold: float | None = param(0.0, help="keep rows whose reward > reward_threshold (null: no bound)")
+    top_only: bool = param(True, help="keep only rows with the group's top reward (ties all kept)")
+    weight: float = param(1.0, help="the score of every kept row")
 
 
 @register("raft", kind=ADVANTAGE, summary="keep rows with the top reward of their group and reward > reward_threshold; score = weight")
@@ -62,7 +62,7 @@ class RAFT(_FixedWeight, RAFTParams):
 
 @dataclass(frozen=True)
 class ConstantParams(StrategyParams):
-    weight: float = 1.0
+    weight: float = param(1.0, help="the score of every row")
 
 
 @register("constant", kind=ADVANTAGE, summary="every row scores `weight` (SFT pass-through)")
