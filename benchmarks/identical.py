@@ -105,6 +105,16 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "audit_rloo": ("one", ["--strategy", "rloo", "--audit-columns"]),
     "audit_remax": ("one", ["--strategy", "remax", "--audit-columns"]),
     "audit_step_wise": ("steps", ["--strategy", "step_wise_grpo", "--audit-columns"]),
+    # the estimators declared as one function (function_estimator.py): their audit baselines
+    "audit_opmd": ("one", ["--strategy", "opmd", "--audit-columns"]),
+    "audit_opmd_logavgexp": ("one", ["--strategy", "opmd", "--set", "opmd_baseline=logavgexp", "--audit-columns"]),
+    "audit_asymre": ("one", ["--strategy", "asymre", "--audit-columns"]),
+    "audit_reinforce": ("one", ["--strategy", "reinforce", "--audit-columns"]),
+    "audit_constant": ("one", ["--strategy", "constant", "--audit-columns"]),
+    "audit_opo": ("one", ["--strategy", "opo", "--audit-columns"]),
+    "audit_grpo_passk": ("one", ["--strategy", "grpo_passk", "--set", "norm_adv_by_std_in_grpo=false", "--audit-columns"]),
+    "audit_dr_grpo": ("one", ["--strategy", "dr_grpo", "--audit-columns"]),
+    "audit_maxrl": ("one", ["--strategy", "maxrl", "--audit-columns"]),
     # I/O and shuffle options: the output is the same for any of them
     "io_threads_1": ("one", ["--strategy", "grpo", "--io-threads", "1"]),
     "io_threads_3": ("one", ["--strategy", POLARIS, "--io-threads", "3"]),

@@ -52,12 +52,49 @@ def logavgexp_baseline(reward: Tensor, offsets: Tensor, tau: float) -> Tensor:
     return torch.where(sizes == 1, torch.zeros_like(b), b)
 
 
-def opmd_scores(reward: Tensor, offsets: Tensor, *, baseline: str, tau: float) -> Tensor:
-    b = group_mean(reward, offsets) if baseline == "mean" else logavgexp_baseline(reward, offsets, tau)
+def _row_groups(offsets: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each row (n,), its group's size (n,)) as numpy, for the audit baselines."""
+    sizes = np.diff(offsets.detach().cpu().numpy().astype(np.int64))
+    g = np.repeat(np.arange(len(sizes)), sizes)
+    return g, sizes[g]
+
+
+def opmd_baseline(reward: Tensor, offsets: Tensor, group_mean: np.ndarray, *, opmd_baseline: str, tau: float) -> np.ndarray:
+    """b per row (the audit baseline): the group mean (0 for a group of one row) or the logavgexp."""
+    g, sizes = _row_groups(offsets)
+    if opmd_baseline == "mean":
+        return np.where(sizes > 1, group_mean, 0.0)
+    return logavgexp_baseline(reward, offsets, tau).detach().cpu().numpy().astype(np.float64)[g]
+
+
+@estimator("opmd", summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation", baseline=opmd_baseline)
+def opmd_scores(
+    reward: Tensor,
+    offsets: Tensor,
+    *,
+    opmd_baseline: Literal["mean", "logavgexp"] = param(
+        "mean", help="`mean`: b = mean(G); `logavgexp`: b = tau * (logsumexp(r / tau) - log n), shifted by the group maximum"
+    ),
+    tau: float = param(1.0, positive=True, help="temperature of the `logavgexp` baseline"),
+) -> Tensor:
+    """(n,) r - b (Trinity-RFT `OPMDAdvantageFn`); a group of one row has b = 0."""
+    b = group_mean(reward, offsets) if opmd_baseline == "mean" else logavgexp_baseline(reward, offsets, tau)
     return reward - per_row(b, offsets)
 
 
-def asymre_scores(reward: Tensor, offsets: Tensor, *, baseline_shift: float) -> Tensor:
+def asymre_baseline(offsets: Tensor, group_mean: np.ndarray, *, baseline_shift: float) -> np.ndarray:
+    """mean(G) + baseline_shift per row (the audit baseline); 0 for a group of one row."""
+    return np.where(_row_groups(offsets)[1] > 1, group_mean + baseline_shift, 0.0)
+
+
+@estimator("asymre", summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)", baseline=asymre_baseline)
+def asymre_scores(
+    reward: Tensor,
+    offsets: Tensor,
+    *,
+    baseline_shift: float = param(-0.1, help="added to the group mean baseline; a negative shift favours positive advantages"),
+) -> Tensor:
+    """(n,) r - (mean(G) + baseline_shift) (Trinity-RFT `ASYMREGroupAdvantage`); r for a group of one row."""
     # (r - mean) - shift rather than r - (mean + shift): equal mathematically, and a group whose
     # rewards are all equal then scores exactly -shift.
     single = per_row((offsets[1:] - offsets[:-1]) == 1, offsets)
@@ -111,42 +148,6 @@ class _GroupBaseline(ScoreExplanation):
         mean, std = group_stats(rows.reward, rows.offsets)
         keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
         return Scores(score=self._scores(rows), keep=keep, group_mean=mean, group_std=std)
-
-
-@dataclass(frozen=True)
-class OPMDParams(StrategyParams):
-    opmd_baseline: Literal["mean", "logavgexp"] = param(
-        "mean",
-        help="`mean`: b = mean(G); `logavgexp`: b = tau * (logsumexp(r / tau) - log n), shifted by the group "
-             "maximum",
-    )
-    tau: float = param(1.0, positive=True, help="temperature of the `logavgexp` baseline")
-
-
-@register("opmd", kind=ADVANTAGE, summary="r - b, b = group mean or tau * logavgexp(r / tau); no std normalisation")
-class OPMD(_GroupBaseline, OPMDParams):
-    def _scores(self, rows):
-        return opmd_scores(rows.reward, rows.offsets, baseline=self.opmd_baseline, tau=self.tau)
-
-    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
-        _, _, g, sizes = self.audit_rows(rows)
-        if self.opmd_baseline == "mean":
-            return np.where(sizes > 1, group_mean, 0.0)
-        return logavgexp_baseline(rows.reward, rows.offsets, self.tau).detach().cpu().numpy().astype(np.float64)[g]
-
-
-@dataclass(frozen=True)
-class AsymREParams(StrategyParams):
-    baseline_shift: float = param(-0.1, help="added to the group mean baseline; a negative shift favours positive advantages")
-
-
-@register("asymre", kind=ADVANTAGE, summary="r - (mean(G) + baseline_shift) (asymmetric REINFORCE)")
-class AsymRE(_GroupBaseline, AsymREParams):
-    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
-        return np.where(self.audit_rows(rows)[3] > 1, group_mean + self.baseline_shift, 0.0)
-
-    def _scores(self, rows):
-        return asymre_scores(rows.reward, rows.offsets, baseline_shift=self.baseline_shift)
 
 
 @dataclass(frozen=True)

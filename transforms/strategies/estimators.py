@@ -22,6 +22,7 @@ import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, ScoreExplanation, Scores
 from rescore.transforms.strategies.baselines import WHITEN_EPSILON, whiten_stats
+from rescore.transforms.strategies.function_estimator import estimator
 from rescore.transforms.strategies.hashing import mix64
 from rescore.transforms.strategies.registry import ADVANTAGE, Column, ConfigError, StrategyParams, param, register
 from rescore.transforms.strategies.segments import (
@@ -114,11 +115,35 @@ def rec_scores(
     return torch.where(dropped, torch.zeros_like(score), score), dropped, mean, std
 
 
-def opo_scores(reward: Tensor, offsets: Tensor, length: Tensor) -> Tensor:
+def opo_baseline(reward: Tensor, offsets: Tensor, action_tokens: Tensor) -> np.ndarray:
+    """opo's length-weighted group mean per row (opo_scores, in numpy): the audit baseline."""
+    reward = reward.detach().cpu().numpy().astype(np.float64)
+    offsets = offsets.detach().cpu().numpy().astype(np.int64)
+    g = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    groups = len(offsets) - 1
+    sizes = np.diff(offsets)
+    length = action_tokens.detach().cpu().numpy().astype(np.float64)
+    total = np.bincount(g, weights=length, minlength=groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weighted = np.bincount(g, weights=length * reward, minlength=groups) / np.where(total > 0, total, 1.0)
+        plain = np.bincount(g, weights=reward, minlength=groups) / sizes
+    b = np.where(total > 0, weighted, plain)
+    top = np.full(groups, -np.inf)
+    low = np.full(groups, np.inf)
+    np.maximum.at(top, g, reward)
+    np.minimum.at(low, g, reward)
+    b = np.where(top == low, top, b)
+    return np.where(sizes == 1, 0.0, b)[g]
+
+
+@estimator("opo", summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)", baseline=opo_baseline)
+def opo_scores(
+    reward: Tensor, offsets: Tensor, action_tokens: Tensor, *, epsilon: float = param(1e-6, minimum=0.0, help="accepted and unused, as in verl")
+) -> Tensor:
     """verl `compute_opo_outcome_advantage`: r_i - sum_G(len r) / sum_G(len), len = action
     tokens; a group of one row has baseline 0. A group without any action token (verl: 0/0)
     takes the plain mean; its advantages are all masked anyway."""
-    length = length.to(reward.dtype)
+    length = action_tokens.to(reward.dtype)
     sizes = _sizes(offsets)
     total = segment_sum(length, offsets)
     weighted = segment_sum(length * reward, offsets) / torch.where(total > 0, total, torch.ones_like(total))
@@ -131,7 +156,29 @@ def opo_scores(reward: Tensor, offsets: Tensor, length: Tensor) -> Tensor:
     return reward - per_row(baseline, offsets)
 
 
-def passk_scores(reward: Tensor, offsets: Tensor, *, epsilon: float, norm_adv_by_std_in_grpo: bool) -> Tensor:
+def passk_baseline(reward: Tensor, offsets: Tensor) -> np.ndarray:
+    """r_second for the group's first top row; NaN for the rows that score 0 (the audit baseline)."""
+    reward = reward.detach().cpu().numpy().astype(np.float64)
+    offsets = offsets.detach().cpu().numpy().astype(np.int64)
+    out = np.full(len(reward), np.nan)
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        if b - a < 2:
+            continue
+        first = a + int(np.argmax(reward[a:b]))
+        out[first] = np.max(np.delete(reward[a:b], first - a))
+    return out
+
+
+@estimator(
+    "grpo_passk", summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)", baseline=passk_baseline
+)
+def passk_scores(
+    reward: Tensor,
+    offsets: Tensor,
+    *,
+    epsilon: float = param(1e-6, minimum=0.0, help="added to the std with norm_adv_by_std_in_grpo"),
+    norm_adv_by_std_in_grpo: bool = param(True, help="divide r_max - r_second by std(G) + epsilon"),
+) -> Tensor:
     """verl `compute_grpo_passk_outcome_advantage`: in each group only the first row with the
     top reward scores r_max - r_second_max (divided by std(G) + epsilon when normalising);
     every other row scores 0. A group of one row scores 0 (verl refuses such a group)."""
@@ -172,18 +219,15 @@ class _Estimator:
         return torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
 
 
-@dataclass(frozen=True)
-class ReinforceParams(StrategyParams):
-    pass
+def _no_baseline(reward: Tensor) -> np.ndarray:
+    """reinforce subtracts nothing: its audit baseline is 0."""
+    return np.zeros(reward.shape[0])
 
 
-@register("reinforce", kind=ADVANTAGE, summary="the raw reward r (Trinity `reinforce`; the TOPR preset)")
-class Reinforce(_Estimator, ScoreExplanation, ReinforceParams):
-    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
-        return np.zeros(rows.num_rows)
-
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        return Scores(rows.reward.clone(), self._keep(rows), *self._stats(rows))
+@estimator("reinforce", summary="the raw reward r (Trinity `reinforce`; the TOPR preset)", baseline=_no_baseline)
+def reinforce_scores(reward: Tensor) -> Tensor:
+    """(n,) the reward itself (Trinity `REINFORCEGroupAdvantage`)."""
+    return reward.clone()
 
 
 @dataclass(frozen=True)
@@ -229,58 +273,9 @@ class REC(_Estimator, ScoreExplanation, RECParams):
         return Scores(score, self._keep(rows), mean, std)
 
 
-@dataclass(frozen=True)
-class OPOParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0, help="accepted and unused, as in verl")
 
 
-@register("opo", kind=ADVANTAGE, summary="r - length-weighted group mean (verl `opo`, arXiv 2505.23585)")
-class OPO(_Estimator, ScoreExplanation, OPOParams):
-    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
-        """opo's length-weighted group mean (opo_scores, in numpy)."""
-        reward, offsets, g, _ = self.audit_rows(rows)
-        groups = len(offsets) - 1
-        sizes = np.diff(offsets)
-        length = rows.action_tokens.detach().cpu().numpy().astype(np.float64)
-        total = np.bincount(g, weights=length, minlength=groups)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            weighted = np.bincount(g, weights=length * reward, minlength=groups) / np.where(total > 0, total, 1.0)
-            plain = np.bincount(g, weights=reward, minlength=groups) / sizes
-        b = np.where(total > 0, weighted, plain)
-        top = np.full(groups, -np.inf)
-        low = np.full(groups, np.inf)
-        np.maximum.at(top, g, reward)
-        np.minimum.at(low, g, reward)
-        b = np.where(top == low, top, b)
-        return np.where(sizes == 1, 0.0, b)[g]
 
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        return Scores(opo_scores(rows.reward, rows.offsets, rows.action_tokens), self._keep(rows), *self._stats(rows))
-
-
-@dataclass(frozen=True)
-class GRPOPassKParams(StrategyParams):
-    epsilon: float = param(1e-6, minimum=0.0, help="added to the std with norm_adv_by_std_in_grpo")
-    norm_adv_by_std_in_grpo: bool = param(True, help="divide r_max - r_second by std(G) + epsilon")
-
-
-@register("grpo_passk", kind=ADVANTAGE, summary="only the group's best row scores (r_max - r_second) [/ (std + epsilon)] (verl `grpo_passk`)")
-class GRPOPassK(_Estimator, ScoreExplanation, GRPOPassKParams):
-    def audit_baseline(self, rows: GroupedRows, group_mean: np.ndarray) -> np.ndarray:
-        """r_second for the group's first top row; NaN for the rows that score 0."""
-        reward, offsets, _, _ = self.audit_rows(rows)
-        out = np.full(len(reward), np.nan)
-        for a, b in zip(offsets[:-1], offsets[1:]):
-            if b - a < 2:
-                continue
-            first = a + int(np.argmax(reward[a:b]))
-            out[first] = np.max(np.delete(reward[a:b], first - a))
-        return out
-
-
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        s = passk_scores(rows.reward, rows.offsets, epsilon=self.epsilon, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo)
-        return Scores(s, self._keep(rows), *self._stats(rows))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rescore.transforms.strategies.base import GroupedRows, Scores, audit_rows
+from rescore.transforms.strategies.function_estimator import estimator
 from rescore.transforms.strategies.registry import ADVANTAGE, StrategyParams, param, register
 from rescore.transforms.strategies.segments import group_stats, per_row, segment_max
 from rescore.transforms.strategies.tensors import torch
@@ -60,15 +61,12 @@ class RAFT(_FixedWeight, RAFTParams):
         return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
 
 
-@dataclass(frozen=True)
-class ConstantParams(StrategyParams):
-    weight: float = param(1.0, help="the score of every row")
+def _no_baseline(reward: Tensor) -> np.ndarray:
+    """constant subtracts nothing from a reward it ignores: no audit baseline (NaN)."""
+    return np.full(reward.shape[0], np.nan)
 
 
-@register("constant", kind=ADVANTAGE, summary="every row scores `weight` (SFT pass-through)")
-class Constant(_FixedWeight, ConstantParams):
-    def score(self, rows: GroupedRows, batch_stats: Tensor | None) -> Scores:
-        keep = torch.ones(rows.num_rows, dtype=torch.bool, device=rows.reward.device)
-        return Scores(torch.full_like(rows.reward, self.weight), keep, *self._stats(rows))
-
-
+@estimator("constant", summary="every row scores `weight` (SFT pass-through)", baseline=_no_baseline)
+def constant_scores(reward: Tensor, *, weight: float = param(1.0, help="the score of every row")) -> Tensor:
+    """(n,) `weight` for every row (the `sft` algorithm)."""
+    return torch.full_like(reward, weight)
