@@ -152,13 +152,21 @@ def _inputs(name: str, fn: Callable[..., Any], allowed: tuple[str, ...], needs_o
 def _parameters(name: str, fn: Callable[..., Any], check) -> type[StrategyParams]:
     """The frozen dataclass of `fn`'s keyword-only parameters (annotations and defaults)."""
     signature = inspect.signature(fn)
+    # A function decorated before (registered again after `unregister`) has its plain defaults
+    # back; its declaration's fields still hold the help and bounds.
+    before = {f.name: f for f in dataclasses.fields(fn.parameters)} if isinstance(getattr(fn, "parameters", None), type) else {}
     fields = []
     for p in signature.parameters.values():
         if p.kind is not p.KEYWORD_ONLY:
             continue
         if p.default is p.empty or p.name not in fn.__annotations__:
             raise TypeError(f"estimator {name!r}: parameter {p.name!r} needs a type and a default")
-        default = p.default if isinstance(p.default, dataclasses.Field) else param(p.default)
+        if isinstance(p.default, dataclasses.Field):
+            default = p.default
+        elif p.name in before:
+            default = dataclasses.field(default=p.default, metadata=before[p.name].metadata)
+        else:
+            default = param(p.default)
         fields.append((p.name, fn.__annotations__[p.name], default))
         fn.__kwdefaults__[p.name] = default.default  # called directly, the function gets the value
     namespace = {} if check is None else {"check": classmethod(lambda cls, values, strategy: check(values, strategy))}
