@@ -105,16 +105,6 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "audit_rloo": ("one", ["--strategy", "rloo", "--audit-columns"]),
     "audit_remax": ("one", ["--strategy", "remax", "--audit-columns"]),
     "audit_step_wise": ("steps", ["--strategy", "step_wise_grpo", "--audit-columns"]),
-    # the estimators declared as one function (function_estimator.py): their audit baselines
-    "audit_opmd": ("one", ["--strategy", "opmd", "--audit-columns"]),
-    "audit_opmd_logavgexp": ("one", ["--strategy", "opmd", "--set", "opmd_baseline=logavgexp", "--audit-columns"]),
-    "audit_asymre": ("one", ["--strategy", "asymre", "--audit-columns"]),
-    "audit_reinforce": ("one", ["--strategy", "reinforce", "--audit-columns"]),
-    "audit_constant": ("one", ["--strategy", "constant", "--audit-columns"]),
-    "audit_opo": ("one", ["--strategy", "opo", "--audit-columns"]),
-    "audit_grpo_passk": ("one", ["--strategy", "grpo_passk", "--set", "norm_adv_by_std_in_grpo=false", "--audit-columns"]),
-    "audit_dr_grpo": ("one", ["--strategy", "dr_grpo", "--audit-columns"]),
-    "audit_maxrl": ("one", ["--strategy", "maxrl", "--audit-columns"]),
     # I/O and shuffle options: the output is the same for any of them
     "io_threads_1": ("one", ["--strategy", "grpo", "--io-threads", "1"]),
     "io_threads_3": ("one", ["--strategy", POLARIS, "--io-threads", "3"]),
@@ -162,6 +152,10 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "door_verl_output_db": ("verl", ["--input-format", "verl-rollouts", "--strategy", "grpo", "--output-db",
                                      "sqlite:///never-written.db", "--output-table", "scored"]),
 }
+# the estimators declared as one function (function_estimator.py): their audit baselines too
+for _n, _s in {"opmd": "opmd", "opmd_logavgexp": "opmd --set opmd_baseline=logavgexp", "asymre": "asymre", "reinforce": "reinforce", "constant": "constant",
+               "opo": "opo", "grpo_passk": "grpo_passk --set norm_adv_by_std_in_grpo=false", "dr_grpo": "dr_grpo", "maxrl": "maxrl"}.items():
+    CASES[f"audit_{_n}"] = ("one", ["--strategy", *_s.split(), "--audit-columns"])
 DOOR_SAMPLES = {"sqlite": "trinity-sql", "verl": "verl-rollouts"}
 """Door inputs: `rescore sample --format FORMAT` of the working tree writes them (512 rows)."""
 
