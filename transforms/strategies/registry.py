@@ -7,22 +7,24 @@ dataclass, and the class that does the math, a subclass of it, registered under 
 name with its kind and a one-line summary:
 
     @dataclass(frozen=True)
-    class OPMDParams(StrategyParams):
-        opmd_baseline: Literal["mean", "logavgexp"] = "mean"
-        tau: float = param(1.0, positive=True)
+    class ClipBParams(StrategyParams):
+        epsilon: float = param(1e-6, minimum=0.0, help="added to the std of the GRPO advantage")
+        mu: float = param(2.5, minimum=0.0, help="a negative-advantage token leaves the mask when ...")
 
 
-    @register("opmd", kind=ADVANTAGE, summary="r - b, ...")
-    class OPMD(_GroupBaseline, OPMDParams):
+    @register("clipb", kind=ADVANTAGE, summary="GRPO advantages; negative-advantage tokens ...")
+    class ClipB(ClipBParams):
         ...
 
-(An estimator that is one function over a group's rewards is declared by its signature
-instead: function_estimator.py.) The field types say what a value may be (`float`, `int`,
-`bool`, `Literal[...]` for a choice, `Column` for an input column name, `X | None` where null is
-allowed, tuples for lists); `param()` adds bounds. Defaults, validation, the one-line errors,
-`--help` and the docs tables (pipelines/strategy_docs.py) all come from that one declaration,
-so `self.tau` is the checked value. The family modules import torch only on first use
-(tensors.py): listing and checking strategies loads none of the math's libraries but numpy.
+(An estimator that is one function over per-row inputs is declared by its signature instead:
+function_estimator.py.) The field types say what a value may be (`float`, `int`, `bool`,
+`Literal[...]` for a choice, `Column` for an input column name, `X | None` where null is
+allowed, tuples for lists); `param()` gives the meaning (`help=`, required: `register` refuses
+a parameter without it) and adds bounds. Defaults, validation, the one-line errors, `--help`,
+`rescore strategies NAME` and the docs tables (pipelines/strategy_docs.py) all come from that
+one declaration, so `self.mu` is the checked value. The family modules import torch only on
+first use (tensors.py): listing and checking strategies loads none of the math's libraries but
+numpy.
 """
 
 from __future__ import annotations
