@@ -143,7 +143,7 @@ def sections(page: str) -> str:
         if name not in documented:
             s = registry.spec(name)
             aliases = f" (alias {', '.join(f'`{n}`' for n in names[1:])})" if names[1:] else ""
-            out.append(f"## `{name}`\n\n{s.kind}{aliases}: {s.summary}.\n\n{params_table([name])}")
+            out.append(f"## `{name}`\n\n{s.kind}{aliases}: {' '.join(s.summary.split())}.\n\n{params_table([name])}")
     return "\n".join(out)
 
 

@@ -73,13 +73,13 @@ def test_a_stale_parameter_table_makes_the_check_fail(tmp_path, capsys):
 
 @dataclass(frozen=True)
 class _ToyParams(StrategyParams):
-    width: float = param(1.0, positive=True, help="a | in the help\nand a newline")
+    width: float = param(1.0, positive=True, help="a | in the help\nand a newline\u2028and a line separator")
     mode: str = param("a|b", help="its default has a | too")
 
 
 @pytest.fixture
 def toy_filter():
-    register("toy_docs_filter", kind=registry.FILTER, implementation="variance:RewardVariance", summary="a toy | filter")(_ToyParams)
+    register("toy_docs_filter", kind=registry.FILTER, implementation="variance:RewardVariance", summary="a toy |\nfilter")(_ToyParams)
     yield "toy_docs_filter"
     unregister("toy_docs_filter")
 
@@ -101,7 +101,7 @@ def test_a_strategy_without_a_section_gets_a_minimal_one_and_bars_stay_in_their_
         "",
         "| parameter | type | default | meaning |",
         "|---|---|---|---|",
-        "| `width` | float, > 0 | 1.0 | a \\| in the help and a newline |",
+        "| `width` | float, > 0 | 1.0 | a \\| in the help and a newline and a line separator |",
         "| `mode` | str | `a\\|b` | its default has a \\| too |",
     ]
     for row in section.splitlines()[-2:]:
@@ -110,6 +110,9 @@ def test_a_strategy_without_a_section_gets_a_minimal_one_and_bars_stay_in_their_
 
 
 def test_a_parameter_without_help_is_refused_where_it_registers():
+    with pytest.raises(TypeError, match=r"^a parameter's help is a string \(what it means\), not None$"):
+        param(1.0, help=None)
+
     @dataclass(frozen=True)
     class Bare(StrategyParams):
         weight: float = 1.0

@@ -96,13 +96,16 @@ def param(
 ) -> Any:
     """A parameter field with its meaning and bounds beyond its type.
 
-    help: what the parameter means, one sentence or a few (required: `register` refuses a
-    parameter without it; docs/strategies.md's parameter tables and `rescore strategies NAME`
-    print it); minimum: value >= minimum; between: lo <= value <= hi; positive: value > 0; nonzero: value
-    != 0; null: what an explicit null means for a field that does not allow None;
+    help: what the parameter means, one sentence or a few, kept on one line (required:
+    `register` refuses a parameter without it; docs/strategies.md's parameter tables and
+    `rescore strategies NAME` print it); minimum: value >= minimum; between: lo <= value <= hi;
+    positive: value > 0; nonzero: value != 0; null: what an explicit null means for a field
+    that does not allow None;
     none_message: the error for null on a required column; hidden_at_default: left out of the
     resolved params at its default (added later: earlier runs' config hashes stay the same).
     """
+    if not isinstance(help, str):
+        raise TypeError(f"a parameter's help is a string (what it means), not {help!r}")
     meta = {
         "minimum": minimum,
         "between": between,
@@ -111,7 +114,7 @@ def param(
         "null": null,
         "none_message": none_message,
         "hidden_at_default": hidden_at_default,
-        "help": " ".join(str(help).split()),
+        "help": " ".join(help.split()),  # one line: a newline (or U+2028) never ends a table row
     }
     if isinstance(default, (list, dict)):
         raise TypeError("parameter defaults must be immutable (use a tuple)")
