@@ -118,7 +118,7 @@ def reserve(names: Mapping[tuple[str, str], str]) -> None:
     declared): a door registered before (the built-in ones) or after may not take one."""
     _RUN_NAMES.update(names)
     for door in _DOORS:
-        _refuse_clashes(door, {**_taken(but=door), **_RUN_NAMES})
+        _refuse_clashes(door, _taken(but=door))
 
 
 def option_fields(door: Door | None = None) -> list[Field]:
