@@ -6,8 +6,9 @@ The declarations are the fields of `RunConfig`: the launcher's own options here,
 the Beam steps read in its base class, transforms/settings.py's `StepSettings` (the steps import
 that, never this); the options only one door reads are declared the same way on that door
 (pipelines/doors/: `Door.options`) and collected from the door registry, just before
---input-format, wherever the run options are listed. A field's type is its check where every value of the type is valid (a YAML
-`overwrite: "false"` is refused, not true); `check` adds the rest. Nothing here imports Beam,
+--input-format, wherever the run options are listed. A field's type is its check where every
+value of the type is valid (a YAML `overwrite: "false"` is refused, not true); `check` adds the
+rest. Nothing here imports Beam,
 YAML or the strategies (early.py reads the table before the `rescore` command imports them).
 """
 

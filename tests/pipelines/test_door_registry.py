@@ -166,6 +166,8 @@ def test_a_door_declares_its_own_options(tmp_path, toy_door, capsys):
     assert list(options.config_keys())[8:11] == ["input_table", "toy_reward_scale", "input_format"]
     # refused: exit 2 and one line, before any work (nothing is written to --output)
     bad = [([*toy, "--toy-reward-scale", "-1"], "--toy-reward-scale must be a number > 0, got -1.0"),
+           ([*toy, "--toy-reward-scale", "1e400"], "--toy-reward-scale must be a number > 0, got inf"),
+           ([*toy, "--toy-reward-scale=nan"], "--toy-reward-scale must be a number > 0, got nan"),
            ([*toy, "--toy-reward-scale", "x"], "argument --toy-reward-scale/--toy_reward_scale: invalid float value: 'x'"),
            ([*toy, "--toy-reward-scal", "2"], "unknown option --toy-reward-scal (did you mean --toy-reward-scale?): "
                                               "not a Rescore flag nor a Beam pipeline option"),
