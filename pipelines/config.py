@@ -29,7 +29,7 @@ from rescore.pipelines.beam_args import (  # noqa: F401  (DEFAULT_RUNNER, prism_
 )
 from rescore.pipelines.config_files import load_yaml, pipeline_option_flags, shipped_configs  # noqa: F401
 from rescore.pipelines.model_flags import model_options
-from rescore.pipelines.options import RunConfig, usage, value_of  # noqa: F401  (usage: imported from here)
+from rescore.pipelines.options import RunConfig, usage, value_of, with_doors  # noqa: F401  (usage: imported from here)
 from rescore.pipelines.options import parser as _parser
 from rescore.transforms.files.layout import table_name_problem
 from rescore.transforms.settings import DEFAULT_BUCKETS, LOCAL_BUCKET_ROWS, options
@@ -124,7 +124,7 @@ def parse_args(argv: list[str]) -> RunConfig:
     strategies, algorithm, params = _strategies(args, config, params)
 
     values, given = {}, set()
-    for f in options(RunConfig):  # the steps' options first
+    for f in with_doors(options(RunConfig)):  # the steps' options first
         if f.name not in BY_HAND:
             values[f.name], was_given = value_of(f, args, config)
             if was_given:
@@ -142,8 +142,10 @@ def parse_args(argv: list[str]) -> RunConfig:
     beam_args = pipeline_args(beam_args, inputs=[str(i) for i in inputs], output=str(output), input_table=values["input_table"],
                               shared_filesystem=values["shared_filesystem"], log_level=values["log_level"])
     inputs, output = _absolute_for_workers(beam_args, [str(i) for i in inputs], str(output))
+    door_options = {f.name: values.pop(f.name) for f in doors.option_fields()}
     cfg = RunConfig(
         **values,
+        door_options=door_options,
         inputs=inputs,
         output=output,
         strategies=strategies,

@@ -4,8 +4,11 @@ over YAML over default, and the options pipelines/early.py may prefetch a run wi
 
 The declarations are the fields of `RunConfig`: the launcher's own options here, and the ones
 the Beam steps read in its base class, transforms/settings.py's `StepSettings` (the steps import
-that, never this). A field's type is its check where every value of the type is valid (a YAML
-`overwrite: "false"` is refused, not true); `check` adds the rest. Nothing here imports Beam,
+that, never this); the options only one door reads are declared the same way on that door
+(pipelines/doors/: `Door.options`) and collected from the door registry, just before
+--input-format, wherever the run options are listed. A field's type is its check where every
+value of the type is valid (a YAML `overwrite: "false"` is refused, not true); `check` adds the
+rest. Nothing here imports Beam,
 YAML or the strategies (early.py reads the table before the `rescore` command imports them).
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import Field, dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from rescore.errors import ConfigError
@@ -121,9 +124,6 @@ class RunConfig(StepSettings):
         True, flags=("--no-wait", "--no_wait"), dest="no_wait", yaml=None,
         help="submit to a remote runner and return without waiting (Flex Templates)",
     )
-    input_table: str | None = option(
-        None, metavar="NAME", help="read the Trinity-RFT experience buffer NAME from the database URL given as --input",
-    )
     input_format: str = option(
         "parquet", choices=INPUT_FORMATS, check=lambda flag, v: one_of(flag, v, tuple(INPUT_FORMATS), "input format"),
         help=doors.input_format_help,
@@ -164,13 +164,25 @@ class RunConfig(StepSettings):
     """Every argument that is not a Rescore flag, after the YAML's pipeline_options."""
     buckets_chosen: bool = False
     """--buckets (or the config's `buckets`) was given: no local default replaces it."""
+    door_options: dict[str, Any] = field(default_factory=dict)
+    """The doors' own options (pipelines/doors/: `Door.options`), {field name: value}: every
+    registered door's, each read as an attribute of the run (`cfg.input_table`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        """A door's option (`cfg.input_table`), where no field of the run has the name."""
+        door_options = self.__dict__.get("door_options") or {}  # (unpickling: no fields yet)
+        if name in door_options:
+            return door_options[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 COMMON_OPTIONS = ("inputs", "output", "strategies", "algorithm", "params", "config", "overwrite", "quiet")
 """--help's first group: what a first run needs."""
+DOOR_OPTIONS = "(the doors' options)"
+"""In HELP_GROUPS: where every door's options go (pipelines/doors/), in registration order."""
 HELP_GROUPS = (
     ("what the output carries", ("group_filter", "keep_filtered", "audit_columns")),
-    ("other inputs and outputs", ("input_table", "input_format", "output_db", "output_table", "incremental", "run_name")),
+    ("other inputs and outputs", (DOOR_OPTIONS, "input_format", "output_db", "output_table", "incremental", "run_name")),
     ("bad input, failures and other runs", ("skip_bad_files", "max_reject_fraction", "max_group_rows", "wait_for_lock")),
     ("runners, devices and performance",
      ("wait", "shared_filesystem", "device", "accelerator", "buckets", "shard_rows", "io_threads", "unit_cache_mb",
@@ -182,10 +194,44 @@ option in none of them is listed under OTHER_GROUP, so none is ever left out."""
 OTHER_GROUP = "other options"
 
 
+def help_groups() -> list[tuple[str, list[str]]]:
+    """HELP_GROUPS with DOOR_OPTIONS replaced by the registered doors' option names."""
+    doors_own = [f.name for f in doors.option_fields()]
+    return [(title, [n for name in names for n in (doors_own if name == DOOR_OPTIONS else [name])])
+            for title, names in HELP_GROUPS]
+
+
+def with_doors(run_fields: list[Field]) -> list[Field]:
+    """`run_fields` with every door's options (pipelines/doors/) just before --input-format, the
+    option that picks a door."""
+    at = next(i for i, f in enumerate(run_fields) if f.name == "input_format")
+    return [*run_fields[:at], *doors.option_fields(), *run_fields[at:]]
+
+
 def table() -> list[Field]:
-    """Every run option in --help's order: the launcher's, then the steps' (StepSettings)."""
+    """Every run option in --help's order: the launcher's (the doors' among them), then the
+    steps' (StepSettings)."""
     steps = {f.name for f in fields(StepSettings)}
-    return [f for f in options(RunConfig) if f.name not in steps] + options(StepSettings)
+    return with_doors([f for f in options(RunConfig) if f.name not in steps]) + options(StepSettings)
+
+
+def declared_in(f: Field) -> type:
+    """The class whose annotation is `f`'s type: a door's options class, or RunConfig."""
+    return doors.declared_in(f) or RunConfig
+
+
+def _reserve_run_names() -> None:
+    """Tell the door registry the names the run's own options take (a door's may not clash)."""
+    whose = "the run option {!r} (pipelines/options.py)"
+    taken = {("field", f.name): whose.format(f.name) for f in fields(RunConfig)}
+    taken.update({name: whose.format(f.name) for f in options(RunConfig) for name in doors.option_names(f)})
+    taken.update({(kind, name): whose.format(f.name) for f in MODEL_FLAGS  # `models:` holds their YAML keys
+                  for kind, name in doors.option_names(f) if kind in ("flag", "dest")})
+    taken.update({("flag", "-h"): "--help", ("flag", "--help"): "--help", ("dest", "help"): "--help"})
+    doors.reserve(taken)
+
+
+_reserve_run_names()
 
 
 def config_keys() -> dict[str, str]:
@@ -250,12 +296,12 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{first} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
 
 
-def _add(group, f: Field, declared_in: type = RunConfig, helps: bool = True) -> None:
+def _add(group, f: Field, cls: type | None = None, helps: bool = True) -> None:
     o = spec(f)
     names = flags_of(f)
     if not names:
         return
-    kind = value_type(declared_in, f)
+    kind = value_type(cls or declared_in(f), f)
     how: dict[str, Any] = {"dest": dest(f), "help": _help(f) if helps else None}
     if o.repeat:
         how["action"] = "append"
@@ -288,7 +334,7 @@ def parser(*, helps: bool = True) -> argparse.ArgumentParser:
     by_name = {f.name: f for f in table()}
     for name in COMMON_OPTIONS:
         _add(p, by_name.pop(name), helps=helps)
-    for title, names in HELP_GROUPS:
+    for title, names in help_groups():
         group = p.add_argument_group(title)
         for name in names:
             if name in by_name:
@@ -337,7 +383,7 @@ def check_config(path: str, data: dict[str, Any]) -> None:
     for key, value in data.items():
         f = by_key[key]
         check = spec(f).yaml_check
-        problem = check(key, value) if check not in (None, _mapping) else _type_problem(value_type(RunConfig, f), key, value)
+        problem = check(key, value) if check not in (None, _mapping) else _type_problem(value_type(declared_in(f), f), key, value)
         if problem:
             raise ConfigError(f"config {path}: {problem}")
 
@@ -388,7 +434,7 @@ def arrow_decay_ms(default: int) -> int:
 def value_of(f: Field, args: argparse.Namespace, config: dict[str, Any]) -> tuple[Any, bool]:
     """(the option's checked value, whether the command line or the YAML gave it)."""
     o = spec(f)
-    kind = value_type(RunConfig, f)
+    kind = value_type(declared_in(f), f)
     flag = getattr(args, dest(f), None) if flags_of(f) else None
     from_yaml = config.get(yaml_key(f)) if yaml_key(f) else None
     value = (flag or from_yaml) if kind is str else (flag if flag is not None else from_yaml)

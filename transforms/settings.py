@@ -8,7 +8,8 @@ workers) and reads its attributes; nothing here imports Beam or pipelines/.
 To add an option the steps read: a field here, `option(default, help=...)` with a `check` where
 not every value of its type is valid; the flag (`--name-with-dashes`, also `--name_with_underscores`),
 the YAML key (the field's name) and the typed value come from the field. An option only the
-launcher reads goes to pipelines/options.py the same way.
+launcher reads goes to pipelines/options.py the same way; one only a door reads, to the door's
+options class (pipelines/doors/: `Door.options`).
 """
 
 from __future__ import annotations

@@ -9,11 +9,15 @@ from rescore.pipelines.doors.base import (
     INPUT_FORMATS,
     Door,
     by_name,
+    declared_in,
     door_for,
     doors,
     input_format_help,
+    option_fields,
+    option_names,
     option_problem,
     register,
+    reserve,
     sample_format_help,
     sample_formats,
     sample_output_help,
@@ -27,6 +31,6 @@ BUILT_IN = (parquet.DOOR, trinity_sql.DOOR, verl_rollouts.DOOR)
 for _door in BUILT_IN:
     register(_door)
 
-__all__ = ["INPUT_FORMATS", "BUILT_IN", "Door", "by_name", "door_for", "doors", "input_format_help", "option_problem",
-           "register", "sample_format_help",
+__all__ = ["INPUT_FORMATS", "BUILT_IN", "Door", "by_name", "declared_in", "door_for", "doors", "input_format_help",
+           "option_fields", "option_names", "option_problem", "register", "reserve", "sample_format_help",
            "sample_formats", "sample_output_help", "staged_doors", "unregister"]

@@ -26,7 +26,7 @@ class ParquetDoor:
     help = "default"
     sample_what = "parquet files"
     sample_output = "directory to write experience-*.parquet into"
-    owns: tuple[str, ...] = ()
+    options = None
     staged = False
     no_tokens = None
 

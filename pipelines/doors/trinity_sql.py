@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rescore.errors import ConfigError
+from rescore.transforms.settings import option
 
 DB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", "mssql")
 
@@ -23,6 +25,15 @@ DB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "oracle", 
 def is_db_url(text: str) -> bool:
     scheme = text.split("://", 1)[0] if "://" in text else ""
     return scheme.split("+", 1)[0].lower() in DB_SCHEMES
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrinitySqlOptions:
+    """The run options only this door reads (a run's `cfg.input_table`)."""
+
+    input_table: str | None = option(
+        None, metavar="NAME", help="read the Trinity-RFT experience buffer NAME from the database URL given as --input",
+    )
 
 
 class TrinitySqlDoor:
@@ -33,7 +44,7 @@ class TrinitySqlDoor:
     help = "a Trinity-RFT SQL experience buffer"
     sample_what = "a Trinity-RFT SQLite experience buffer"
     sample_output = "the SQLite file"
-    owns = ("input_table",)
+    options = TrinitySqlOptions
     staged = True
     no_tokens = None
 

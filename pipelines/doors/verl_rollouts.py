@@ -28,7 +28,7 @@ class VerlRolloutsDoor:
     help = "verl trainer.rollout_data_dir {step}.jsonl files"
     sample_what = "verl rollout dumps ({step}.jsonl)"
     sample_output = "a directory"
-    owns: tuple[str, ...] = ()
+    options = None
     staged = True
     no_tokens = "verl rollout dumps hold text only"
 

@@ -62,9 +62,11 @@ def test_the_parser_is_the_table():
     titled = {g.title: {o for a in g._group_actions for o in a.option_strings} for g in p._action_groups if g._group_actions}
     assert list(titled)[0] == "common options"
     assert options.OTHER_GROUP not in titled
-    grouped = {name for _, names in options.HELP_GROUPS for name in names} | set(options.COMMON_OPTIONS)
-    assert grouped == {f.name for f in table() if flags_of(f)}
-    for title, names in options.HELP_GROUPS:
+    # (the doors' options, pipelines/doors/, where HELP_GROUPS says DOOR_OPTIONS)
+    grouped = {name for _, names in options.help_groups() for name in names} | set(options.COMMON_OPTIONS)
+    assert grouped == {f.name for f in table() if flags_of(f)} and options.DOOR_OPTIONS not in grouped
+    assert "input_table" in dict(options.help_groups())["other inputs and outputs"]
+    for title, names in options.help_groups():
         assert titled[title] == {flag for f in table() if f.name in names for flag in flags_of(f)}, title
 
 
@@ -77,7 +79,7 @@ def test_the_yaml_keys_and_their_types_are_the_table():
     wrong = {bool: ("true or false", "yes"), int: ("an integer", 1.5), float: ("a number", "x"), str: ("a string", 3)}
     checked = 0
     for f in table():
-        kind = value_type(RunConfig, f)
+        kind = value_type(options.declared_in(f), f)
         if yaml_key(f) and kind in wrong and spec(f).yaml_check is None:
             what, value = wrong[kind]
             with pytest.raises(ConfigError, match=rf"^config c.yaml: '{yaml_key(f)}' must be {what}, got {value!r}"):
@@ -98,6 +100,8 @@ def test_the_steps_get_one_frozen_picklable_settings_object(tmp_path):
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.device = "cuda"
     assert all(spec(f) is not None for f in fields(StepSettings))  # every step setting is a declared option
+    # the run itself too: a door's option (cfg.input_table, RunConfig.door_options) survives the trip
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and pickle.loads(pickle.dumps(cfg)).input_table is None
 
 
 def test_early_prefetches_only_with_the_options_declared_plain():
@@ -108,10 +112,10 @@ def test_early_prefetches_only_with_the_options_declared_plain():
         assert early.plain_run([*base, *other]) is None, other
     for f in table():  # every option declared plain may be given, and nothing else
         if flags_of(f) and spec(f).plain:
-            value = [] if value_type(RunConfig, f) is bool else [str((spec(f).choices or ["1"])[0])]
+            value = [] if value_type(options.declared_in(f), f) is bool else [str((spec(f).choices or ["1"])[0])]
             assert early.plain_run([*base, flags_of(f)[0], *value]) is not None, f.name
         elif flags_of(f):
-            value = [] if value_type(RunConfig, f) is bool else ["1"]
+            value = [] if value_type(options.declared_in(f), f) is bool else ["1"]
             assert early.plain_run([*base, flags_of(f)[0], *value]) is None, f.name
 
 
