@@ -128,6 +128,18 @@ class _GRPOScoring(GroupStdOptions):
     def needs(self) -> tuple[str, ...]:
         return ("logprobs",) if self.rank_penalty is not None else ()
 
+    @property
+    def host_math(self) -> bool:
+        """These options have a numpy implementation (`score_host`, grpo_np.py): the group std,
+        no rank penalty."""
+        return self.rank_penalty is None and not self.batch_level
+
+    def score_host(self, reward: np.ndarray, offsets: np.ndarray):
+        """`score` over numpy arrays (reward (n,) float64, offsets (G + 1,) int64): a HostScores."""
+        from rescore.transforms.strategies import grpo_np
+
+        return grpo_np.grpo_scores(reward, offsets, epsilon=self.epsilon, std_threshold=self.std_threshold)
+
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # The batch std is over every reward the strategy sees in the batch, before any group
         # is dropped by std_threshold, and over raw (not rank-corrected) rewards, as in
