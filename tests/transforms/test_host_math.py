@@ -42,6 +42,18 @@ def test_a_bad_switch_is_a_config_error(monkeypatch):
         host_math.eligible(chain_of("grpo"), StepSettings())
 
 
+def test_a_bad_switch_is_one_line_and_exit_2_before_any_work(monkeypatch, tmp_path, capsys):
+    from conftest import RUNNER
+    from rescore.pipelines.cli import main
+
+    inputs = write_parquet(random_rows(1, batches=1), str(tmp_path / "in"), files=1)
+    monkeypatch.setenv(host_math.SWITCH, "yes")
+    code = main(["--input", inputs, "--output", str(tmp_path / "out"), "--strategy", "grpo", RUNNER])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and lines == ["rescore: error: RESCORE_HOST_MATH must be 0 or 1, got 'yes'"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_device_is_decided_without_torch_where_it_is_not_imported(monkeypatch):
     import sys
 
