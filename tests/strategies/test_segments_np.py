@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rescore.transforms.strategies import grpo, grpo_np, segments, segments_np
 
-SETTINGS = settings(max_examples=40, deadline=None)
+SETTINGS = settings(max_examples=25, deadline=None)
 
 
 def _torch_sqrt(values):
