@@ -74,12 +74,33 @@ class HostChainScores(NamedTuple):
     group_batch: np.ndarray  # (G,) int64
 
 
-def score_bucket(plan, light: pa.Table) -> HostChainScores:
+def _reward(light: pa.Table) -> np.ndarray:
+    return np.asarray(light["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def batch_values(plan, light: pa.Table):
+    """(batch, (values, weights)) for each batch of a bucket's light rows, as
+    StrategyChain.batch_values gives them for a one-stage chain: every row's reward, weight 1."""
+    batch = np.asarray(light["batch"].to_numpy(zero_copy_only=False), dtype=np.int64)
+    reward = _reward(light)
+    weights = np.ones(len(reward), dtype=np.float64)
+    for b in np.unique(batch):
+        at = batch == b
+        yield int(b), (reward[at], weights[at])
+
+
+def batch_stats(plan, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+    """StrategyChain.batch_stats for a one-stage chain, on numpy."""
+    return host_stage(plan).batch_stats_host(values, weights)
+
+
+def score_bucket(plan, light: pa.Table, batch_stats: np.ndarray | None = None) -> HostChainScores:
     """A bucket's sorted light rows scored as StrategyChain.score scores them (no filter: every
-    row reaches the stage; every group is non-empty, so each takes the stage's mean and std)."""
+    row reaches the stage; every group is non-empty, so each takes the stage's mean and std).
+    batch_stats: (n, k) each row's batch statistics (rows/groups.py batch_stats_per_row), or None."""
     offsets = group_offsets(light)
-    reward = np.asarray(light["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
-    s = host_stage(plan).score_host(reward, offsets)
+    reward = _reward(light)
+    s = host_stage(plan).score_host(reward, offsets, None if batch_stats is None else batch_stats[:, 0])
     keep = np.asarray(s.keep, dtype=bool)
     batch = np.asarray(light["batch"].to_numpy(zero_copy_only=False), dtype=np.int64)
     return HostChainScores(

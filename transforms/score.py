@@ -48,12 +48,20 @@ class _PrepareBucket(beam.DoFn):
 
 
 class _BatchValues(beam.DoFn):
-    def __init__(self, plan: StrategyChain):
+    def __init__(self, plan: StrategyChain, settings: StepSettings, host: bool = False):
         self._plan = plan
+        self._settings = settings
+        self._host_eligible = host
+
+    def setup(self):
+        self._host = host_math.on_host(self._host_eligible, self._settings)
 
     def process(self, element):
         _, light, _ = element
         if not light.num_rows:
+            return
+        if self._host:
+            yield from host_math.batch_values(self._plan, light)
             return
         import torch
 
@@ -68,8 +76,13 @@ class _BatchValues(beam.DoFn):
 
 
 class _BatchStats(beam.DoFn):
-    def __init__(self, plan: StrategyChain):
+    def __init__(self, plan: StrategyChain, settings: StepSettings, host: bool = False):
         self._plan = plan
+        self._settings = settings
+        self._host_eligible = host
+
+    def setup(self):
+        self._host = host_math.on_host(self._host_eligible, self._settings)
 
     def process(self, element):
         batch, parts = element
@@ -78,7 +91,11 @@ class _BatchStats(beam.DoFn):
         weights = np.concatenate([w for _, w in parts])
         # Sorting first makes the sum order, hence the float result, independent of arrival order.
         order = np.lexsort((weights, values))
-        yield batch, tuple(self._plan.batch_stats(values[order], weights[order]))
+        values, weights = values[order], weights[order]
+        if self._host:
+            yield batch, tuple(host_math.batch_stats(self._plan, values, weights))
+        else:
+            yield batch, tuple(self._plan.batch_stats(values, weights))
 
 
 class _ScoreBucket(beam.DoFn):
@@ -108,7 +125,7 @@ class _ScoreBucket(beam.DoFn):
             progress_marks.mark(self._progress, done)
             return
         if self._host:
-            yield from self._score_on_host(light, done)
+            yield from self._score_on_host(light, done, batch_stats)
             return
         import torch
 
@@ -148,9 +165,10 @@ class _ScoreBucket(beam.DoFn):
             for item in copy_groups(light, rows.offsets.cpu().numpy(), kept, scores.informative.cpu().numpy()):
                 yield beam.pvalue.TaggedOutput(self.COPY_GROUPS, item)
 
-    def _score_on_host(self, light, done):
+    def _score_on_host(self, light, done, batch_stats):
         """process() on numpy (host_math.py): the same outcomes and metrics, without torch."""
-        scores = host_math.score_bucket(self._plan, light)
+        per_row_stats = None if batch_stats is None else batch_stats_per_row(light, batch_stats)
+        scores = host_math.score_bucket(self._plan, light, per_row_stats)
         self._groups.inc(len(scores.group_mean))
         progress_marks.mark(self._progress, done)
         yield from scored_outcomes(
@@ -207,9 +225,9 @@ class ScoreGroups(beam.PTransform):
         if self._plan.batch_level:
             batch_stats = (
                 prepared
-                | "BatchValues" >> beam.ParDo(_BatchValues(self._plan))
+                | "BatchValues" >> beam.ParDo(_BatchValues(self._plan, self._settings, self._host))
                 | "GroupByBatch" >> beam.GroupByKey()
-                | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
+                | "BatchStats" >> beam.ParDo(_BatchStats(self._plan, self._settings, self._host))
             )
             side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
         score = beam.ParDo(_ScoreBucket(self._plan, self._settings, self._progress, self._host), **side).with_outputs(

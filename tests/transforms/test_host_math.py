@@ -19,7 +19,7 @@ from rescore.transforms.strategies import chain_of
     [
         ("grpo", {}, {}, True),
         ("grpo", {"std_threshold": 0.1, "epsilon": 0.0}, {}, True),
-        ("grpo", {"std_cal_level": "batch"}, {}, False),  # the batch std: the torch path
+        ("grpo", {"std_cal_level": "batch"}, {}, True),
         ("grpo", {"rank_penalty": 0.25}, {}, False),
         ("correct_bias", {}, {}, False),
         ("rloo", {}, {}, False),  # no numpy implementation
@@ -75,19 +75,21 @@ def _files(out):
     return found, doc
 
 
-def test_numpy_scores_write_what_torch_writes(monkeypatch, tmp_path, rescore):
+@pytest.mark.parametrize("option", ["std_threshold=0.5", "std_cal_level=batch"])
+def test_numpy_scores_write_what_torch_writes(monkeypatch, tmp_path, rescore, option):
     """Every file byte for byte and metrics.json (but its output path): scored and filtered
-    rows (std_threshold drops groups of one and of a std <= 0.5), zero-spread groups, -0.0,
-    a reward of 1e300 (its group scaled: segments._group_scale)."""
+    rows (std_threshold drops groups of one and of a std <= 0.5), the batch std, zero-spread
+    groups, -0.0, a reward of 1e300 (its group scaled: segments._group_scale)."""
     rows = random_rows(3, batches=3, max_tasks=9, max_runs=7)
     rows[0]["reward"], rows[1]["reward"] = -0.0, 1e300  # negative zero, a huge value
     inputs = write_parquet(rows, str(tmp_path / "in"))
     outputs = {}
     for switch in ("0", "1"):
         monkeypatch.setenv(host_math.SWITCH, switch)
-        _, out = rescore(inputs, "--strategy", "grpo", "--device", "cpu", "--set", "std_threshold=0.5", output=str(tmp_path / switch))
+        _, out = rescore(inputs, "--strategy", "grpo", "--device", "cpu", "--set", option, output=str(tmp_path / switch))
         outputs[switch] = _files(out)
     assert outputs["1"] == outputs["0"]
     files, doc = outputs["1"]
     assert any(n.startswith("scored-") for n in files)
-    assert doc["totals"]["rows_filtered"] > 0 and doc["totals"]["rows_written"] > 0
+    assert doc["totals"]["rows_written"] > 0
+    assert doc["totals"]["rows_filtered"] > 0 if option.startswith("std_threshold") else doc["params"]["grpo"]["std_cal_level"] == "batch"

@@ -130,15 +130,25 @@ class _GRPOScoring(GroupStdOptions):
 
     @property
     def host_math(self) -> bool:
-        """These options have a numpy implementation (`score_host`, grpo_np.py): the group std,
-        no rank penalty."""
-        return self.rank_penalty is None and not self.batch_level
+        """These options have a numpy implementation (`score_host`, `batch_stats_host`,
+        grpo_np.py): no rank penalty."""
+        return self.rank_penalty is None
 
-    def score_host(self, reward: np.ndarray, offsets: np.ndarray):
-        """`score` over numpy arrays (reward (n,) float64, offsets (G + 1,) int64): a HostScores."""
+    def score_host(self, reward: np.ndarray, offsets: np.ndarray, batch_std: np.ndarray | None = None):
+        """`score` over numpy arrays (reward (n,) float64, offsets (G + 1,) int64, batch_std (n,)
+        float64 with std_cal_level=batch): a HostScores."""
         from rescore.transforms.strategies import grpo_np
 
-        return grpo_np.grpo_scores(reward, offsets, epsilon=self.epsilon, std_threshold=self.std_threshold)
+        return grpo_np.grpo_scores(
+            reward, offsets, epsilon=self.epsilon, batch_std=batch_std if self.batch_level else None,
+            std_threshold=self.std_threshold,
+        )
+
+    def batch_stats_host(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        """`batch_stats` on numpy (segments_np.std_of)."""
+        from rescore.transforms.strategies import segments_np
+
+        return (segments_np.std_of(values),)
 
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # The batch std is over every reward the strategy sees in the batch, before any group
