@@ -1,5 +1,5 @@
 """The score step on numpy: a run whose chain is one advantage stage with a numpy implementation
-(`host_math`, e.g. GRPO with the group std: strategies/grpo_np.py) and whose math is on the CPU
+(`host_math`: GRPO without a rank penalty, group or batch std: strategies/grpo_np.py) and whose math is on the CPU
 never imports torch (~370 MB resident and ~1 s of import before a row is read).
 
 Off unless RESCORE_HOST_MATH=1: the numpy math equals the torch math bit for bit except the
