@@ -242,9 +242,13 @@ def build_job(
             cfg.inputs, shard_rows=cfg.shard_rows, threads=resolve_threads(cfg.io_threads), memory_mb=cfg.memory_mb,
         )
     unit_store = UnitStoreHandle(cfg.unit_cache_mb, cfg.read_ahead_mb, prefetch=prefetch, memory_mb=cfg.memory_mb)
-    from rescore.transforms.strategies import build_chain  # imports torch
+    from rescore.transforms import host_math
+    from rescore.transforms.settings import step_settings
+    from rescore.transforms.strategies import build_chain
 
-    scoring = build_chain(cfg.strategies, cfg.params)
+    scoring = build_chain(cfg.strategies, cfg.params, load_math=False)
+    if not host_math.on_host(host_math.eligible(scoring, step_settings(cfg)), cfg):
+        import torch  # noqa: F401  (the math's library, loaded now, while the prefetch decodes)
     history = task_history.resolve(scoring)
     _check_local_device(cfg, options)
     computed = cfg.models.columns  # columns a model fills in need not be in the input files

@@ -45,6 +45,28 @@ def resolve(choice: str) -> torch.device:
     return torch.device("cpu")
 
 
+_GPU_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg", "/proc/driver/nvidia/gpus/*")
+"""What a GPU torch could see leaves on this machine: NVIDIA's device files and driver entries,
+ROCm's kfd, WSL's dxg. Without any of them torch.cuda.is_available() is False."""
+
+
+def host_only(choice: str) -> bool:
+    """The math of a `choice` run is on the CPU, decided without importing torch: cpu, or auto
+    where no GPU device exists (_GPU_NODES; where torch is imported already, torch decides).
+    False for cuda, and for auto on a machine with a GPU device."""
+    import glob
+    import sys
+
+    if choice == "cpu":
+        return True
+    if choice != "auto":
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return not torch.cuda.is_available()
+    return not any(glob.glob(pattern) for pattern in _GPU_NODES)
+
+
 def release_gpu_pages(choice: str) -> None:
     """Where the torch math of a `choice` run is on the CPU (cpu, or auto without a GPU), the
     CUDA libraries torch loaded stay mapped but leave the resident set (transforms/memory.py;

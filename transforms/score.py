@@ -12,10 +12,9 @@ from typing import NamedTuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import torch
 from apache_beam.metrics import Metrics
 
-from rescore.transforms import fault_injection
+from rescore.transforms import fault_injection, host_math
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms import device as devices
 from rescore.transforms.device import to_device
@@ -49,13 +48,23 @@ class _PrepareBucket(beam.DoFn):
 
 
 class _BatchValues(beam.DoFn):
-    def __init__(self, plan: StrategyChain):
+    def __init__(self, plan: StrategyChain, settings: StepSettings, host: bool = False):
         self._plan = plan
+        self._settings = settings
+        self._host_eligible = host
+
+    def setup(self):
+        self._host = host_math.on_host(self._host_eligible, self._settings)
 
     def process(self, element):
         _, light, _ = element
         if not light.num_rows:
             return
+        if self._host:
+            yield from host_math.batch_values(self._plan, light)
+            return
+        import torch
+
         rows = to_grouped_rows(light, torch.device("cpu"))
         batch, values, weights = self._plan.batch_values(rows)
         batch, values, weights = batch.numpy(), values.numpy(), weights.numpy()
@@ -67,8 +76,13 @@ class _BatchValues(beam.DoFn):
 
 
 class _BatchStats(beam.DoFn):
-    def __init__(self, plan: StrategyChain):
+    def __init__(self, plan: StrategyChain, settings: StepSettings, host: bool = False):
         self._plan = plan
+        self._settings = settings
+        self._host_eligible = host
+
+    def setup(self):
+        self._host = host_math.on_host(self._host_eligible, self._settings)
 
     def process(self, element):
         batch, parts = element
@@ -77,20 +91,27 @@ class _BatchStats(beam.DoFn):
         weights = np.concatenate([w for _, w in parts])
         # Sorting first makes the sum order, hence the float result, independent of arrival order.
         order = np.lexsort((weights, values))
-        yield batch, tuple(self._plan.batch_stats(values[order], weights[order]))
+        values, weights = values[order], weights[order]
+        if self._host:
+            yield batch, tuple(host_math.batch_stats(self._plan, values, weights))
+        else:
+            yield batch, tuple(self._plan.batch_stats(values, weights))
 
 
 class _ScoreBucket(beam.DoFn):
     METRICS = "metrics"
     COPY_GROUPS = "copy_groups"
 
-    def __init__(self, plan: StrategyChain, settings: StepSettings, progress: str | None = None):
+    def __init__(self, plan: StrategyChain, settings: StepSettings, progress: str | None = None, host: bool = False):
+        """host: the run may score on numpy (transforms/host_math.py eligible)."""
         self._plan = plan
         self._progress = progress
         self._settings = settings
+        self._host_eligible = host
 
     def setup(self):
-        self._device = devices.resolve(self._settings.device)
+        self._host = host_math.on_host(self._host_eligible, self._settings)
+        self._device = None if self._host else devices.resolve(self._settings.device)
         self._groups = Metrics.counter("rescore", "groups_scored")
 
     def process(self, element, batch_stats=None):
@@ -103,6 +124,11 @@ class _ScoreBucket(beam.DoFn):
         if not light.num_rows:
             progress_marks.mark(self._progress, done)
             return
+        if self._host:
+            yield from self._score_on_host(light, done, batch_stats)
+            return
+        import torch
+
         rows = to_grouped_rows(light, self._device)
         per_row_stats = None
         if batch_stats is not None:
@@ -138,6 +164,20 @@ class _ScoreBucket(beam.DoFn):
             kept = segment_sum(still, rows.offsets).cpu().numpy()
             for item in copy_groups(light, rows.offsets.cpu().numpy(), kept, scores.informative.cpu().numpy()):
                 yield beam.pvalue.TaggedOutput(self.COPY_GROUPS, item)
+
+    def _score_on_host(self, light, done, batch_stats):
+        """process() on numpy (host_math.py): the same outcomes and metrics, without torch."""
+        per_row_stats = None if batch_stats is None else batch_stats_per_row(light, batch_stats)
+        scores = host_math.score_bucket(self._plan, light, per_row_stats)
+        self._groups.inc(len(scores.group_mean))
+        progress_marks.mark(self._progress, done)
+        yield from scored_outcomes(
+            light, scores.keep, scores.score, None, reasons=None, audit=None, audit_fields=AUDIT_FIELDS,
+            reward=None, row_tokens=None, is_norm=None,
+        )
+        yield beam.pvalue.TaggedOutput(self.METRICS, group_metrics(
+            scores.group_batch, np.diff(scores.offsets), scores.group_mean, scores.group_std, scores.dropped,
+        ))
 
     def _metrics(self, rows: GroupedRows, scores: ChainScores):
         table = group_metrics(
@@ -176,6 +216,7 @@ class ScoreGroups(beam.PTransform):
         self._plan = plan
         self._settings = settings
         self._progress = progress
+        self._host = host_math.eligible(plan, settings)
         self._hints = {"accelerator": settings.accelerator} if settings.accelerator else {}
 
     def expand(self, keyed) -> ScoredGroups:
@@ -184,12 +225,12 @@ class ScoreGroups(beam.PTransform):
         if self._plan.batch_level:
             batch_stats = (
                 prepared
-                | "BatchValues" >> beam.ParDo(_BatchValues(self._plan))
+                | "BatchValues" >> beam.ParDo(_BatchValues(self._plan, self._settings, self._host))
                 | "GroupByBatch" >> beam.GroupByKey()
-                | "BatchStats" >> beam.ParDo(_BatchStats(self._plan))
+                | "BatchStats" >> beam.ParDo(_BatchStats(self._plan, self._settings, self._host))
             )
             side["batch_stats"] = beam.pvalue.AsDict(batch_stats)
-        score = beam.ParDo(_ScoreBucket(self._plan, self._settings, self._progress), **side).with_outputs(
+        score = beam.ParDo(_ScoreBucket(self._plan, self._settings, self._progress, self._host), **side).with_outputs(
             _ScoreBucket.METRICS, _ScoreBucket.COPY_GROUPS, main="outcomes"
         )
         if self._hints:

@@ -15,6 +15,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from rescore.transforms import device as devices
+from rescore.transforms import host_math
 from rescore.transforms import fault_injection
 from rescore.transforms.copies import CopyPlans
 from rescore.transforms.files import progress_marks, storage
@@ -48,8 +49,11 @@ class _WriteUnit(beam.DoFn):
 
     def __init__(
         self, plan: InputPlan, staging: str, scoring: StrategyChain, settings: StepSettings, file_metadata=None,
-        unit_store: UnitStoreHandle | None = None,
+        unit_store: UnitStoreHandle | None = None, host: bool = False,
     ):
+        """host: the run may score on numpy (transforms/host_math.py eligible): where this
+        worker's math is on the CPU, torch is not imported (the token broadcast is numpy's)."""
+        self._host_eligible = host
         self._unit_store = unit_store
         self._plan = plan
         self._staging = staging
@@ -59,7 +63,7 @@ class _WriteUnit(beam.DoFn):
 
     def setup(self):
         self._store = self._unit_store.acquire()
-        self._device = devices.resolve(self._settings.device)
+        self._device = None if host_math.on_host(self._host_eligible, self._settings) else devices.resolve(self._settings.device)
         self._schema = shaped_schema(self._plan.schema) if self._scoring.shaping else self._plan.schema
         self._schemas = output_schemas(
             self._schema, self._plan.task_type, self._scoring, self._file_metadata, self._settings.audit_columns
@@ -164,6 +168,7 @@ class WriteScored(beam.PTransform):
         super().__init__()
         self._write = _WriteUnit(
             plan, staging_dir(output), scoring, settings, file_metadata, unit_store or UnitStoreHandle(cache_mb=0),
+            host_math.eligible(scoring, settings),
         )
         self._copies = copies
         self._hints = {"accelerator": settings.accelerator} if settings.accelerator else {}

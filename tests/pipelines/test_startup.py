@@ -40,43 +40,30 @@ def test_planning_and_the_read_shell_do_not_load_torch():
 
 @pytest.mark.slow
 def test_building_the_scoring_shells_loads_torch():
-    # the check above must be able to fail: the shells that score do load torch
-    assert _modules_after("import rescore.transforms.score")["torch"] is True
+    # the check above must be able to fail: the shells that score with torch's math do load it
+    assert _modules_after("import rescore.transforms.score\nfrom rescore.transforms.strategies import chain_of\nchain_of('grpo')")["torch"] is True
 
 
-def _command(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rescore", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT, **env}, timeout=120)
-
-
-@pytest.mark.slow
-def test_a_bad_arrow_decay_is_one_line_and_exit_2():
-    proc = _command({"RESCORE_ARROW_DECAY_MS": "3s"}, "--help")
-    assert proc.returncode == 2
-    assert proc.stderr == "rescore: error: RESCORE_ARROW_DECAY_MS must be a whole number of milliseconds (-1: never), got '3s'\n"
-
-
-@pytest.mark.slow
-def test_the_arrow_decay_is_set_on_jemalloc_only(monkeypatch):
+def test_a_grpo_run_on_numpy_never_imports_torch(tmp_path):
+    """RESCORE_HOST_MATH=1, --strategy grpo on the CPU (transforms/host_math.py): the whole run,
+    a real process, imports no torch module (`-X importtime` lists every import it makes).
+    tests/transforms/test_host_math.py compares its files with the torch path's."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    from rescore.pipelines import cli
-
-    calls = []
-    monkeypatch.setattr(pa, "jemalloc_set_decay_ms", calls.append)
-    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
-    monkeypatch.delenv(cli.DECAY_ENV, raising=False)
-    monkeypatch.delenv("RESCORE_MEMORY_MB", raising=False)
-    from rescore.transforms import memory
-
-    monkeypatch.setattr(memory, "container_limit", lambda: None)
-    cli.keep_freed_pages([])
-    cli.keep_freed_pages(["--input", "x", "--memory-mb", "2048"])  # under a budget: freed pages go back at once
-    monkeypatch.setattr(memory, "container_limit", lambda: 2 << 30)
-    cli.keep_freed_pages([])  # a container's limit is a budget too
-    monkeypatch.setenv(cli.DECAY_ENV, "-1")
-    cli.keep_freed_pages(["--memory-mb=2048"])  # the variable wins
-    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
-    cli.keep_freed_pages([])  # another pool: left alone
-    assert calls == [cli.DEFAULT_DECAY_MS, 0, 0, -1]
-    assert _command({"RESCORE_ARROW_DECAY_MS": "-1"}, "--help").returncode == 0
+    n = 48
+    pq.write_table(pa.table({
+        "batch": [0] * n, "task": [i // 6 for i in range(n)], "run": list(range(n)), "step": [0] * n,
+        "reward": [float(i % 5) for i in range(n)], "tokens": [[1, 2, 3]] * n, "prompt_length": [1] * n,
+    }), str(tmp_path / "in.parquet"))
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rescore", "--input", str(tmp_path / "in.parquet"),
+         "--output", str(tmp_path / "out"), "--strategy", "grpo", "--device", "cpu", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", ROOT), "RESCORE_HOST_MATH": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert os.path.exists(tmp_path / "out" / "_SUCCESS")
+    names = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert {"numpy", "apache_beam", "rescore.transforms.strategies.grpo_np"} <= names  # the list is read right
+    assert sorted(m for m in names if m == "torch" or m.startswith("torch.")) == []

@@ -12,13 +12,17 @@ numbers its score came from. Pure numpy/torch over one bucket's GroupedRows, no 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from rescore.schemas.experience import AUDIT_FIELDS, AUDIT_NAMES, FILTER_REASON  # noqa: F401  (declared with the output contract)
 from rescore.transforms.strategies import GroupedRows, ChainScores, StrategyChain
 from rescore.transforms.strategies.base import ADVANTAGE, KINDS, ExplainsDrops, ExplainsScores
 from rescore.transforms.strategies.segments import group_index as _group_index
+
+if TYPE_CHECKING:
+    import torch
 
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
 from rescore.errors import GroupTooLarge
 from rescore.transforms.rows.tensors import to_device
@@ -19,6 +19,9 @@ from rescore.transforms.rows.outcomes import REJECTED, records
 from rescore.schemas.lists import flat_list
 from rescore.transforms.strategies import GroupedRows
 from rescore.transforms.strategies.base import TokenColumn
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _changes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

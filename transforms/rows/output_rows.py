@@ -7,11 +7,11 @@ the tables.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
 from rescore.schemas import REJECT_REASON, output_schema, reason_category, rejected_schema
 from rescore.schemas.validation import readable_text
@@ -24,6 +24,9 @@ from rescore.transforms.rows.outcomes import DUPLICATED, FILTERED, IS_NORM, REJE
 from rescore.transforms.rows.tokens import score_columns
 from rescore.transforms.strategies import StrategyChain
 from rescore.transforms.strategies.base import ADVANTAGE, ClipsTokens
+
+if TYPE_CHECKING:
+    import torch
 
 ACTION_MASK = strategy_columns.ACTION_MASK
 
@@ -103,7 +106,7 @@ def unit_outcomes(parts: list[pa.Table], unit_index: int, num_rows: int, path: s
 
 def scored_rows(
     table: pa.Table, rec: pa.Table, schemas: OutputSchemas, scoring: StrategyChain, copy_plans: dict | None,
-    task_type: pa.DataType, device: torch.device,
+    task_type: pa.DataType, device: torch.device | None,
 ) -> tuple[pa.Table, pa.Array]:
     """(the unit's scored rows, then their copies; the batch of each copy).
 
@@ -160,7 +163,7 @@ def scored_rows(
 
 def written_rows(
     table: pa.Table, rec: pa.Table, schemas: OutputSchemas, scoring: StrategyChain, copy_plans: dict | None,
-    task_type: pa.DataType, device: torch.device,
+    task_type: pa.DataType, device: torch.device | None,
 ) -> tuple[pa.Table, pa.Array, pa.Table]:
     """scored_rows, and the records it leaves: a scored row with a number Rescore adds that is
     not finite once written (a token advantage of a log-prob of -1e300 is beyond float32, where

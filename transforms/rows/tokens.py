@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
-import torch
 
 from rescore.schemas.experience import SCORE_FIELDS
 from rescore.transforms.rows.response import response_lengths
 from rescore.transforms.rows.tensors import to_device
 from rescore.transforms.strategies.tokens import token_advantages, token_advantages_host
+
+if TYPE_CHECKING:
+    import torch
 
 _MAX_TOKENS_PER_CHUNK = 1 << 30  # list<float32> offsets are int32
 
@@ -40,16 +44,16 @@ def score_columns(
     advantages = row_value * action_mask, or `token_values` (flat, already masked) for a
     token-level strategy. `returns` equals `advantages`; both columns share one buffer in
     memory. Rows where `valid` is False (no advantage computed) get nulls in all three. The
-    broadcast runs on `device` (default CPU) over flat token arrays: one copy in, one out.
+    broadcast runs on `device` (None: the host, with numpy) over flat token arrays: one copy
+    in, one out.
     """
-    device = device or torch.device("cpu")
     lengths, mask = response_lengths(table)
     if valid is not None:
         row_value = np.where(valid, row_value, 0.0)
     if token_values is not None:
         with np.errstate(over="ignore"):  # beyond float32: inf, and the row is rejected (output_rows.written_rows)
             flat = np.asarray(token_values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0
-    elif device.type == "cpu":  # the same values, without torch's per-token index
+    elif device is None or device.type == "cpu":  # the same values, without torch's per-token index
         flat = token_advantages_host(np.asarray(row_value, dtype=np.float64), np.asarray(lengths, dtype=np.int64), mask)
     else:
         flat = token_advantages(

@@ -19,11 +19,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from rescore.transforms.strategies.base import (
     ADVANTAGE,
@@ -44,6 +42,10 @@ from rescore.transforms.strategies.base import (
 from rescore.transforms.strategies.reinforce_pp import DISCOUNT_COLUMNS
 from rescore.transforms.strategies.registry import ConfigError, create, names, spec
 from rescore.transforms.strategies.segments import group_stats, segment_sum
+from rescore.transforms.strategies.tensors import torch
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -298,11 +300,11 @@ def split_param(key: str) -> tuple[str | None, str]:
     return (stage, name) if sep else (None, key)
 
 
-def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyChain:
+def build_chain(strategies: list[str], params: Mapping[str, Any], *, load_math: bool = True) -> StrategyChain:
     """A chain from stage names in order and parameters, each `name` or `stage.name`.
 
     An unqualified parameter goes to the one stage that has it; one that two stages have
-    must be qualified. Raises ConfigError on anything off.
+    must be qualified. Raises ConfigError on anything off. `load_math`: registry.create's.
     """
     if not strategies:
         raise ConfigError(f"no strategy (`rescore strategies` lists all {len(names())})")
@@ -346,7 +348,7 @@ def build_chain(strategies: list[str], params: Mapping[str, Any]) -> StrategyCha
                 f"unknown parameter {key!r} for strategy {','.join(strategies)!r}{hint}; valid parameters: {', '.join(valid) or '(none)'}"
             )
         per_stage[owners[0]][name] = value
-    chain = StrategyChain(tuple(create(s.name, per_stage[s.name]) for s in specs))
+    chain = StrategyChain(tuple(create(s.name, per_stage[s.name], load_math=load_math) for s in specs))
     for stage in chain.stages:  # rules across stages (e.g. two sources of importance weights)
         check = getattr(stage, "check_chain", None)
         if check is not None:

@@ -128,6 +128,28 @@ class _GRPOScoring(GroupStdOptions):
     def needs(self) -> tuple[str, ...]:
         return ("logprobs",) if self.rank_penalty is not None else ()
 
+    @property
+    def host_math(self) -> bool:
+        """These options have a numpy implementation (`score_host`, `batch_stats_host`,
+        grpo_np.py): no rank penalty."""
+        return self.rank_penalty is None
+
+    def score_host(self, reward: np.ndarray, offsets: np.ndarray, batch_std: np.ndarray | None = None):
+        """`score` over numpy arrays (reward (n,) float64, offsets (G + 1,) int64, batch_std (n,)
+        float64 with std_cal_level=batch): a HostScores."""
+        from rescore.transforms.strategies import grpo_np
+
+        return grpo_np.grpo_scores(
+            reward, offsets, epsilon=self.epsilon, batch_std=batch_std if self.batch_level else None,
+            std_threshold=self.std_threshold,
+        )
+
+    def batch_stats_host(self, values: np.ndarray, weights: np.ndarray) -> tuple[float, ...]:
+        """`batch_stats` on numpy (segments_np.std_of)."""
+        from rescore.transforms.strategies import segments_np
+
+        return (segments_np.std_of(values),)
+
     def batch_values(self, rows: GroupedRows) -> tuple[Tensor, Tensor, Tensor]:
         # The batch std is over every reward the strategy sees in the batch, before any group
         # is dropped by std_threshold, and over raw (not rank-corrected) rewards, as in

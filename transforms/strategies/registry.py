@@ -288,11 +288,13 @@ def resolve(name: str, params: Mapping[str, Any] | None = None) -> dict[str, Any
     return values
 
 
-def create(name: str, params: Mapping[str, Any] | None = None):
-    """The strategy `name` with `params` over its defaults. Raises ConfigError on anything off."""
+def create(name: str, params: Mapping[str, Any] | None = None, *, load_math: bool = True):
+    """The strategy `name` with `params` over its defaults. Raises ConfigError on anything off.
+    `load_math`: import torch now (False: where it is first used; a run on numpy never does)."""
     values = resolve(name, params)
     s = spec(name)
-    importlib.import_module("torch")  # the math's library, loaded with the strategy (tensors.py)
+    if load_math:
+        importlib.import_module("torch")  # the math's library, loaded with the strategy (tensors.py)
     return s.factory(**values, name=name, kind=s.kind)
 
 
