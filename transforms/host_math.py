@@ -2,9 +2,9 @@
 (`host_math`: GRPO without a rank penalty, group or batch std: strategies/grpo_np.py) and whose math is on the CPU
 never imports torch (~370 MB resident and ~1 s of import before a row is read).
 
-Off unless RESCORE_HOST_MATH=1: the numpy math equals the torch math bit for bit except the
-std's square root, where torch's (MKL's vdSqrt) is not IEEE's (strategies/segments_np.py), so a
-std, and rarely a float32 advantage or a metrics.json mean, can differ in its last bit.
+On by default; RESCORE_HOST_MATH=0 keeps such runs on torch. The numpy math equals the torch
+math bit for bit (strategies/segments_np.py; the std's square root is IEEE's on both paths,
+strategies/segments.py `ieee_sqrt`).
 
 `eligible` is decided once where the pipeline is built (the chain and the options); `on_host`
 where a step starts (the device is the worker's own: `auto` takes a GPU where it has one).
@@ -28,11 +28,11 @@ SWITCH = "RESCORE_HOST_MATH"
 
 
 def switched_on() -> bool:
-    """RESCORE_HOST_MATH: 1 on, 0 or unset off; ConfigError for anything else."""
+    """RESCORE_HOST_MATH: 1 or unset on, 0 off; ConfigError for anything else."""
     value = os.environ.get(SWITCH, "").strip()
     if value not in ("", "0", "1"):
         raise ConfigError(f"{SWITCH} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return value != "0"
 
 
 def host_stage(plan):

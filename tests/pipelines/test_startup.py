@@ -45,7 +45,7 @@ def test_building_the_scoring_shells_loads_torch():
 
 
 def test_a_grpo_run_on_numpy_never_imports_torch(tmp_path):
-    """RESCORE_HOST_MATH=1, --strategy grpo on the CPU (transforms/host_math.py): the whole run,
+    """--strategy grpo on the CPU, by default (transforms/host_math.py): the whole run,
     a real process, imports no torch module (`-X importtime` lists every import it makes).
     tests/transforms/test_host_math.py compares its files with the torch path's."""
     import pyarrow as pa
@@ -60,7 +60,7 @@ def test_a_grpo_run_on_numpy_never_imports_torch(tmp_path):
         [sys.executable, "-X", "importtime", "-m", "rescore", "--input", str(tmp_path / "in.parquet"),
          "--output", str(tmp_path / "out"), "--strategy", "grpo", "--device", "cpu", "--quiet"],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", ROOT), "RESCORE_HOST_MATH": "1"},
+        env={**{k: v for k, v in os.environ.items() if k != "RESCORE_HOST_MATH"}, "PYTHONPATH": os.environ.get("PYTHONPATH", ROOT)},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert os.path.exists(tmp_path / "out" / "_SUCCESS")

@@ -14,14 +14,9 @@ SETTINGS = settings(max_examples=25, deadline=None)
 
 
 def _torch_sqrt(values):
+    """torch's own float64 sqrt on the CPU (MKL's vdSqrt where torch has MKL)."""
     return torch.sqrt(torch.from_numpy(np.ascontiguousarray(values))).numpy()
 
-
-@pytest.fixture(autouse=True)
-def _torch_square_root(monkeypatch):
-    """Every other operation is compared bit for bit; the square root is torch's (MKL's
-    vdSqrt), which is not IEEE's: test_the_one_difference_is_torchs_square_root."""
-    monkeypatch.setattr(segments_np, "SQRT", _torch_sqrt)
 
 _values = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),  # any scale, 1e300 and subnormals included
@@ -90,21 +85,26 @@ def test_the_sum_is_sequential_as_torch_adds_not_pairwise():
     _same(segments_np.segment_sum(values, offsets), segments.segment_sum(_t(values), _t(offsets)).numpy())
 
 
-def test_the_one_difference_is_torchs_square_root(monkeypatch):
-    """torch's float64 sqrt on the CPU is not correctly rounded (MKL's vdSqrt): where it is
-    one ulp off, the host std with numpy's IEEE sqrt differs from torch's in its last bit. If
-    torch's sqrt becomes IEEE's, this fails: then the host path can be switched on."""
+def test_the_std_takes_ieees_square_root_on_both_paths(monkeypatch):
+    """torch's float64 sqrt on the CPU is not correctly rounded (MKL's vdSqrt): on this value it
+    is one ulp from IEEE's. segments.py takes the std's square root from numpy
+    (`segments.ieee_sqrt`), so the torch path's std equals the numpy path's, bit for bit, even
+    here; with torch's own sqrt it would not."""
     monkeypatch.setattr(segments_np, "SQRT", np.sqrt)
     var = np.array([float.fromhex("0x1.7679360091895p-7")])
-    if _torch_sqrt(var)[0] == np.sqrt(var)[0]:
-        pytest.skip("this machine's torch sqrt rounds this value as IEEE does")
+    assert segments.ieee_sqrt(torch.from_numpy(var)).numpy()[0] == np.sqrt(var)[0]
     values = np.zeros(147)
     values[106] = -float.fromhex("0x1.7e43c8800759cp+996")
     values[145:] = -values[106]
     offsets = np.array([0, 147])
     mine = segments_np.mean_and_std(values, offsets)[1]
     theirs = segments.mean_and_std(torch.from_numpy(values), torch.from_numpy(offsets))[1].numpy()
-    assert mine[0] != theirs[0] and abs(mine[0] - theirs[0]) == np.spacing(theirs[0])
+    _same(mine, theirs)
+    if _torch_sqrt(var)[0] == np.sqrt(var)[0]:
+        pytest.skip("this machine's torch sqrt rounds this value as IEEE does (no MKL)")
+    monkeypatch.setattr(segments, "ieee_sqrt", torch.sqrt)
+    mkl = segments.mean_and_std(torch.from_numpy(values), torch.from_numpy(offsets))[1].numpy()
+    assert abs(mine[0] - mkl[0]) == np.spacing(mkl[0])
 
 
 @pytest.mark.parametrize("sizes", [[1], [8] * 5, [3, 64, 1, 17, 2]])

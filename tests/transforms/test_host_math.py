@@ -1,4 +1,4 @@
-"""The score step on numpy (transforms/host_math.py, RESCORE_HOST_MATH=1): which runs take it,
+"""The score step on numpy (transforms/host_math.py; on unless RESCORE_HOST_MATH=0): which runs take it,
 and that they write what the torch path writes, file for file."""
 
 import json

@@ -122,7 +122,22 @@ def mean_and_std(values: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
     """
     mean, sq, sizes, scale = _scaled_mean_and_sq_dev(values, offsets)
     var = sq / (sizes - 1)
-    return mean, torch.sqrt(var) / scale
+    return mean, ieee_sqrt(var) / scale
+
+
+def ieee_sqrt(values: Tensor) -> Tensor:
+    """The correctly rounded (IEEE 754) square root, on any device.
+
+    torch's float64 `sqrt` on the CPU is MKL's `vdSqrt` (torch's VML kernels), which is not
+    correctly rounded: about 1.3 % of random values come out one ulp off, and builds without
+    MKL (aarch64 wheels) round as IEEE does. So the std of a group would depend on the machine
+    the worker runs on. numpy's `sqrt` and CUDA's are IEEE's; on the CPU this takes numpy's, so
+    the torch path, the numpy path (segments_np.py) and a GPU agree bit for bit.
+    """
+    if values.device.type != "cpu":
+        return torch.sqrt(values)
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(np.asarray(np.sqrt(values.detach().contiguous().numpy())))
 
 
 def population_var(values: Tensor, offsets: Tensor) -> Tensor:

@@ -6,13 +6,11 @@ starting from 0.0 (aten/src/ATen/native/SegmentReduce.cpp). numpy's `add.reducea
 add runs of 8 values and more pairwise: other bits. `segment_sum` here adds in torch's order,
 vectorised across groups: one pass per position within a group. Every other step (the scale
 for huge values, exact zero spread, the two-pass squares, the divisions) is the same IEEE
-operation on the same float64 values as segments.py, except one: torch's float64 `sqrt` on
-the CPU is MKL's `vdSqrt` (torch's VML kernels), which is not correctly rounded (about 1.3 % of
-random inputs come out one ulp from `np.sqrt`'s IEEE square root, on this repository's AMD
-EPYC build machine), so a std here can differ from torch's in its last bit. `SQRT` is the one
-square root every statistic here takes; tests/strategies/test_segments_np.py puts torch's in
-its place to prove everything else bit for bit, and shows the difference. That is why the host
-path is off by default (strategies/host.py).
+operation on the same float64 values as segments.py, the square root included: torch's float64
+`sqrt` on the CPU is MKL's `vdSqrt`, which is not correctly rounded (about 1.3 % of random inputs
+one ulp from IEEE's), so segments.py takes its std's square root from numpy too
+(`segments.ieee_sqrt`). `SQRT` is the one square root every statistic here takes;
+tests/strategies/test_segments_np.py checks the two paths bit for bit.
 """
 
 from __future__ import annotations
