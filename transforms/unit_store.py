@@ -16,7 +16,8 @@ or build()), with Beam's `Shared` idiom: a pickled handle carries only a key and
 settings, and `acquire()` in a step's setup returns the store of that process. Where every step
 runs in the launcher's process (the in-process runner), that is the one store the launcher made
 (with the prefetch it started) and holds for the run; a worker of another runner builds its own,
-whose cache simply misses (the write step reads the unit again). Nothing here is a process
+whose cache simply misses (the write step reads the unit again), and gives its process the
+Arrow memory pool the `rescore` command gives its own (`keep_freed_pages`). Nothing here is a process
 global: a run's store is closed at its end (prefetched tables not taken, cached units, open
 decoders dropped), and the next run makes a new one.
 

@@ -1,7 +1,8 @@
 """transforms/unit_store.py: one UnitStoreHandle per run reaches the steps (Beam's Shared idiom):
 in the launcher's process every copy of it acquires the launcher's store; another process builds
-its own from the run's settings; the handle carries no tables; runs never share a store; the
-finalize step's document reaches the launcher through it, not by reading metrics.json back."""
+its own from the run's settings (and switches to Arrow's jemalloc pool); the handle carries no
+tables; runs never share a store; the finalize step's document reaches the launcher through it,
+not by reading metrics.json back."""
 
 import json
 import os
