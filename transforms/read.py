@@ -56,7 +56,7 @@ class _ReadLight(beam.DoFn):
         """Read and validate one unit (on an Overlap thread): (rows, rejected records, light parts)."""
         unit = self._units[unit_index]
         fault_injection.maybe_hold("read")
-        table = self._store.first_read(unit, light_columns(self._needs))
+        table = self._store.first_read(unit, light_columns(self._needs), kept=self._keep_units)
         if self._keep_units:  # the write step, in this process, takes it instead of reading the unit again
             self._store.offer(unit, table)
         check = apply_model_rejects(table, check_rows(table, needs=self._needs))

@@ -20,9 +20,14 @@ from rescore.transforms.rows.model_columns import join_model_columns
 
 
 def read_unit(
-    unit: ReadUnit, columns: list[str] | None = None, *, use_threads: bool = True, slices: SliceDecoders | None = None
+    unit: ReadUnit, columns: list[str] | None = None, *, use_threads: bool = True, slices: SliceDecoders | None = None,
+    joined: bool = True,
 ) -> pa.Table:
     """The unit's rows in file order (columns=None: all of them).
+
+    joined=False: each column as the chunks it was decoded in, not joined into one (`_decode`):
+    the same values, for a read whose table is looked at and dropped (the read step where the
+    write step runs in another process), not kept for the output writer.
 
     A unit that is a slice of a larger row group is read with the column decoders of `slices`
     (the run's, transforms/unit_store.py: slices read in order decode each row once);
@@ -39,7 +44,7 @@ def read_unit(
             present = set(pf.schema_arrow.names)
             columns = [c for c in columns if c in present]
         if unit.rows is None:
-            table = _decode(pf, list(unit.row_groups), columns, use_threads)
+            table = _decode(pf, list(unit.row_groups), columns, use_threads, joined)
         else:
             table = _decode_slice(pf, unit, pf.schema_arrow.names if columns is None else columns, slices or SliceDecoders())
     except OSError as e:
@@ -86,7 +91,7 @@ def _leaves(t: pa.DataType) -> int:
     return 1
 
 
-def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: bool) -> pa.Table:
+def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: bool, joined: bool = True) -> pa.Table:
     """The row groups' rows: the same table as `read_row_groups` (values, types, schema
     metadata, one chunk per column), decoded in batches of about READ_BATCH_VALUES values.
 
@@ -103,12 +108,16 @@ def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: b
     column (joining the whole table at once held the unit twice, ~180 MB more per 65,536-row
     unit of the benchmark at the end of each read), and the freed batches of a column are
     reused by the allocator for the next column's copy.
+
+    joined=False skips the join (the table's columns are the batches' chunks): the join is the
+    largest part of a read unit's decode in a Beam SDK worker on Flink (benchmarks/README.md,
+    "Flink against in-process"), and only a table kept for the output writer needs it.
     """
     batch_rows = _batch_rows(pf, row_groups, columns)
     batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=columns, use_threads=use_threads))
     if not batches:  # no rows: the schema as the file gives it
         return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
-    if len(batches) == 1:
+    if len(batches) == 1 or not joined:
         return pa.Table.from_batches(batches)
     schema = batches[0].schema
     pending = [[batch.column(i) for batch in batches] for i in range(len(schema))]

@@ -16,7 +16,8 @@ or build()), with Beam's `Shared` idiom: a pickled handle carries only a key and
 settings, and `acquire()` in a step's setup returns the store of that process. Where every step
 runs in the launcher's process (the in-process runner), that is the one store the launcher made
 (with the prefetch it started) and holds for the run; a worker of another runner builds its own,
-whose cache simply misses (the write step reads the unit again). Nothing here is a process
+whose cache simply misses (the write step reads the unit again), and gives its process the
+Arrow memory pool the `rescore` command gives its own (`keep_freed_pages`). Nothing here is a process
 global: a run's store is closed at its end (prefetched tables not taken, cached units, open
 decoders dropped), and the next run makes a new one.
 
@@ -148,6 +149,34 @@ def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int, memory
     return Prefetch(units, light_columns(())) if units else None
 
 
+WORKER_DECAY_MS = 3000
+"""How long Arrow's jemalloc keeps freed pages in a runner's worker: the `rescore` command's
+default (pipelines/cli.py, DEFAULT_DECAY_MS, which says why)."""
+
+
+def keep_freed_pages(memory_mb: float | None) -> None:
+    """In a runner's worker process (Flink's, Prism's, Dataflow's SDK workers: started by Beam's
+    boot, not by the `rescore` command, so none of its allocator settings apply): Arrow's jemalloc
+    pool with freed pages kept WORKER_DECAY_MS for the next read (0 under a memory budget), as the
+    command sets it for an in-process run, unless ARROW_DEFAULT_MEMORY_POOL chose a pool.
+
+    pyarrow's default there, mimalloc, hands a read unit's large buffers back to the kernel as
+    they are freed, so every join of a unit's decoded batches and every output column landed on
+    fresh pages: in a worker forked from a process that has imported torch, the two reads of 4
+    benchmark units took ~1.3 s more system time than with this pool (benchmarks/README.md, "Flink
+    against in-process"). Only where buffers are placed changes, never a value; buffers the old
+    pool made are freed by it."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return
+    try:
+        if pa.default_memory_pool().backend_name == "jemalloc":
+            return
+        pa.jemalloc_set_decay_ms(0 if memory.budget_mb(memory_mb) is not None else WORKER_DECAY_MS)
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except (NotImplementedError, pa.ArrowException):  # a pyarrow built without jemalloc: its default pool
+        pass
+
+
 class UnitStore:
     """One process's prefetch, unit cache (with its read-ahead) and slice decoders for one run,
     and the document its finalize step published (module docstring). Thread-safe.
@@ -174,16 +203,18 @@ class UnitStore:
         self.published: tuple[dict[str, Any], str] | None = None
         """(metrics.json's document, where it was written), set by the finalize step."""
 
-    def read(self, unit: ReadUnit, columns: list[str] | None = None) -> pa.Table:
+    def read(self, unit: ReadUnit, columns: list[str] | None = None, *, joined: bool = True) -> pa.Table:
         """read_unit with this run's slice decoders."""
-        return read_unit(unit, columns, slices=self.slices)
+        return read_unit(unit, columns, slices=self.slices, joined=joined)
 
-    def first_read(self, unit: ReadUnit, columns: list[str]) -> pa.Table:
+    def first_read(self, unit: ReadUnit, columns: list[str], *, kept: bool = True) -> pa.Table:
         """The read step's read of `unit`: the prefetched table (plus any column it lacks), else
-        read."""
+        read. kept=False: the table is not offered to the cache (the write step runs in another
+        process), so its columns are left in the chunks they were decoded in (read_unit's
+        `joined`): the same values without the join's copy of every column."""
         table = self.prefetch.take(unit) if self.prefetch is not None and unit.model_file is None else None
         if table is None:
-            return self.read(unit, columns)
+            return self.read(unit, columns, joined=kept)
         return with_columns(table, unit, columns, self.read)
 
     def fit(self, units, threads: int) -> int:
@@ -290,7 +321,12 @@ class UnitStoreHandle:
         if self._store is not None:
             return self._store
         cache_mb, read_ahead_mb, memory_mb = self._settings
-        return self._shared.acquire(lambda: UnitStore(cache_mb, read_ahead_mb, memory_mb=memory_mb))
+
+        def worker_store() -> UnitStore:  # a process the launcher's store is not in: a runner's worker
+            keep_freed_pages(memory_mb)
+            return UnitStore(cache_mb, read_ahead_mb, memory_mb=memory_mb)
+
+        return self._shared.acquire(worker_store)
 
     @property
     def store(self) -> UnitStore | None:

@@ -1,6 +1,7 @@
 """unit_read.read_unit decodes a unit in batches of about READ_BATCH_VALUES list values (the
 Parquet list reader otherwise grows whole-unit buffers by reallocation) and joins them: the
-table must be exactly what pyarrow's `read_row_groups` gives, whatever the batch size."""
+table must be exactly what pyarrow's `read_row_groups` gives, whatever the batch size (and
+unjoined, joined=False, the same values in the batches' chunks)."""
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,10 @@ def test_batched_read_equals_whole_read(tmp_path, monkeypatch, batch_values, col
     assert got.equals(expected)
     assert got.schema.equals(expected.schema, check_metadata=True)  # the file's metadata too
     assert all(c.num_chunks == 1 for c in got.columns)  # joined: the writer takes it as it is
+    chunked = read_unit(unit, columns, joined=False)  # the read step's, where the table is not kept
+    assert chunked.equals(expected) and chunked.schema.equals(expected.schema, check_metadata=True)
+    batches = -(-unit.num_rows // unit_read._batch_rows(pq.ParquetFile(path), list(groups), columns))
+    assert all(c.num_chunks >= min(batches, 3) for c in chunked.columns)  # one chunk per batch (at least one per row group)
 
 
 def test_batch_rows_follow_the_widest_column_read(tmp_path):

@@ -1,7 +1,8 @@
 """transforms/unit_store.py: one UnitStoreHandle per run reaches the steps (Beam's Shared idiom):
 in the launcher's process every copy of it acquires the launcher's store; another process builds
-its own from the run's settings; the handle carries no tables; runs never share a store; the
-finalize step's document reaches the launcher through it, not by reading metrics.json back."""
+its own from the run's settings (and switches to Arrow's jemalloc pool); the handle carries no
+tables; runs never share a store; the finalize step's document reaches the launcher through it,
+not by reading metrics.json back."""
 
 import json
 import os
@@ -37,15 +38,23 @@ def test_another_process_builds_its_own_store_from_the_runs_settings():
     handle = UnitStoreHandle(cache_mb=3, read_ahead_mb=1)
     handle.store.published = ({"launcher": True}, "metrics.json")
     probe = (
-        "import pickle, sys, json\n"
+        "import pickle, sys, json, pyarrow\n"
         "copy = pickle.loads(sys.stdin.buffer.read())\n"
+        "pool = pyarrow.default_memory_pool().backend_name\n"
         "store = copy.acquire()\n"
-        "print(json.dumps([store.cache.budget, store.cache.ahead, store.published, copy.acquire() is store]))\n"
+        "print(json.dumps([store.cache.budget, store.cache.ahead, store.published, copy.acquire() is store,\n"
+        "                  pool, pyarrow.default_memory_pool().backend_name]))\n"
     )
+    # a worker of another runner, started by Beam's boot: no pool chosen (the `rescore` command's is not)
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", probe], input=pickle.dumps(handle), capture_output=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+                          env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    assert json.loads(proc.stdout.decode().strip().splitlines()[-1]) == [3 << 20, 1 << 20, None, True]
+    # the worker's store switches Arrow to jemalloc, keeping freed pages (unit_store.keep_freed_pages)
+    *got, before, after = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    assert got == [3 << 20, 1 << 20, None, True]
+    assert (before, after) == ("mimalloc", "jemalloc")  # pyarrow's default on Linux, then the worker's
     handle.close()
 
 
