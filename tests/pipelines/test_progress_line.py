@@ -50,8 +50,10 @@ def test_progress_under_a_pipe_step_by_step_and_on_an_overwrite_rerun(sample, tm
         assert len(lines) >= 3, run.stderr
         n = lines[0][1]  # read units of the plan
         assert n >= 4 and all(line[1] == line[5] == n for line in lines), run.stderr
-        # this run's work only: the rerun does not start at 100 % (or with any unit written)
-        assert lines[0][4] == 0 and lines[0][6] < 67, run.stderr
+        # this run's work only: the rerun does not start at 100 % (or with any unit written); its
+        # first line may come after every unit was read and scored (GRPO on numpy scores these
+        # 512 rows before the first interval ends): 67 %, nothing written
+        assert lines[0][4] == 0 and lines[0][6] <= 67, run.stderr
         # step by step: every unit read and every row scored while units are still being written
         assert any(r == n and s == t == 512 and w < n for r, _, s, t, w, _, _ in lines), run.stderr
         # never backwards, and it ends on everything done
