@@ -52,3 +52,29 @@ def test_an_all_rejected_unit_writes_an_empty_scored_table_with_the_audit_column
     assert not set(AUDIT_NAMES) & set(rec.column_names)  # only ScoreGroups adds them
     table, copied = scored_rows(_unit(2), rec, SCHEMAS, CHAIN, None, pa.int64(), torch.device("cpu"))
     assert table.num_rows == 0 and table.schema == SCHEMAS.scored and len(copied) == 0
+
+
+def test_unwritable_rows_are_found_chunk_by_chunk_and_a_shared_column_once():
+    """_unwritable checks each chunk where it is (no join of the token columns): a bad value in a
+    later chunk names its row in the table, and `returns`, the very arrays of `advantages`, is
+    not checked again (its rows are the same); a column of its own is."""
+    import math
+
+    import pyarrow as pa
+
+    from rescore.transforms.rows.output_rows import _unwritable
+
+    t = pa.list_(pa.float32())
+    first = pa.array([[0.5, 1.0], [2.0]], t)
+    second = pa.array([[1.0], [math.nan, 3.0, math.inf], None, [4.0]], t).slice(0, 4)
+    advantages = pa.chunked_array([first, second])
+    score = pa.chunked_array([pa.array([1.0, 2.0, 3.0], pa.float32()), pa.array([math.inf, 5.0, 6.0], pa.float32())])
+    table = pa.table({"advantages": advantages, "returns": advantages, "score": score})
+    assert _unwritable(table, ["advantages", "returns", "score"]).tolist() == [None, None, None, "advantages", None, None]
+    own = pa.chunked_array([pa.array([[math.nan], [1.0], [1.0], [1.0], [1.0], [1.0]], t)])
+    table = pa.table({"advantages": advantages, "returns": own, "score": score})
+    assert _unwritable(table, ["advantages", "returns", "score"]).tolist() == ["returns", None, None, "advantages", None, None]
+    assert _unwritable(table.slice(0, 3), ["advantages", "score"]) is None
+    table = pa.table({"advantages": advantages, "returns": advantages, "score": score}).slice(2)
+    assert _unwritable(table, ["advantages", "returns", "score"]).tolist() == [None, "advantages", None, None]
+    assert _unwritable(table, ["score", "advantages"]).tolist() == [None, "score", None, None]

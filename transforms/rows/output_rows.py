@@ -192,26 +192,42 @@ def _value_type(t: pa.DataType) -> pa.DataType:
 
 def _unwritable(scored: pa.Table, names: list[str]) -> np.ndarray | None:
     """(n,) object: for each row of `scored`, the first of `names` holding a NaN or +-inf (None:
-    none); None where no row has one."""
+    none); None where no row has one.
+
+    Chunk by chunk, never joined (a join copied every token value of `advantages` and of
+    `returns` once more per unit written); a column whose chunks are the very arrays of one
+    checked before (`returns` shares `advantages`' buffers, rows/tokens.py) has the same rows."""
     out = np.full(scored.num_rows, None, dtype=object)
+    checked: set[tuple] = set()
     for name in names:
         if name not in scored.column_names:
             continue
-        column = scored[name].combine_chunks()
-        if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-            finite = pc.fill_null(pc.is_finite(column.flatten()), True)
-            if pc.all(finite).as_py() is not False:
-                continue
-            rows = np.asarray(pc.list_parent_indices(column).to_numpy(zero_copy_only=False))[~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=bool)]
-        else:
-            finite = pc.fill_null(pc.is_finite(column), True)
-            if pc.all(finite).as_py() is not False:
-                continue
-            rows = np.flatnonzero(~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=bool))
-        for r in rows:
-            if out[r] is None:
-                out[r] = name
+        column = scored[name]
+        same = tuple((c.offset, len(c), *(b.address if b is not None else 0 for b in c.buffers())) for c in column.chunks)
+        if same in checked:
+            continue
+        checked.add(same)
+        start = 0
+        for chunk in column.chunks:
+            for r in _non_finite_rows(chunk):
+                if out[start + r] is None:
+                    out[start + r] = name
+            start += len(chunk)
     return out if any(v is not None for v in out) else None
+
+
+def _non_finite_rows(chunk: pa.Array) -> np.ndarray:
+    """Rows of `chunk` (a float column, or a list of floats) with a NaN or +-inf, ascending."""
+    if pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type):
+        finite = pc.fill_null(pc.is_finite(chunk.flatten()), True)
+        if pc.all(finite).as_py() is not False:
+            return np.empty(0, np.int64)
+        parents = np.asarray(pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False))
+        return np.unique(parents[~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=bool)])
+    finite = pc.fill_null(pc.is_finite(chunk), True)
+    if pc.all(finite).as_py() is not False:
+        return np.empty(0, np.int64)
+    return np.flatnonzero(~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=bool))
 
 
 def _audit_column(rec: pa.Table, field: pa.Field) -> pa.Array:
