@@ -428,22 +428,23 @@ def _console() -> None:
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
     gc.disable()
     keep_freed_pages()
-    from rescore.pipelines.early import prefetch_from
+    from rescore.pipelines.early import lean_imports, prefetch_from
 
     prefetch = prefetch_from(sys.argv[1:])  # the first read units decode while Beam and torch import
-    # Beam's import logs what it misses where an extra is not installed (the [gcp] extra: its GCS
-    # file system, apitools), once through the root logger, which with no handler installed calls
-    # logging.basicConfig: a stderr handler for the rest of the run. Caught here and dropped, so
-    # that the command says the same with or without the extra.
-    root = logging.getLogger()
-    beams_import = logging.NullHandler()
-    root.addHandler(beams_import)
-    try:
-        from rescore.pipelines import job  # noqa: F401  (Beam, imported with the collector off; frozen next)
-    finally:
-        root.removeHandler(beams_import)
-    run_command_line(prefetch)
-
+    # A plain local run does not load Beam's optional integrations nor pandas (pipelines/early.py).
+    with lean_imports(sys.argv[1:]):
+        # Beam's import logs what it misses where an extra is not installed (the [gcp] extra: its GCS
+        # file system, apitools), once through the root logger, which with no handler installed calls
+        # logging.basicConfig: a stderr handler for the rest of the run. Caught here and dropped, so
+        # that the command says the same with or without the extra.
+        root = logging.getLogger()
+        beams_import = logging.NullHandler()
+        root.addHandler(beams_import)
+        try:
+            from rescore.pipelines import job  # noqa: F401  (Beam, imported with the collector off; frozen next)
+        finally:
+            root.removeHandler(beams_import)
+        run_command_line(prefetch)
 
 if __name__ == "__main__":  # `python pipelines/cli.py ...` (a scheduler's py_file): the console script
     main()

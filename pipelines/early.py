@@ -24,6 +24,9 @@ its file still has the fingerprint it had then.
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import sys
+from contextlib import contextmanager
 from functools import lru_cache
 
 from rescore.pipelines.options import dest, parser, table, value_of
@@ -95,3 +98,52 @@ def prefetch_from(argv: list[str]):
         return start_prefetch(args.input, shard_rows=shard_rows, threads=resolve_threads(threads), memory_mb=memory_mb)
     except Exception:  # noqa: BLE001  (the run itself reports any problem with its command line)
         return None
+
+
+
+OPTIONAL_IMPORTS = (
+    "pandas",  # Beam's typehints (pandas types of batched DoFns); pyarrow's first ChunkedArray.to_numpy
+    "google.cloud", "google.api_core", "google.auth", "google.oauth2", "apitools",  # GCS, BigQuery, Pub/Sub ([gcp])
+    "boto3", "botocore",  # Beam's S3 file system ([aws]; Rescore's [s3])
+    "pymongo", "bson",  # Beam's MongoDB IO
+)
+"""What a plain local run loads where it is installed and never uses. `import apache_beam` loads
+Beam's optional integrations (each under `try: ... except ImportError`, going on without it),
+and pyarrow imports pandas the first time a column is converted to numpy, to see whether it is a
+pandas object. With the test environment's packages ([gcp], pandas) that is ~0.9 s of one core
+before the first unit is read and ~130 MB resident (benchmarks/README.md, issue 42)."""
+
+
+class _SkipOptional(importlib.abc.MetaPathFinder):
+    """A finder ahead of every other that answers OPTIONAL_IMPORTS as not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == top or name.startswith(top + ".") for top in OPTIONAL_IMPORTS):
+            raise ModuleNotFoundError(f"No module named {name!r} (a plain local run skips it: pipelines/early.py)", name=name)
+        return None
+
+
+def local_plain_run(argv: list[str]) -> bool:
+    """`argv` is a plain run (plain_run) whose inputs and output are all local paths."""
+    try:
+        args = plain_run(argv)
+    except Exception:  # noqa: BLE001  (never fails the command: the run reports any problem)
+        return False
+    return args is not None and all("://" not in p for p in [*args.input, args.output])
+
+
+@contextmanager
+def lean_imports(argv: list[str]):
+    """The console script's command, Beam's import included, runs in this block: where `argv` is a
+    plain local run (the in-process runner, local files: no GCS, S3, BigQuery, MongoDB or pandas
+    in it), the modules OPTIONAL_IMPORTS names import as if not installed. Any other command line
+    (a remote path, a runner, --config, a subcommand) imports everything as usual. Yields whether
+    they are skipped."""
+    finder = _SkipOptional() if local_plain_run(argv) else None
+    if finder is not None:
+        sys.meta_path.insert(0, finder)
+    try:
+        yield finder is not None
+    finally:
+        if finder is not None:
+            sys.meta_path.remove(finder)
