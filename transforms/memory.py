@@ -120,6 +120,15 @@ def arrow_bytes() -> int:
     return pa.total_allocated_bytes()
 
 
+def hand_back_freed() -> None:
+    """Hand the freed pages Arrow's pool keeps for its next allocations back to the kernel now
+    (transforms/jemalloc.py). Called where a step has freed what no later allocation reuses: the
+    decode buffers once the read step has read every unit, a written unit's table."""
+    from rescore.transforms import jemalloc
+
+    jemalloc.purge()
+
+
 def process_base() -> int:
     """The process's own resident bytes: resident memory less Arrow's pool."""
     return max(0, resident_bytes() - arrow_bytes())

@@ -14,7 +14,7 @@ from apache_beam.metrics import Metrics
 from rescore.errors import InputError  # noqa: F401  (the old name rescore.transforms.read.InputError)
 from rescore.schemas import check_rows
 from rescore.transforms import device as devices
-from rescore.transforms import fault_injection
+from rescore.transforms import fault_injection, memory
 from rescore.transforms.coders import unit_tables  # (and registers the Arrow table coder)
 from rescore.transforms.files import progress_marks
 from rescore.transforms.input_plan import InputPlan, ReadUnit, plan_input, split_row_groups  # noqa: F401  (the plan's names, as before)
@@ -82,6 +82,7 @@ class _ReadLight(beam.DoFn):
 
     def finish_bundle(self):
         yield from self._overlap.drain()
+        memory.hand_back_freed()  # the decode buffers: the write step decodes nothing it kept
 
     def teardown(self):
         self._overlap.close()

@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 
 from rescore.transforms import device as devices
 from rescore.transforms import host_math
-from rescore.transforms import fault_injection
+from rescore.transforms import fault_injection, memory
 from rescore.transforms.copies import CopyPlans
 from rescore.transforms.files import progress_marks, storage
 from rescore.transforms.files.layout import filtered_file, rejected_file, scored_file, staging_dir
@@ -112,6 +112,7 @@ class _WriteUnit(beam.DoFn):
 
     def _outputs(self, result):
         unit_index, files, rows_written, metrics = result
+        memory.hand_back_freed()  # the unit's tables, freed with its work: nothing reuses them
         self._rows_written.inc(rows_written)
         yield unit_index, files
         yield beam.pvalue.TaggedOutput(self.METRICS, metrics)
