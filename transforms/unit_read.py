@@ -103,31 +103,38 @@ def _decode(pf, row_groups: list[int], columns: list[str] | None, use_threads: b
     (benchmarks/README.md, issue 18). The joined columns let the output writer take them
     without a copy of its own.
 
-    The join goes one column at a time, each column's batches dropped as soon as it is joined:
-    a unit then holds its batches and its joined copy of one column at once, not of every
-    column (joining the whole table at once held the unit twice, ~180 MB more per 65,536-row
-    unit of the benchmark at the end of each read), and the freed batches of a column are
-    reused by the allocator for the next column's copy.
+    Columns are decoded and joined one at a time, each column's batches dropped as soon as it is
+    joined: a unit then holds its batches and its joined copy of one column at once, not of
+    every column (decoding every column's batches first and joining them after held a whole
+    unit of batches: ~100 MB more at 204,800 benchmark rows, and 5-10 % slower, benchmarks/README.md
+    issue 42), and the freed batches of a column are reused by the allocator for the next
+    column's. Each column is read from its own column chunks, so nothing is decoded twice.
 
     joined=False skips the join (the table's columns are the batches' chunks): the join is the
     largest part of a read unit's decode in a Beam SDK worker on Flink (benchmarks/README.md,
     "Flink against in-process"), and only a table kept for the output writer needs it.
     """
     batch_rows = _batch_rows(pf, row_groups, columns)
-    batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=columns, use_threads=use_threads))
-    if not batches:  # no rows: the schema as the file gives it
-        return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
-    if len(batches) == 1 or not joined:
-        return pa.Table.from_batches(batches)
-    schema = batches[0].schema
-    pending = [[batch.column(i) for batch in batches] for i in range(len(schema))]
-    del batches  # from here each column's chunks are held by `pending` alone
-    joined = []
-    for i in range(len(pending)):
-        chunks, pending[i] = pending[i], None
-        joined.append(pa.concat_arrays(chunks))
+    names = pf.schema_arrow.names if columns is None else list(columns)
+    if not joined or not names or len(set(names)) != len(names):  # (a name twice: read as the file gives it)
+        batches = list(pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=columns, use_threads=use_threads))
+        if not batches:  # no rows: the schema as the file gives it
+            return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
+        table = pa.Table.from_batches(batches)
+        return table if not joined else table.combine_chunks()
+    fields, arrays, metadata = [], [], None
+    for name in names:
+        chunks = []
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=[name], use_threads=use_threads):
+            if not chunks:  # the column's field and the schema's metadata, as the batches give them
+                fields.append(batch.schema.field(0))
+                metadata = batch.schema.metadata
+            chunks.append(batch.column(0))
+        if not chunks:  # no rows: the schema as the file gives it
+            return pf.read_row_groups(row_groups, columns=columns, use_threads=use_threads)
+        arrays.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
         del chunks
-    return pa.Table.from_arrays(joined, schema=schema)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
 def _decode_slice(pf, unit: ReadUnit, columns: list[str], slices: SliceDecoders) -> pa.Table:

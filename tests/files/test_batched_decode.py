@@ -23,13 +23,15 @@ def _file(path, rows: int, row_group: int, seed: int = 0):
         "reward": pa.array([None if k == 5 else float(k) for k in range(rows)], pa.float64()),
         "tokens": pa.array([list(range(n)) for n in lengths], pa.list_(pa.int32())),
         "action_mask": pa.array([None if k == 9 else [1] * int(n) for k, n in enumerate(lengths)], pa.list_(pa.int8())),
+        "meta": pa.array([{"a": k, "b": [0.5] * (k % 4)} for k in range(rows)],
+                         pa.struct([("a", pa.int64()), ("b", pa.list_(pa.float32()))])),
     }).replace_schema_metadata({"origin": "test"})
     pq.write_table(table, path, row_group_size=row_group)
     return path
 
 
 @pytest.mark.parametrize("batch_values", [1, 2000, 8000, 1 << 20])  # 64, ~100, ~400 rows, whole groups
-@pytest.mark.parametrize("columns", [None, ["reward", "tokens"], ["task"]])
+@pytest.mark.parametrize("columns", [None, ["reward", "tokens"], ["task"], ["meta", "batch"]])
 def test_batched_read_equals_whole_read(tmp_path, monkeypatch, batch_values, columns):
     monkeypatch.setattr(unit_read, "READ_BATCH_VALUES", batch_values)
     path = _file(str(tmp_path / "x.parquet"), rows=500, row_group=120)
@@ -77,3 +79,18 @@ def test_batch_rows_count_each_columns_own_leaves(tmp_path):
     assert unit_read._batch_rows(pf, [0], ["x"]) == int(unit_read.READ_BATCH_VALUES // 50)
     assert unit_read._batch_rows(pf, [0], ["s"]) == int(unit_read.READ_BATCH_VALUES // 100)
     assert read_unit(ReadUnit(0, path, (0,), 100), ["s", "x.y"]).equals(pf.read_row_groups([0], columns=["s", "x.y"]))
+
+
+def test_a_column_name_twice_reads_as_the_file_gives_it(tmp_path):
+    """Columns are decoded one name at a time; a file whose schema holds a name twice (hostile
+    input that Parquet allows) is read whole instead, exactly as pyarrow reads it."""
+    path = str(tmp_path / "dup.parquet")
+    table = pa.Table.from_arrays(
+        [pa.array([1, 2, 3], pa.int64()), pa.array([[1], [2, 3], []], pa.list_(pa.int32())), pa.array([0.5, 1.5, 2.5])],
+        names=["batch", "tokens", "batch"],
+    )
+    pq.write_table(table, path, row_group_size=2)
+    unit = ReadUnit(0, path, (0, 1), 3)
+    got = read_unit(unit)
+    assert got.equals(pq.ParquetFile(path).read_row_groups([0, 1])) and got.column_names == ["batch", "tokens", "batch"]
+    assert all(c.num_chunks == 1 for c in got.columns)
