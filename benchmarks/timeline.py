@@ -39,6 +39,9 @@ lean_imports(sys.argv[1:]).__enter__()  # likewise: a plain local run skips Beam
 
 from rescore.pipelines import cli, job  # noqa: E402,F401
 
+if PREFETCH is not None:
+    PREFETCH.imports_done()  # likewise
+
 IMPORTED = time.perf_counter() - T0
 
 # The step classes import torch: here, where the command imports it while it builds the job.

@@ -300,6 +300,8 @@ def build_job(
     if _one_process(options):
         _end_bundles_sooner()
     build(p, plan, scoring, cfg, info, unit_store, task_history=history)
+    if prefetch is not None:  # built: every import made (the console script says so earlier)
+        prefetch.imports_done()
     return p, plan, info, unit_store
 
 

@@ -37,7 +37,7 @@ import glob
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
@@ -75,19 +75,54 @@ class Prefetch:
     adopts (the read step continues them).
     """
 
-    def __init__(self, units: list[ReadUnit], columns: list[str]):
+    def __init__(self, units: list[ReadUnit], columns: list[str], threads: int = 1):
         self.slices = SliceDecoders()
-        # One thread, decoding on itself alone and at a lower priority: the launcher's imports
-        # are the critical path and keep a core; the prefetch takes what is left.
-        pool = ThreadPoolExecutor(1, thread_name_prefix="rescore-prefetch", initializer=_lower_priority)
-        self._futures = {
-            unit_key(u): pool.submit(read_unit, u, columns, use_threads=False, slices=self.slices) for u in units
-        }
-        pool.shutdown(wait=False)
+        self._columns = columns
+        self._threads = max(1, threads)
+        self._queue = list(units)
+        self._queue_lock = threading.Lock()
+        self._futures = {unit_key(u): Future() for u in units}
+        self._more: list[threading.Thread] = []
+        # One thread, at a lower priority, while the launcher imports (its imports are the
+        # critical path and keep a core; the prefetch takes what is left); `threads` from
+        # `imports_done()` on.
+        self._start(low=True)
         self.units = len(units)
         """Units queued."""
         self.taken = 0
         """Units the read step took."""
+
+    def _start(self, *, low: bool) -> None:
+        name = f"rescore-prefetch_{len(self._more)}"
+        thread = threading.Thread(target=self._decode_queued, args=(low,), name=name, daemon=True)
+        self._more.append(thread)
+        thread.start()
+
+    def _decode_queued(self, low: bool) -> None:
+        if low:
+            _lower_priority()
+        while True:
+            with self._queue_lock:
+                if not self._queue:
+                    return
+                unit = self._queue.pop(0)
+            future = self._futures.get(unit_key(unit))
+            if future is None or not future.set_running_or_notify_cancel():  # the read step reads it
+                continue
+            try:
+                future.set_result(read_unit(unit, self._columns, use_threads=False, slices=self.slices))
+            except BaseException as e:  # noqa: BLE001  (the read step reads the unit itself and reports)
+                future.set_exception(e)
+
+    def imports_done(self) -> None:
+        """The launcher has imported what it runs with: the units not started yet decode on
+        `threads` threads. On the one thread alone, the last of 4 units at 204,800 rows was
+        still decoding (~0.45 s a unit) ~0.4 s after the read step began, with a core idle
+        (benchmarks/README.md, issue 42)."""
+        with self._queue_lock:
+            more = self._threads - len(self._more) if self._queue else 0
+        for _ in range(max(0, more)):
+            self._start(low=False)
 
     def take(self, unit: ReadUnit) -> pa.Table | None:
         future = self._futures.pop(unit_key(unit), None)
@@ -109,6 +144,8 @@ class Prefetch:
                 pass
 
     def close(self) -> None:
+        with self._queue_lock:
+            self._queue.clear()
         for future in self._futures.values():
             future.cancel()
         self._futures.clear()
@@ -146,7 +183,7 @@ def start_prefetch(patterns: list[str], *, shard_rows: int, threads: int, memory
             units = units[: memory.prefetch_units(budget, [memory.unit_bytes(u) for u in units])]
     except Exception:  # noqa: BLE001
         return None
-    return Prefetch(units, light_columns(())) if units else None
+    return Prefetch(units, light_columns(()), threads) if units else None
 
 
 WORKER_DECAY_MS = 3000

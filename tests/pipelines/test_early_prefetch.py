@@ -127,3 +127,37 @@ def test_the_command_prefetches_before_it_imports_beam_or_torch(tmp_path):
     queued = min(len(input_plan.planned_file_units(str(first), 15)), unit_store.PREFETCH_UNITS_PER_THREAD)  # one read thread
     assert queued == 4
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"units": queued, "beam": False, "torch": False}
+
+
+def test_after_the_imports_the_queued_units_decode_on_every_read_thread(tmp_path, monkeypatch):
+    """One prefetch thread while the launcher imports; `imports_done()` adds the others (once),
+    and each unit is still decoded once, exactly as the read step would (transforms/unit_store.py)."""
+    import threading
+
+    from rescore.transforms.rows.keys import light_columns
+
+    glob = _input(tmp_path)
+    first = sorted(Path(glob).parent.glob("*.parquet"))[0]
+    units = input_plan.planned_file_units(str(first), 15)[:4]
+    assert len(units) == 4
+    held, names, real = threading.Event(), {}, unit_store.read_unit
+
+    def decode(unit, *args, **kwargs):
+        names[unit.index] = threading.current_thread().name
+        if unit.index == units[0].index:
+            held.wait(30)  # the first thread stays on its unit: only another thread can go on
+        return real(unit, *args, **kwargs)
+
+    monkeypatch.setattr(unit_store, "read_unit", decode)
+    prefetch = unit_store.Prefetch(units, light_columns(()), threads=2)
+    assert len(prefetch._more) == 1
+    prefetch.imports_done()
+    prefetch.imports_done()  # (the command and build_job both say so)
+    assert len(prefetch._more) == 2
+    for unit in units[1:]:
+        assert prefetch.take(unit).equals(real(unit, light_columns(()), use_threads=False))
+    held.set()
+    assert prefetch.take(units[0]).equals(real(units[0], light_columns(()), use_threads=False))
+    assert names[units[0].index] == "rescore-prefetch_0" and set(names.values()) == {"rescore-prefetch_0", "rescore-prefetch_1"}
+    assert prefetch.taken == 4
+    prefetch.close()
