@@ -122,11 +122,12 @@ def arrow_bytes() -> int:
 
 def hand_back_freed() -> None:
     """Hand the freed pages Arrow's pool keeps for its next allocations back to the kernel now
-    (transforms/jemalloc.py). Called where a step has freed what no later allocation reuses: the
-    decode buffers once the read step has read every unit, a written unit's table."""
+    (transforms/jemalloc.py), on a thread of its own. Called where a step has freed what no later
+    allocation reuses: the decode buffers once the read step has read every unit, a written
+    unit's table."""
     from rescore.transforms import jemalloc
 
-    jemalloc.purge()
+    jemalloc.purge_soon()
 
 
 def process_base() -> int:
