@@ -67,3 +67,52 @@ def test_a_grpo_run_on_numpy_never_imports_torch(tmp_path):
     names = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert {"numpy", "apache_beam", "rescore.transforms.strategies.grpo_np"} <= names  # the list is read right
     assert sorted(m for m in names if m == "torch" or m.startswith("torch.")) == []
+    # nor Beam's optional integrations (pipelines/early.py: lean_imports). A name the finder refused
+    # is still listed (a failed import); modules only a loaded package imports are not
+    assert {"pandas.core.frame", "google.cloud.storage.blob", "boto3.session", "pymongo.mongo_client"} & names == set()
+
+
+LEAN_PROBE = """
+import json, sys
+from rescore.pipelines.early import OPTIONAL_IMPORTS, lean_imports
+with lean_imports(sys.argv[1:]) as lean:
+    import apache_beam  # noqa: F401
+    import pyarrow as pa
+    pa.chunked_array([[1, 2]]).to_numpy()  # pyarrow looks for pandas on its first conversion
+loaded = {m for m in sys.modules for top in OPTIONAL_IMPORTS if m == top or m.startswith(top + ".")}
+# (an empty namespace package a .pth file made at start-up, `google.cloud`, holds no code)
+print(json.dumps({"lean": lean, "loaded": sorted(m for m in loaded if getattr(sys.modules[m], "__file__", None))}))
+"""
+
+
+def _lean(*argv: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", LEAN_PROBE, *argv], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", ROOT)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_plain_local_run_loads_none_of_beams_optional_integrations(tmp_path):
+    """pipelines/early.py: lean_imports. A plain run on local files imports Beam without its GCS,
+    S3, BigQuery and MongoDB modules and without pandas; a run with a remote path or a Beam option
+    imports whatever is installed (shown where pandas is: the check can fail)."""
+    import importlib.util
+
+    plain = _lean("--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--strategy", "grpo")
+    assert plain == {"lean": True, "loaded": []}
+    for other in (["--input", "gs://b/in.parquet", "--output", str(tmp_path / "out")],
+                  ["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--runner", "FnApiRunner"]):
+        got = _lean(*other)
+        assert got["lean"] is False
+        if importlib.util.find_spec("pandas") is not None:
+            assert "pandas" in got["loaded"]
+
+
+def test_only_plain_local_command_lines_are_lean():
+    from rescore.pipelines.early import local_plain_run
+
+    assert local_plain_run(["--input", "a/*.parquet", "--input", "b.parquet", "--output", "out", "--quiet"])
+    for argv in (["--input", "s3://b/x.parquet", "--output", "out"], ["--input", "x.parquet", "--output", "gs://b/out"],
+                 ["--input", "x.parquet", "--output", "out", "--config", "c.yaml"], ["sample", "--output", "x"], ["--help"], []):
+        assert not local_plain_run(argv), argv
