@@ -49,6 +49,7 @@ _lock = threading.Lock()
 _resolved: list = []  # [mallctl or None], once resolved
 _background = threading.Condition()
 _wanted = [0, None]  # [purges asked for, the thread making them]
+_keep: list = [None]  # [the arenas the next purge keeps: None, no purge asked for]
 
 
 def _read(f, offset: int, size: int) -> bytes:
@@ -139,24 +140,47 @@ def mallctl():
         return _resolved[0]
 
 
-def purge() -> bool:
-    """Hand every freed page Arrow's pool keeps back to the kernel now (module docstring). True
-    where jemalloc's arenas were purged; False where only pyarrow's release_unused() was called."""
+def _read_unsigned(ctl, name: bytes) -> int | None:
+    value, size = ctypes.c_uint(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_uint))
+    return value.value if ctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) == 0 else None
+
+
+def this_threads_arena() -> int | None:
+    """The jemalloc arena this thread allocates Arrow's buffers in (None: not known)."""
+    ctl = mallctl()
+    return None if ctl is None else _read_unsigned(ctl, b"thread.arena")
+
+
+def purge(keep: frozenset[int] = frozenset()) -> bool:
+    """Hand the freed pages Arrow's pool keeps back to the kernel now (module docstring): those
+    of every arena but the arenas in `keep` (threads still at work, whose next allocations reuse
+    their own freed pages). True where jemalloc's arenas were purged; False where only pyarrow's
+    release_unused() was called."""
     import pyarrow as pa
 
     ctl = mallctl()
-    if ctl is not None and ctl(f"arena.{ALL_ARENAS}.purge".encode(), None, None, None, 0) == 0:
-        return True
+    if ctl is not None:
+        if not keep:
+            if ctl(f"arena.{ALL_ARENAS}.purge".encode(), None, None, None, 0) == 0:
+                return True
+        else:
+            arenas = _read_unsigned(ctl, b"arenas.narenas")
+            if arenas is not None:
+                for i in range(arenas):
+                    if i not in keep:  # (an arena never used answers an error: nothing to purge)
+                        ctl(f"arena.{i}.purge".encode(), None, None, None, 0)
+                return True
     pa.default_memory_pool().release_unused()
     return False
 
 
-def purge_soon() -> None:
-    """purge() on a thread of its own, so that the step asking for it goes on at once (handing
+def purge_soon(keep: frozenset[int] = frozenset()) -> None:
+    """purge(keep) on a thread of its own, so that the step asking for it goes on at once (handing
     ~400 MB back takes ~0.1 s of madvise calls). Requests while one runs make one more purge
-    after it, not one each."""
+    after it, not one each (keeping only the arenas every one of them keeps)."""
     with _background:
         _wanted[0] += 1
+        _keep[0] = frozenset(keep) if _keep[0] is None else _keep[0] & frozenset(keep)
         if _wanted[1] is None:
             _wanted[1] = threading.Thread(target=_purging, name="rescore-purge", daemon=True)
             _wanted[1].start()
@@ -169,9 +193,9 @@ def _purging() -> None:
                 _wanted[1] = None
                 _background.notify_all()
                 return
-            _wanted[0] = 0
+            _wanted[0], keep, _keep[0] = 0, _keep[0] or frozenset(), None
         try:
-            purge()
+            purge(keep)
         except Exception:  # noqa: BLE001  (never fails a run: the pages are handed back by the decay)
             log.debug("purging Arrow's freed pages failed", exc_info=True)
 

@@ -120,14 +120,22 @@ def arrow_bytes() -> int:
     return pa.total_allocated_bytes()
 
 
-def hand_back_freed() -> None:
+def hand_back_freed(keep: frozenset[int] = frozenset()) -> None:
     """Hand the freed pages Arrow's pool keeps for its next allocations back to the kernel now
-    (transforms/jemalloc.py), on a thread of its own. Called where a step has freed what no later
-    allocation reuses: the decode buffers once the read step has read every unit, a written
-    unit's table."""
+    (transforms/jemalloc.py), on a thread of its own, but those of the arenas in `keep`
+    (jemalloc.this_threads_arena of threads still at work). Called where a step has freed what no
+    later allocation reuses: the decode buffers once the read step has read every unit, a
+    written unit's table."""
     from rescore.transforms import jemalloc
 
-    jemalloc.purge_soon()
+    jemalloc.purge_soon(keep)
+
+
+def this_threads_arena() -> int | None:
+    """The allocator arena of this thread's Arrow buffers (transforms/jemalloc.py; None: not known)."""
+    from rescore.transforms import jemalloc
+
+    return jemalloc.this_threads_arena()
 
 
 def process_base() -> int:

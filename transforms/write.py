@@ -69,6 +69,7 @@ class _WriteUnit(beam.DoFn):
             self._schema, self._plan.task_type, self._scoring, self._file_metadata, self._settings.audit_columns
         )
         self._rows_written = Metrics.counter("rescore", "rows_written")
+        self._arenas: set[int] = set()  # the write threads' (their freed pages are theirs to reuse)
         threads = self._store.fit(self._plan.units, resolve_threads(self._settings.io_threads))
         self._overlap = Overlap(threads, self._outputs)
         self._part_pool = ThreadPoolExecutor(threads, thread_name_prefix="rescore-part") if threads > 1 else None
@@ -112,7 +113,9 @@ class _WriteUnit(beam.DoFn):
 
     def _outputs(self, result):
         unit_index, files, rows_written, metrics = result
-        memory.hand_back_freed()  # the unit's tables, freed with its work: nothing reuses them
+        # The unit's table, freed with its work, in the arena of the thread that decoded it:
+        # nothing reuses it. The write threads' own arenas are kept: their next unit reuses them.
+        memory.hand_back_freed(frozenset(self._arenas))
         self._rows_written.inc(rows_written)
         yield unit_index, files
         yield beam.pvalue.TaggedOutput(self.METRICS, metrics)
@@ -120,6 +123,9 @@ class _WriteUnit(beam.DoFn):
     def _work(self, unit_index: int, parts: list[pa.Table], copy_plans):
         """Read the unit back, attach its records and write its files (on an Overlap thread)."""
         unit = self._plan.units[unit_index]
+        arena = memory.this_threads_arena()
+        if arena is not None:
+            self._arenas.add(arena)
         rec = unit_outcomes(parts, unit_index, unit.num_rows, unit.path)
         fault_injection.maybe_pause_readback()
         table = conform(self._store.read_back(unit), self._plan.schema)

@@ -103,9 +103,36 @@ def test_the_symbol_lookup_reads_only_what_is_there(tmp_path):
 
 
 def test_purges_asked_for_together_run_on_one_thread(monkeypatch):
+    """purge_soon: the asking step goes on at once; requests made while a purge runs are served by
+    one more purge that keeps only the arenas all of them keep."""
     calls = []
-    monkeypatch.setattr(jemalloc, "purge", lambda: calls.append(1) or True)
+    monkeypatch.setattr(jemalloc, "purge", lambda keep=frozenset(): calls.append(keep) or True)
     for _ in range(5):
         jemalloc.purge_soon()
     jemalloc.wait_purged(timeout=10)
-    assert 1 <= len(calls) <= 5 and jemalloc._wanted == [0, None]
+    assert 1 <= len(calls) <= 5 and all(keep == frozenset() for keep in calls)
+    calls.clear()
+    jemalloc.purge_soon(frozenset({1, 2}))
+    jemalloc.purge_soon(frozenset({2, 3}))
+    jemalloc.wait_purged(timeout=10)
+    assert calls[-1] <= {2, 3} and (calls == [{2}] or calls == [{1, 2}, {2, 3}]), calls
+    assert jemalloc._wanted == [0, None] and jemalloc._keep == [None]
+
+
+@pytest.mark.skipif(not _has_jemalloc(), reason="needs pyarrow's jemalloc pool on Linux")
+def test_a_thread_knows_its_arena():
+    probe = (
+        "import json, threading\n"
+        "import pyarrow as pa\n"
+        "from rescore.transforms import jemalloc\n"
+        "b = pa.allocate_buffer(1 << 20)\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: (pa.allocate_buffer(1 << 20), seen.append(jemalloc.this_threads_arena())))\n"
+        "t.start(); t.join()\n"
+        "print(json.dumps([jemalloc.this_threads_arena(), seen[0]]))\n"
+    )
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "jemalloc", "PYTHONPATH": os.environ.get("PYTHONPATH", ROOT)}
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    main, other = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert isinstance(main, int) and isinstance(other, int) and main != other  # a thread's own arena
