@@ -237,6 +237,8 @@ class UnitStore:
         self._fit_lock = threading.Lock()
         self.prefetch = prefetch
         self.slices = prefetch.slices if prefetch is not None else SliceDecoders()
+        self.decoded_again = 0
+        """Units read_back decoded from their file (not kept by the cache)."""
         self.published: tuple[dict[str, Any], str] | None = None
         """(metrics.json's document, where it was written), set by the finalize step."""
 
@@ -313,10 +315,9 @@ class UnitStore:
         """The unit's rows with every column, for the second read: the table the first read kept
         (after the same fingerprint check a read makes, plus any column it did not read), else
         read(unit)."""
-        if unit.fingerprint is None:
-            return self.read(unit)
-        table = self.cache.take(unit_key(unit))
+        table = self.cache.take(unit_key(unit)) if unit.fingerprint is not None else None
         if table is None:
+            self.decoded_again += 1
             return self.read(unit)
         fingerprints.verify(unit.path, unit.fingerprint)  # raises InputChanged, as read_unit does
         return with_columns(table, unit, None, self.read)

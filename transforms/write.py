@@ -114,8 +114,9 @@ class _WriteUnit(beam.DoFn):
     def _outputs(self, result):
         unit_index, files, rows_written, metrics = result
         # The unit's table, freed with its work, in the arena of the thread that decoded it:
-        # nothing reuses it. The write threads' own arenas are kept: their next unit reuses them.
-        memory.hand_back_freed(frozenset(self._arenas))
+        # nothing reuses it. Where the step decodes units again (the cache did not keep them
+        # all), the write threads' own arenas are kept: their next decode reuses those pages.
+        memory.hand_back_freed(frozenset(self._arenas) if self._store.decoded_again else frozenset())
         self._rows_written.inc(rows_written)
         yield unit_index, files
         yield beam.pvalue.TaggedOutput(self.METRICS, metrics)
