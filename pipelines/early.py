@@ -106,6 +106,9 @@ OPTIONAL_IMPORTS = (
     "google.cloud", "google.api_core", "google.auth", "google.oauth2", "apitools",  # GCS, BigQuery, Pub/Sub ([gcp])
     "boto3", "botocore",  # Beam's S3 file system ([aws]; Rescore's [s3])
     "pymongo", "bson",  # Beam's MongoDB IO
+    # Beam's BigQuery and Pub/Sub IO themselves: without google.cloud they fail anyway, but only
+    # after their own imports (requests, regex, ...: ~60 ms)
+    "apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub",
 )
 """What a plain local run loads where it is installed and never uses. `import apache_beam` loads
 Beam's optional integrations (each under `try: ... except ImportError`, going on without it),
