@@ -148,29 +148,6 @@ def _one_process(options: PipelineOptions) -> bool:
     return runner in devices.LOCAL_RUNNERS and options.view_as(DirectOptions).direct_running_mode in ("in_memory", "multi_threading")
 
 
-IN_PROCESS_SAMPLING_MS = 20
-"""The longest sleep of Beam's state sampler in an in-process run (Beam's default: 200 ms)."""
-
-
-def _end_bundles_sooner() -> None:
-    """Beam's state sampler (per-step msecs for a runner's monitoring) runs a thread per bundle
-    that sleeps up to its sampling period between samples, and the bundle's end waits for that
-    thread (statesampler_fast.pyx: StateSampler.stop joins it). With Beam's 200 ms, every step
-    of an in-process run ended up to 0.2 s after its last element, with nothing else running:
-    ~0.3 s of a 204,800-row run's ~4.5 s (py-spy, benchmarks/README.md, issue 42). 20 ms here:
-    the sampler wakes more often, ~50 times a second, a few microseconds each. Nothing the run
-    writes uses it. Beam's StateSampler takes the period as a default argument; where a Beam
-    version has none, this does nothing."""
-    try:
-        from apache_beam.runners.worker import statesampler
-
-        defaults = statesampler.StateSampler.__init__.__defaults__
-        if defaults and len(defaults) == 1 and isinstance(defaults[0], int):
-            statesampler.StateSampler.__init__.__defaults__ = (min(defaults[0], IN_PROCESS_SAMPLING_MS),)
-    except (ImportError, AttributeError, TypeError):  # another Beam: its own period
-        pass
-
-
 def _in_process(cfg: RunConfig, options: PipelineOptions) -> bool:
     """The job runs in this process (_one_process), on files as they are (no model stage), and
     is not a dry run."""
@@ -297,8 +274,6 @@ def build_job(
         prepare_output(cfg.output, plan, cfg.overwrite)
     info = run_info(cfg, scoring, models=models_info, extra=extra_info)
     p = beam.Pipeline(options=options)
-    if _one_process(options):
-        _end_bundles_sooner()
     build(p, plan, scoring, cfg, info, unit_store, task_history=history)
     if prefetch is not None:  # built: every import made (the console script says so earlier)
         prefetch.imports_done()
