@@ -120,20 +120,3 @@ def test_a_step_without_the_runs_handle_keeps_nothing(cache_mb):
     assert step._unit_store.store.cache.budget == 0
     assert UnitStore(cache_mb=cache_mb).cache.budget == int(cache_mb * (1 << 20))
 
-
-def test_an_in_process_runs_steps_end_within_the_shorter_sampling_period(tmp_path):
-    """pipelines/job.py: _end_bundles_sooner. Beam's state sampler of an in-process run sleeps at
-    most IN_PROCESS_SAMPLING_MS between samples (a bundle's end waits for its sleep)."""
-    from apache_beam.runners.worker import statesampler
-
-    from rescore.pipelines import job
-
-    init = statesampler.StateSampler.__init__
-    before = init.__defaults__
-    try:
-        init.__defaults__ = (statesampler.DEFAULT_SAMPLING_PERIOD_MS,)
-        assert statesampler.StateSampler("s", None).sampling_period_ms == 200  # Beam's own
-        job._end_bundles_sooner()
-        assert statesampler.StateSampler("s", None).sampling_period_ms == job.IN_PROCESS_SAMPLING_MS == 20
-    finally:
-        init.__defaults__ = before
