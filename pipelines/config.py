@@ -99,7 +99,8 @@ its value); every other option's value is its flag over its YAML key over its de
 
 
 def parse_args(argv: list[str]) -> RunConfig:
-    args, rest = _parser().parse_known_args(argv)
+    # The help texts (the strategy names: every family imported) only where help is asked for
+    args, rest = _parser(helps=any(a == "--help" or a.startswith("-h") for a in argv)).parse_known_args(argv)
     config = load_yaml(args.config) if args.config else {}
     # Every option is known before anything else is checked: a misspelt flag (`--stratgy grpo`)
     # is named as such, not reported as the missing option it was meant to be.

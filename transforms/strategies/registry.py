@@ -37,6 +37,8 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
+
+from rescore.transforms.strategies import families
 from typing import Any, Literal, NewType
 
 from rescore.errors import ConfigError  # noqa: F401  (strategies raise it; defined in rescore/errors.py)
@@ -178,8 +180,9 @@ class StrategySpec:
 _REGISTRY: dict[str, StrategySpec] = {}
 FAMILIES = "rescore.transforms.strategies.catalog"
 """The module whose import registers every shipped strategy (each family module registers its
-own); `names()` and `spec()` import it on first use, so importing this package (or
-strategies/features.py from the row layer) loads no family and no numpy."""
+own); `names()` imports it on first use, `spec(name)` only the family of `name` (families.py),
+so importing this package (or strategies/features.py from the row layer) loads no family and no
+numpy."""
 
 
 def _registry() -> dict[str, StrategySpec]:
@@ -201,6 +204,8 @@ def register(name: str, *, kind: str, summary: str, implementation: str | None =
         raise ValueError(f"strategy {name!r}: kind must be one of {', '.join((SHAPE, *KINDS))}")
 
     def wrap(cls):
+        if not families.loading(name):  # a shipped name declared elsewhere: its family first, then refused
+            families.load(name)
         if name in _REGISTRY:
             raise ValueError(f"strategy {name!r} is already registered")
         params = declaration(cls)
@@ -261,7 +266,9 @@ def did_you_mean(hints: list[str]) -> str:
 def spec(name: str) -> StrategySpec:
     """The strategy `name`; an unknown name is a ConfigError naming the nearest ones (never all
     of them: `rescore strategies` lists those)."""
-    if name not in _registry():
+    if name not in _REGISTRY:
+        families.load(name)  # the family that declares it (families.py), not every family
+    if name not in _REGISTRY and name not in _registry():
         raise ConfigError(
             f"unknown strategy {name!r}{did_you_mean(close_matches(name, names()))}; "
             f"`rescore strategies` lists all {len(_REGISTRY)}"
