@@ -112,3 +112,19 @@ def test_benchmark_script_runs(tmp_path):
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [x["batches"] for x in lines] == [1, 50]
     assert all(x["rows_out"] > x["rows"] and x["loop_s"] > 0 and x["vectorised_s"] > 0 for x in lines)
+
+
+def test_pairs_times_both_commands_and_compares_them_pair_by_pair():
+    """benchmarks/pairs.py: the kernel's figures of each finished child (a 200 MiB bytearray
+    shows in A's peak, not in B's), and A/B taken run by run."""
+    a = f"{sys.executable} -c 'b = bytearray(200 << 20)'"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pairs.py"), "-n", "2", "--warmup", "0",
+                           "--a", a, "--b", f"{sys.executable} -c pass"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {" ".join(line.split()[:-3]): [float(x) for x in line.split()[-3:]] for line in proc.stdout.splitlines()[1:]}
+    assert rows["A peak MiB"][0] > 200 > rows["B peak MiB"][2]
+    assert rows["A/B peak MiB"][1] > 2 and rows["A wall s"][0] > 0
+    failing = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pairs.py"), "-n", "1", "--warmup", "0",
+                              "--a", f"{sys.executable} -c 'raise SystemExit(3)'", "--b", f"{sys.executable} -c pass"],
+                             capture_output=True, text=True, timeout=120)
+    assert failing.returncode == 1 and "A exited 3" in failing.stderr
