@@ -35,9 +35,8 @@ keep_freed_pages()  # likewise
 from rescore.pipelines.early import lean_imports, prefetch_from  # noqa: E402
 
 PREFETCH = prefetch_from(sys.argv[1:])  # likewise: the first units decode during the imports (not timed below)
-lean_imports(sys.argv[1:]).__enter__()  # likewise: a plain local run skips Beam's optional integrations and pandas
-
-from rescore.pipelines import cli, job  # noqa: E402,F401
+with lean_imports(sys.argv[1:]):  # likewise: a plain local run skips Beam's optional integrations and pandas
+    from rescore.pipelines import cli, job  # noqa: E402,F401
 
 if PREFETCH is not None:
     PREFETCH.imports_done()  # likewise

@@ -444,9 +444,9 @@ def _console() -> None:
             from rescore.pipelines import job  # noqa: F401  (Beam, imported with the collector off; frozen next)
         finally:
             root.removeHandler(beams_import)
-        if prefetch is not None:
-            prefetch.imports_done()
-        run_command_line(prefetch)
+    if prefetch is not None:
+        prefetch.imports_done()
+    run_command_line(prefetch)
 
 if __name__ == "__main__":  # `python pipelines/cli.py ...` (a scheduler's py_file): the console script
     main()

@@ -112,9 +112,9 @@ OPTIONAL_IMPORTS = (
 )
 """What a plain local run loads where it is installed and never uses. `import apache_beam` loads
 Beam's optional integrations (each under `try: ... except ImportError`, going on without it),
-and pyarrow imports pandas the first time a column is converted to numpy, to see whether it is a
-pandas object. With the test environment's packages ([gcp], pandas) that is ~0.9 s of one core
-before the first unit is read and ~130 MB resident (benchmarks/README.md, issue 42)."""
+and pyarrow imports pandas the first time a column is converted to numpy (for pandas'
+sentinels). With the test environment's packages ([gcp], pandas) that is ~0.9 s of one core
+before the first unit is read and ~85 MB resident (benchmarks/README.md, issue 42)."""
 
 
 class _SkipOptional(importlib.abc.MetaPathFinder):
@@ -137,16 +137,23 @@ def local_plain_run(argv: list[str]) -> bool:
 
 @contextmanager
 def lean_imports(argv: list[str]):
-    """The console script's command, Beam's import included, runs in this block: where `argv` is a
-    plain local run (the in-process runner, local files: no GCS, S3, BigQuery, MongoDB or pandas
-    in it), the modules OPTIONAL_IMPORTS names import as if not installed. Any other command line
-    (a remote path, a runner, --config, a subcommand) imports everything as usual. Yields whether
-    they are skipped."""
+    """Around the console script's imports (Beam's among them): where `argv` is a plain local run
+    (the in-process runner, local files: no GCS, S3, BigQuery, Pub/Sub, MongoDB or pandas in it),
+    the modules OPTIONAL_IMPORTS names import as if not installed, for the duration of the block.
+    At its end pyarrow makes its one look for pandas (its first conversion to numpy), which would
+    otherwise import pandas on the read step's first conversion. After the block every module
+    imports as usual (a user's filter function may use pandas), and Beam and pyarrow go on as
+    they found things. Any other command line (a remote path, a runner, --config, a subcommand)
+    imports everything as usual. Yields whether the modules are skipped."""
     finder = _SkipOptional() if local_plain_run(argv) else None
     if finder is not None:
         sys.meta_path.insert(0, finder)
     try:
         yield finder is not None
+        if finder is not None:
+            import pyarrow as pa
+
+            pa.chunked_array([pa.array([0])]).to_numpy()  # (pyarrow looks for pandas once per process)
     finally:
         if finder is not None:
             sys.meta_path.remove(finder)

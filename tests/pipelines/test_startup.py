@@ -77,11 +77,17 @@ import json, sys
 from rescore.pipelines.early import OPTIONAL_IMPORTS, lean_imports
 with lean_imports(sys.argv[1:]) as lean:
     import apache_beam  # noqa: F401
-    import pyarrow as pa
-    pa.chunked_array([[1, 2]]).to_numpy()  # pyarrow looks for pandas on its first conversion
+import pyarrow as pa
+pa.chunked_array([[1, 2]]).to_numpy()  # pyarrow looked for pandas once, in the block
 loaded = {m for m in sys.modules for top in OPTIONAL_IMPORTS if m == top or m.startswith(top + ".")}
 # (an empty namespace package a .pth file made at start-up, `google.cloud`, holds no code)
-print(json.dumps({"lean": lean, "loaded": sorted(m for m in loaded if getattr(sys.modules[m], "__file__", None))}))
+loaded = sorted(m for m in loaded if getattr(sys.modules[m], "__file__", None))
+try:  # after the block, what is installed imports as usual (a user's filter function may use it)
+    import pandas  # noqa: F401
+    after = "pandas"
+except ImportError as e:
+    after = str(e)
+print(json.dumps({"lean": lean, "loaded": loaded, "after": after}))
 """
 
 
@@ -100,7 +106,9 @@ def test_a_plain_local_run_loads_none_of_beams_optional_integrations(tmp_path):
     import importlib.util
 
     plain = _lean("--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--strategy", "grpo")
-    assert plain == {"lean": True, "loaded": []}
+    assert plain["lean"] is True and plain["loaded"] == []
+    if importlib.util.find_spec("pandas") is not None:
+        assert plain["after"] == "pandas"  # not hidden once the imports are done
     for other in (["--input", "gs://b/in.parquet", "--output", str(tmp_path / "out")],
                   ["--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"), "--runner", "FnApiRunner"]):
         got = _lean(*other)
@@ -116,3 +124,33 @@ def test_only_plain_local_command_lines_are_lean():
     for argv in (["--input", "s3://b/x.parquet", "--output", "out"], ["--input", "x.parquet", "--output", "gs://b/out"],
                  ["--input", "x.parquet", "--output", "out", "--config", "c.yaml"], ["sample", "--output", "x"], ["--help"], []):
         assert not local_plain_run(argv), argv
+
+
+@pytest.mark.slow
+def test_a_users_filter_function_imports_what_the_lean_imports_skipped(tmp_path):
+    """A plain local command line may name a user's group filter (`--strategy group_filter,grpo
+    --set function=MODULE:FUNCTION`): its module imports pandas (or anything Beam's import skipped)
+    as it would anywhere, and the run goes through."""
+    import importlib.util
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if importlib.util.find_spec("pandas") is None:
+        pytest.skip("needs pandas installed (the test extra brings it)")
+    (tmp_path / "uses_pandas.py").write_text(
+        "import pandas as pd\n\ndef keep(group):\n    return bool(pd.Series(group['reward']).nunique() > 1)\n")
+    n = 24
+    pq.write_table(pa.table({
+        "batch": [0] * n, "task": [i // 6 for i in range(n)], "run": list(range(n)), "step": [0] * n,
+        "reward": [float(i % 2) if i < 12 else 1.0 for i in range(n)], "tokens": [[1, 2, 3]] * n, "prompt_length": [1] * n,
+    }), str(tmp_path / "in.parquet"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "rescore", "--input", str(tmp_path / "in.parquet"), "--output", str(tmp_path / "out"),
+         "--strategy", "group_filter,grpo", "--set", "function=uses_pandas:keep", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", ROOT)])},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert (doc["totals"]["rows_written"], doc["totals"]["rows_filtered"]) == (12, 12)  # 2 of 4 groups all 1.0
