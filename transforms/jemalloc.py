@@ -89,15 +89,22 @@ def symbol_in_file(path: str, name: bytes) -> tuple[int, bytes] | None:
     return None
 
 
-def _load_address(path: str) -> int | None:
-    """Where `path` is mapped in this process (its mapping of file offset 0)."""
+def _mappings(path: str) -> tuple[int | None, list[tuple[int, int]]]:
+    """(where `path` is mapped in this process: its mapping of file offset 0; the readable address
+    ranges it is mapped at), from /proc/self/maps."""
     real = os.path.realpath(path)
+    base, readable = None, []
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
-            if len(fields) == 6 and int(fields[2], 16) == 0 and os.path.realpath(fields[5].strip()) == real:
-                return int(fields[0].split("-")[0], 16)
-    return None
+            if len(fields) < 6 or os.path.realpath(fields[5].strip()) != real:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if int(fields[2], 16) == 0 and base is None:
+                base = start
+            if fields[1].startswith("r"):
+                readable.append((start, end))
+    return base, readable
 
 
 def _libarrow() -> str | None:
@@ -119,10 +126,12 @@ def _resolve():
             return None
         path = _libarrow()
         found = symbol_in_file(path, SYMBOL) if path else None
-        base = _load_address(path) if found else None
+        base, readable = _mappings(path) if found else (None, [])
         if base is None:
             return None
         address = base + found[0]
+        if not any(start <= address and address + _CHECKED_BYTES <= end for start, end in readable):
+            return None  # (never read an address this process has not mapped)
         if ctypes.string_at(address, _CHECKED_BYTES) != found[1]:  # not that library's code here
             return None
         return ctypes.CFUNCTYPE(
