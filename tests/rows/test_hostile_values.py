@@ -130,3 +130,19 @@ def test_text_that_is_not_utf8_is_a_rejected_row_written_readable():
     assert check.reasons[1] == "bad_task: task is not valid UTF-8 (b'bad\\xff')"
     assert readable_text(t)["task"].to_pylist() == ["ok", "bad\ufffd", None]
     assert np.array_equal(readable_text(t)["run"].to_numpy(), t["run"].to_numpy())
+
+
+def test_metrics_json_writes_numpy_scalars_as_the_walk_does():
+    """metrics_json's fast path (no NaN or infinity: json.dumps at once) gives the text its walk
+    gives: numpy scalars as Python numbers, tuples as lists; one NaN takes the walk, listed."""
+    import numpy as np
+
+    from rescore.transforms.rows.metrics import metrics_json
+
+    doc = {"a": np.float32(0.1), "b": np.int64(3), "c": [np.float64(1e300), (1, 2)], "d": {"e": 0.5}}
+    assert metrics_json(doc) == (
+        '{\n  "a": 0.10000000149011612,\n  "b": 3,\n  "c": [\n    1e+300,\n    [\n      1,\n      2\n    ]\n  ],\n'
+        '  "d": {\n    "e": 0.5\n  }\n}\n'
+    )
+    doc["d"]["e"] = np.float32("nan")
+    assert json.loads(metrics_json(doc))["d"] == {"e": None} and json.loads(metrics_json(doc))["non_finite_metrics"] == ["d/e"]

@@ -74,6 +74,10 @@ def metrics_json(document: dict) -> str:
     """`document` as strict JSON text (no NaN, no Infinity: json.dumps(allow_nan=False)): every
     non-finite float becomes null, and the path of each is listed (sorted) under
     `non_finite_metrics` (absent where there is none)."""
+    try:  # every number finite (the usual case): no walk over the document first
+        return json.dumps(document, indent=2, allow_nan=False, default=_plain_number) + "\n"
+    except ValueError:  # a NaN or an infinity somewhere: found and listed below
+        pass
     found: list[str] = []
 
     def clean(value, path: str):
@@ -94,6 +98,15 @@ def metrics_json(document: dict) -> str:
     if found:
         cleaned["non_finite_metrics"] = sorted(found)
     return json.dumps(cleaned, indent=2, allow_nan=False) + "\n"
+
+
+def _plain_number(value):
+    """json.dumps' `default`: a numpy scalar as the Python number metrics_json's walk makes of it."""
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def group_metrics(batch: np.ndarray, size: np.ndarray, mean: np.ndarray, std: np.ndarray, dropped: dict[str, np.ndarray]) -> pa.Table:
