@@ -191,7 +191,9 @@ def purge_soon(keep: frozenset[int] = frozenset()) -> None:
         _wanted[0] += 1
         _keep[0] = frozenset(keep) if _keep[0] is None else _keep[0] & frozenset(keep)
         if _wanted[1] is None:
-            _wanted[1] = threading.Thread(target=_purging, name="rescore-purge", daemon=True)
+            # Not a daemon: an interpreter that exits waits for the purge under way (a daemon
+            # thread in jemalloc's code at exit could abort the process); it takes ~0.1 s
+            _wanted[1] = threading.Thread(target=_purging, name="rescore-purge")
             _wanted[1].start()
 
 

@@ -94,7 +94,10 @@ class Prefetch:
 
     def _start(self, *, low: bool) -> None:
         name = f"rescore-prefetch_{len(self._more)}"
-        thread = threading.Thread(target=self._decode_queued, args=(low,), name=name, daemon=True)
+        # Not a daemon: a Python caller's interpreter waits for a decode under way at its exit (a
+        # daemon thread still in Arrow's C++ code then aborts the process: "terminate called
+        # without an active exception"); the console script ends with os._exit.
+        thread = threading.Thread(target=self._decode_queued, args=(low,), name=name)
         self._more.append(thread)
         thread.start()
 

@@ -161,3 +161,28 @@ def test_after_the_imports_the_queued_units_decode_on_every_read_thread(tmp_path
     assert names[units[0].index] == "rescore-prefetch_0" and set(names.values()) == {"rescore-prefetch_0", "rescore-prefetch_1"}
     assert prefetch.taken == 4
     prefetch.close()
+
+
+
+def test_the_decode_threads_are_not_daemons(tmp_path, monkeypatch):
+    """An interpreter waits at its exit for a prefetch decode under way (and for a purge of
+    Arrow's pages, transforms/jemalloc.py): a daemon thread still inside Arrow's C++ code when a
+    Python caller's interpreter finalized aborted it ("terminate called without an active
+    exception", seen in CI under load). The console script ends with os._exit and waits for none."""
+    import threading
+
+    from rescore.transforms import jemalloc
+    from rescore.transforms.rows.keys import light_columns
+
+    glob = _input(tmp_path)
+    first = sorted(Path(glob).parent.glob("*.parquet"))[0]
+    prefetch = unit_store.Prefetch(input_plan.planned_file_units(str(first), 15)[:4], light_columns(()), threads=2)
+    prefetch.imports_done()
+    assert len(prefetch._more) == 2 and not any(t.daemon for t in prefetch._more)
+    prefetch.wait()
+    prefetch.close()
+    started = []
+    monkeypatch.setattr(jemalloc, "purge", lambda keep=frozenset(): started.append(threading.current_thread().daemon))
+    jemalloc.purge_soon()
+    jemalloc.wait_purged(timeout=10)
+    assert started == [False]
