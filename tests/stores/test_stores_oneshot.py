@@ -169,7 +169,8 @@ def test_a_stale_or_orphaned_lock_is_taken_over_and_by_one_run_only(store, monke
     whose heartbeat stopped (another host) is refused while fresh and taken over once older than
     STALE_SECONDS; eight runs that find that stale lock at once: one takes it over, seven are told
     who holds it now (the takeover deletes only the lock object it saw, the create is
-    create-if-absent). GCS: fake-gcs-server deletes whatever the generation, so there the race
+    create-if-absent, and each lock and each of its heartbeats has bytes of its own, so an ETag
+    seen once names one version). GCS: fake-gcs-server deletes whatever the generation, so there the race
     runs once with the lock already taken over (real GCS applies ifGenerationMatch to a delete)."""
     from rescore.errors import LockBusy
     from rescore.transforms.files import lock as output_lock
@@ -195,9 +196,21 @@ def test_a_stale_or_orphaned_lock_is_taken_over_and_by_one_run_only(store, monke
         left_by(1, "another-host")
         with pytest.raises(LockBusy, match=r"being written by another run \(pid 1 on host another-host, started "):
             output_lock.acquire(output)  # its heartbeat is fresh
-        time.sleep(1.5)
-        monkeypatch.setattr(output_lock, "STALE_SECONDS", 1.0)  # (600 s: the test would wait that long)
+        # (600 s and 60 s: the test would wait that long.) The winner's heartbeat keeps its new
+        # lock fresh while the seven others judge it: S3's LastModified counts whole seconds,
+        # so a lock written 0.1 s ago can read as 1.1 s old (with STALE_SECONDS at 1 s, a loaded
+        # CI machine saw a second racer take over the winner's lock).
+        monkeypatch.setattr(output_lock, "STALE_SECONDS", 3.0)
+        monkeypatch.setattr(output_lock, "HEARTBEAT_SECONDS", 0.2)
+        time.sleep(3.2)
         won = _race(output, 8 if bucket.startswith("s3://") else 1)
-        assert json.loads(server.get(lock))["host"] == socket.gethostname()
+        first = json.loads(server.get(lock))
+        assert first["host"] == socket.gethostname() and len(first["run"]) == 32
+        deadline = time.monotonic() + 10
+        while json.loads(server.get(lock)).get("beat", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        beaten = json.loads(server.get(lock))
+        # each refresh writes other bytes (S3: another ETag), the same acquisition's token
+        assert beaten["beat"] >= 2 and beaten["run"] == first["run"], (first, beaten)
         won[0].release()
         assert server.names(output) == []

@@ -34,6 +34,7 @@ import shutil
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from rescore.errors import LockBusy, OutputError, first_line
@@ -91,11 +92,23 @@ class OutputLock:
 
 
 def _info() -> dict:
+    """What the lock names: its holder (pid, host, start time) and `run`, a token of this one
+    acquisition. Two runs of one process started in the same second would otherwise write the
+    same bytes, hence the same S3 ETag, and a conditional delete guarded by the ETag one of them
+    saw would match the other's lock too."""
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "run": uuid.uuid4().hex,
     }
+
+
+def _beat_body(info: str, beat: int) -> bytes:
+    """The lock's bytes at heartbeat `beat`: each refresh differs from the last, so its ETag
+    (S3: the MD5 of the bytes) changes too, and a takeover guarded by the ETag it saw before
+    the refresh is refused (If-Match) rather than deleting a live lock."""
+    return json.dumps({**json.loads(info), "beat": beat}).encode()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -215,10 +228,12 @@ class GcsLock:
     def _beat(self, info: str) -> None:
         from google.api_core import exceptions
 
+        beat = 0
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            beat += 1
             blob = self._blob()
             try:
-                blob.upload_from_string(info, if_generation_match=self.generation)
+                blob.upload_from_string(_beat_body(info, beat), if_generation_match=self.generation)
                 self.generation = blob.generation
             except exceptions.PreconditionFailed:
                 log.error("lost the output lock %s: another run took it over", self.path)
@@ -350,9 +365,11 @@ class S3Lock:
 
         client = storage.s3_client()
         bucket, key = self._where()
+        beat = 0
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            beat += 1
             try:
-                self.etag = client.put_object(Bucket=bucket, Key=key, Body=info.encode(), IfMatch=self.etag)["ETag"]
+                self.etag = client.put_object(Bucket=bucket, Key=key, Body=_beat_body(info, beat), IfMatch=self.etag)["ETag"]
             except ClientError as e:
                 if _s3_code(e) in ("PreconditionFailed", "412", "NoSuchKey", "404"):
                     log.error("lost the output lock %s: another run took it over", self.path)
