@@ -214,8 +214,8 @@ class StepSettings:
     )
     unit_cache_mb: float | None = option(
         None, plain=True, metavar="MB", check=megabytes, env="RESCORE_UNIT_CACHE_MB",
-        help="MB of decoded read units an in-process run keeps for its write step (default: 1/16 of memory, "
-        "at most 1,536; 0: off; the environment's RESCORE_UNIT_CACHE_MB sets the default)",
+        help="MB of decoded read units an in-process run keeps for its write step (default: 1/8 of memory, "
+        "at most 3,072; 0: off; the environment's RESCORE_UNIT_CACHE_MB sets the default)",
     )
     read_ahead_mb: float | None = option(
         None, plain=True, metavar="MB", check=megabytes, env="RESCORE_READ_AHEAD_MB",

@@ -74,8 +74,8 @@ def test_the_budget_follows_the_setting_and_ignores_the_old_environment_variable
     assert unit_cache.budget_bytes(0) == 0 and UnitStore(0).cache.budget == 0
     assert unit_cache.budget_bytes(1.5) == 3 << 19 and UnitStore(1.5).cache.budget == 3 << 19
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    assert unit_cache.budget_bytes(None) == int(min(unit_cache.DEFAULT_CAP, memory / 16)) == UnitStore().cache.budget
-    assert unit_cache.DEFAULT_CAP == 3 << 29  # 1.5 GiB: docs/runners.md says so
+    assert unit_cache.budget_bytes(None) == int(min(unit_cache.DEFAULT_CAP, memory / 8)) == UnitStore().cache.budget
+    assert unit_cache.DEFAULT_CAP == 3 << 30  # 3 GiB: docs/runners.md says so
 
 
 @pytest.fixture

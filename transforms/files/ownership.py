@@ -9,6 +9,9 @@ An --overwrite run leaves the previous finished run (its `_SUCCESS` included) un
 runs; only when every new file is staged and every row is accounted for does it swap: drop the
 old `_SUCCESS`, delete the old run's files, move the new ones in, then metrics.json and a new
 `_SUCCESS`. A run that fails before that point leaves the previous output readable and intact.
+On a local disk the old files are opened before their names are replaced or deleted and closed
+on a thread of their own once the swap is done: the kernel frees their cached pages there, not
+in the rename on the publish's path.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import threading
 
 from rescore.errors import OutputError
 from rescore.transforms.files import storage
@@ -171,24 +175,53 @@ def publish(output: str, staged: list[str], metrics_text: str, failed: bool) -> 
     target = storage.join(output, FAILED) if failed and finished else output
     new_names = [p.rsplit("/", 1)[-1] for p in keep]
     old = read_ledger(output) or []
-    if target == output:
-        write_ledger(output, [*old, *new_names, METRICS])  # a crash from here on: all of it is ours
-        if finished:
-            storage.delete([storage.join(output, SUCCESS)])
-        storage.delete([storage.join(output, n) for n in old if n not in new_names and n != METRICS])
-    elif storage.is_local(target):
-        os.makedirs(target, exist_ok=True)
-    for path in keep:
-        final = storage.join(target, path.rsplit("/", 1)[-1])
-        if storage.exists(path):
-            storage.rename(path, final)
-        elif not storage.exists(final):  # a retried finalize has already moved it
-            raise RuntimeError(f"staged output {path} is missing")
-    metrics = storage.join(target, METRICS)
-    storage.write_text(metrics, metrics_text)
-    storage.delete([staging])
-    if target == output:
-        write_ledger(output, [*new_names, METRICS, *([] if failed else [SUCCESS])])
-    if not failed:
-        storage.write_text(storage.join(output, SUCCESS), "")
-    return metrics
+    replaced: list[int] = []
+    try:
+        if target == output:
+            write_ledger(output, [*old, *new_names, METRICS])  # a crash from here on: all of it is ours
+            if finished:
+                storage.delete([storage.join(output, SUCCESS)])
+            gone = [storage.join(output, n) for n in old if n not in new_names and n != METRICS]
+            replaced += _hold(gone)
+            storage.delete(gone)
+        elif storage.is_local(target):
+            os.makedirs(target, exist_ok=True)
+        for path in keep:
+            final = storage.join(target, path.rsplit("/", 1)[-1])
+            if storage.exists(path):
+                replaced += _hold([final])
+                storage.rename(path, final)
+            elif not storage.exists(final):  # a retried finalize has already moved it
+                raise RuntimeError(f"staged output {path} is missing")
+        metrics = storage.join(target, METRICS)
+        storage.write_text(metrics, metrics_text)
+        storage.delete([staging])
+        if target == output:
+            write_ledger(output, [*new_names, METRICS, *([] if failed else [SUCCESS])])
+        if not failed:
+            storage.write_text(storage.join(output, SUCCESS), "")
+        return metrics
+    finally:
+        _close_soon(replaced)
+
+
+def _hold(paths: list[str]) -> list[int]:
+    """Descriptors of the local files among `paths` that exist: opened before their names are
+    replaced or deleted, so that the kernel frees the old files' cached pages when these are
+    closed (_close_soon, off the publish's path), not in the rename or unlink. An --overwrite run
+    of 1,024,000 benchmark rows replaced 16 files of ~60 MB: ~0.4 s of one core in os.replace."""
+    held = []
+    for path in paths:
+        if storage.is_local(path):
+            try:
+                held.append(os.open(path, os.O_RDONLY))
+            except OSError:  # not there (or not readable): replaced or deleted as before
+                pass
+    return held
+
+
+def _close_soon(fds: list[int]) -> None:
+    """Close `fds` on a thread of its own (not a daemon: an interpreter that exits waits for it;
+    a process that ends first has them closed by the kernel)."""
+    if fds:
+        threading.Thread(target=lambda: [os.close(fd) for fd in fds], name="rescore-free-replaced", daemon=False).start()

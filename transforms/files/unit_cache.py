@@ -47,9 +47,9 @@ import pyarrow as pa
 
 from rescore.transforms.files import storage
 
-DEFAULT_FRACTION = 1 / 16
+DEFAULT_FRACTION = 1 / 8
 """The cache's default size: this fraction of physical memory, at most DEFAULT_CAP."""
-DEFAULT_CAP = 3 << 29  # 1.5 GiB
+DEFAULT_CAP = 3 << 30  # 3 GiB
 AHEAD_FRACTION = 1 / 6
 """The read-ahead's default room over the budget: this fraction of the budget."""
 

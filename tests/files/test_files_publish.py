@@ -1,0 +1,54 @@
+"""ownership.publish over a finished local output: the new files replace the old ones, and the
+old files' descriptors (held so the kernel frees their pages off the publish's path) are all
+closed once it returns (no file of the last run stays open, deleted or not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from rescore.transforms.files import ownership
+from rescore.transforms.files.layout import LEDGER, STAGING
+
+
+def _open_deleted() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(" (deleted)"):
+            found.append(target)
+    return found
+
+
+def _stage(out, names, content):
+    staging = out / STAGING
+    staging.mkdir(exist_ok=True)
+    for name in names:
+        (staging / name).write_bytes(content)
+    return [str(staging / n) for n in names]
+
+
+def test_publish_replaces_the_last_run_and_closes_what_it_held(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    ownership.prepare(str(out), overwrite=False)
+    first = _stage(out, ["scored-00000-of-00002.parquet", "scored-00001-of-00002.parquet"], b"old" * 1000)
+    ownership.publish(str(out), first, "{}\n", failed=False)
+    assert sorted(os.listdir(out)) == sorted([LEDGER, "_SUCCESS", "metrics.json", *[os.path.basename(p) for p in first]])
+
+    before = _open_deleted()
+    # The next run writes one file of the two: the one is replaced, the other deleted.
+    second = _stage(out, ["scored-00000-of-00002.parquet"], b"new")
+    ownership.publish(str(out), second, '{"run": 2}\n', failed=False)
+    for t in threading.enumerate():
+        if t.name == "rescore-free-replaced":
+            t.join(10)
+    assert (out / "scored-00000-of-00002.parquet").read_bytes() == b"new"
+    assert not (out / "scored-00001-of-00002.parquet").exists() and not (out / STAGING).exists()
+    assert json.loads((out / LEDGER).read_text())["files"] == ["_SUCCESS", "metrics.json", "scored-00000-of-00002.parquet"]
+    assert (out / "metrics.json").read_text() == '{"run": 2}\n'
+    assert _open_deleted() == before  # the replaced and the deleted file: closed, not leaked
