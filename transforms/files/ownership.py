@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import stat
 import threading
 
 from rescore.errors import OutputError
@@ -212,11 +213,20 @@ def _hold(paths: list[str]) -> list[int]:
     of 1,024,000 benchmark rows replaced 16 files of ~60 MB: ~0.4 s of one core in os.replace."""
     held = []
     for path in paths:
-        if storage.is_local(path):
-            try:
-                held.append(os.open(path, os.O_RDONLY))
-            except OSError:  # not there (or not readable): replaced or deleted as before
-                pass
+        if not storage.is_local(path):
+            continue
+        try:  # never blocks (a FIFO put there), never follows a link (what it names is not ours)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:  # not there, not readable, a link: replaced or deleted as before
+            continue
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            regular = False
+        if regular:
+            held.append(fd)
+        else:
+            os.close(fd)
     return held
 
 
